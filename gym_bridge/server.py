@@ -5,10 +5,17 @@ It speaks the part of vLLM's server that gym_bridge and its users need — `/v1/
 (tools in, `tool_calls` out, the same token fields) and `/tokenize` / `/detokenize` — so environments
 can be developed against a laptop CPU and the remote policy can be tested over real HTTP. Every
 request goes through the one policy, which batches concurrent requests into one `generate`.
-Malformed requests get a 400 with a message in vLLM's error shape, bodies over the size limit a
-413, and an unexpected failure a 500 for that request only. Two extensions: a request's
+Malformed requests (deeply nested JSON included) get a 400 with a message in vLLM's error shape,
+bodies over the size limit a 413, and an unexpected failure a 500 for that request only. A client
+that disconnects cancels its generation. Two extensions: a request's
 `logprobs_mode` (`raw`/`processed`) overrides the server's, and each choice echoes the mode used.
 Only the sampled token's log-prob is computed: `top_logprobs` holds just that token.
+
+Chat completions also speak NeMo RL's token-id convention (its vLLM server behind NeMo Gym): an
+assistant message may carry the `prompt_token_ids` and `generation_token_ids` of its call, and the
+prompt is then those exact ids followed by the template's rendering of what came after that
+message (`splice_prefix`); with `logprobs` and `return_tokens_as_token_ids` the answer's message
+carries `prompt_token_ids`, `generation_token_ids` and `generation_log_probs`.
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ DEFAULT_CHAT_MAX_TOKENS = 1024
 """Chat requests without `max_tokens` generate up to this many tokens (or what fits the context)."""
 MAX_CHOICES = 64
 """Prompts x `n` of one request at most."""
+MAX_JSON_DEPTH = 64
+"""Nesting of a request body at most (objects and arrays); deeper bodies get a 400."""
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 
@@ -169,6 +178,8 @@ class _MessageIn(BaseModel):
     name: str | None = None
     tool_calls: list[_ToolCallIn] | None = None
     tool_call_id: str | None = None
+    prompt_token_ids: list[StrictInt] | None = None
+    generation_token_ids: list[StrictInt] | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -184,6 +195,8 @@ class ChatBody(_Sampling):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    required_prefix_token_ids: list[StrictInt] | None = None
+    """The exact ids the prompt must start with (default: from the last message carrying token ids)."""
 
 
 class TokenizeBody(BaseModel):
@@ -293,7 +306,7 @@ def build_app(
             _check_fits(len(prompt_ids), body.max_tokens, state)
         jobs = [(prompt_ids, body.sampling(max_new_tokens=body.max_tokens, default_mode=state.logprobs_mode, seed_offset=i))
                 for prompt_ids in prompts for i in range(body.n)]
-        generations = await _generate_all(state, jobs)
+        generations = await _generate_all(state, jobs, request)
         choices = []
         for index, ((prompt_ids, sampling), generation) in enumerate(zip(jobs, generations)):
             text, stop_reason = _final_text(generation, sampling, body, state)
@@ -323,6 +336,10 @@ def build_app(
             prompt_ids = state.template.prompt_ids(messages, tools)
         except Exception as error:
             raise ApiError(400, f"the chat template cannot render these messages: {type(error).__name__}: {error}") from None
+        prefix = required_prefix(body)
+        if prefix:
+            _check_ids(prefix, state)
+            prompt_ids = splice_prefix(state.template, messages, tools, prompt_ids, prefix)
         requested = body.max_completion_tokens or body.max_tokens
         max_tokens = requested or DEFAULT_CHAT_MAX_TOKENS
         if requested is None and state.max_model_len is not None:
@@ -330,7 +347,7 @@ def build_app(
         _check_fits(len(prompt_ids), max_tokens, state)
         jobs = [(prompt_ids, body.sampling(max_new_tokens=max_tokens, default_mode=state.logprobs_mode, seed_offset=i))
                 for i in range(body.n)]
-        generations = await _generate_all(state, jobs)
+        generations = await _generate_all(state, jobs, request)
         choices = []
         for index, ((_, sampling), generation) in enumerate(zip(jobs, generations)):
             text, stop_reason = _final_text(generation, sampling, body, state)
@@ -339,6 +356,9 @@ def build_app(
                                       "stop_reason": stop_reason, "logprobs_mode": sampling.logprobs_mode}
             if body.logprobs:
                 choice["logprobs"] = {"content": _chat_logprobs(generation, as_ids=body.return_tokens_as_token_ids, state=state)}
+                if body.return_tokens_as_token_ids:
+                    message.update(prompt_token_ids=list(prompt_ids), generation_token_ids=list(generation.token_ids),
+                                   generation_log_probs=list(generation.logprobs))
             if body.return_token_ids:
                 choice["token_ids"] = list(generation.token_ids)
             choices.append(choice)
@@ -390,13 +410,29 @@ async def _parse(request: Request, model: type[pydantic.BaseModel], state: Serve
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ApiError(400, f"request body is not valid JSON: {error}") from None
+    except RecursionError:
+        raise ApiError(400, f"request body is nested more than {MAX_JSON_DEPTH} levels deep") from None
     if not isinstance(data, dict):
         raise ApiError(400, "request body must be a JSON object")
+    if _depth_exceeds(data, MAX_JSON_DEPTH):
+        raise ApiError(400, f"request body is nested more than {MAX_JSON_DEPTH} levels deep")
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as error:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in error.errors()[:5])
         raise ApiError(400, f"invalid request: {problems}") from None
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether `value` nests objects and arrays more than `limit` levels deep (iteratively: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
 
 
 def _check_model(name: str | None, state: ServerState) -> None:
@@ -439,18 +475,38 @@ def _completion_prompts(prompt: Any, state: ServerState) -> list[list[int]]:
     return ids_list
 
 
-async def _generate_all(state: ServerState, jobs: list[tuple[list[int], SamplingParams]]) -> list[Generation]:
-    """Generate every job concurrently (they batch in the policy); policy errors become API errors."""
+async def _generate_all(state: ServerState, jobs: list[tuple[list[int], SamplingParams]], request: Request) -> list[Generation]:
+    """Generate every job concurrently (they batch in the policy); policy errors become API errors.
+
+    When the client disconnects first, the generations are cancelled (the policy stops their
+    rows) and a 499 is returned to nobody.
+    """
+    generating = asyncio.ensure_future(asyncio.gather(
+        *(state.policy.generate(GenerationRequest(prompt_ids=ids, sampling=sampling)) for ids, sampling in jobs)
+    ))
+    watching = asyncio.ensure_future(_disconnected(request))
     try:
-        generations = await asyncio.gather(
-            *(state.policy.generate(GenerationRequest(prompt_ids=ids, sampling=sampling)) for ids, sampling in jobs)
-        )
+        await asyncio.wait({generating, watching}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watching.cancel()
+        if not generating.done():
+            generating.cancel()
+    if generating.cancelled():
+        raise ApiError(499, "the client disconnected; its generation was cancelled", "ClientDisconnected")
+    try:
+        generations = generating.result()
     except ContextOverflowError as error:
         raise ApiError(400, f"This model's maximum context length is exceeded: {error}") from None
     except ValueError as error:
         raise ApiError(400, str(error)) from None
     state.generations += len(generations)
     return list(generations)
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has disconnected (the body was read already, so only that message is left)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _final_text(generation: Generation, sampling: SamplingParams, body: _Sampling, state: ServerState) -> tuple[str, str | None]:
@@ -529,6 +585,38 @@ def _template_messages(messages: list[_MessageIn], template: ChatTemplate) -> li
                                        for call, parsed in zip(message.tool_calls, calls)]
         rendered.append(entry)
     return rendered
+
+
+def required_prefix(body: ChatBody) -> list[int] | None:
+    """The ids a chat prompt must start with: `required_prefix_token_ids`, else the
+    `prompt_token_ids + generation_token_ids` of the last message that carries them (NeMo RL's rule)."""
+    if body.required_prefix_token_ids is not None:
+        return list(body.required_prefix_token_ids)
+    for message in reversed(body.messages):
+        if message.prompt_token_ids is not None:
+            return list(message.prompt_token_ids) + list(message.generation_token_ids or [])
+    return None
+
+
+def splice_prefix(template: ChatTemplate, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                  prompt_ids: list[int], prefix: list[int]) -> list[int]:
+    """`prefix` (the exact ids of the conversation up to the last assistant message, its end-of-turn
+    token aside) followed by the rendered prompt from that message's end-of-turn token on.
+
+    The cut is found by counting end-of-turn tokens: the conversation up to and including the last
+    assistant message renders with N of them, and the prompt is cut at its N-th. Raises ApiError 400
+    when the rendering has fewer.
+    """
+    eos = template.tokenizer.eos_token_id
+    last = max((i for i, message in enumerate(messages) if message["role"] == "assistant"), default=None)
+    head = messages if last is None else messages[: last + 1]
+    count = template.conversation_ids(head, tools, add_generation_prompt=False).count(eos)
+    positions = [i for i, token in enumerate(prompt_ids) if token == eos]
+    if count == 0 or len(positions) < count:
+        raise ApiError(400, f"cannot keep the token prefix: the rendered conversation has {len(positions)} end-of-turn "
+                            f"tokens, the messages up to the last assistant one need {count}")
+    model = prefix[:-1] if prefix and prefix[-1] == eos else prefix
+    return model + prompt_ids[positions[count - 1]:]
 
 
 def _arguments(arguments: str | dict[str, Any] | None) -> dict[str, Any]:

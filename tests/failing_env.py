@@ -1,4 +1,4 @@
-"""An environment whose verifier always crashes, loaded by module path in CLI tests."""
+"""Environments that misbehave, loaded by module path in CLI tests."""
 
 from gym_bridge import Environment
 
@@ -8,3 +8,53 @@ class AlwaysCrashes(Environment):
 
     def verify(self, task, output):
         raise RuntimeError("verifier bug")
+
+
+class AlwaysRight(Environment):
+    """Reward 1 for any answer; named only by module path (no entry point), for `verify` tests."""
+
+    name = "always_right"
+
+    def verify(self, task, output):
+        return 1.0
+
+
+class HangsInVerify(Environment):
+    """A sync verifier stuck for an hour: its thread must not keep `eval` alive after the summary."""
+
+    name = "hangs_in_verify"
+    verify_timeout_s = 0.2
+
+    def verify(self, task, output):
+        import time
+
+        time.sleep(3600)
+
+
+class HangsInSetup(Environment):
+    """A setup stuck for an hour under a long timeout: Ctrl-C must still stop `eval`."""
+
+    name = "hangs_in_setup"
+    tool_timeout_s = 3600.0
+
+    def setup(self, task):
+        import time
+
+        time.sleep(3600)
+
+    def verify(self, task, output):
+        return 1.0
+
+
+class SegfaultsInSetup(Environment):
+    """Crashes the whole process (not isolated): `eval` must say where."""
+
+    name = "segfaults_in_setup"
+
+    def setup(self, task):
+        import ctypes
+
+        ctypes.string_at(0)
+
+    def verify(self, task, output):
+        return 1.0

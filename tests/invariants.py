@@ -31,3 +31,31 @@ def _find_run(mask: list[int], ids: list[int], run: list[int], position: int) ->
         if mask[start] == 1 and ids[start : start + len(run)] == run and all(mask[start : start + len(run)]):
             return start
     raise AssertionError("a model call's generation is not in the completion where expected")
+
+
+def nemo_rl_token_view(result: dict[str, Any]) -> dict[str, list]:
+    """The flat token view NeMo RL builds from a `/run` result, step by step as
+    `nemo_rl/environments/nemo_gym.py::NemoGym._postprocess_nemo_gym_to_nemo_rl_result` does: the
+    output items with non-empty `generation_token_ids` are the trainable turns; each one's
+    `prompt_token_ids` must start with every token seen so far (else NeMo RL stops with
+    "Non-contiguous messages found!"), its new prompt tokens become a non-trainable message and its
+    generation a trainable one."""
+    seen: list[int] = []
+    prompt_ids: list[int] | None = None
+    ids, mask, logprobs = [], [], []
+    for item in result["response"]["output"]:
+        if not item.get("generation_token_ids"):
+            continue
+        assert seen == item["prompt_token_ids"][: len(seen)], "Non-contiguous messages found!"
+        new_prompt = item["prompt_token_ids"][len(seen):]
+        if prompt_ids is None:
+            prompt_ids = list(new_prompt)
+        else:
+            ids += new_prompt
+            mask += [0] * len(new_prompt)
+            logprobs += [0.0] * len(new_prompt)
+        ids += item["generation_token_ids"]
+        mask += [1] * len(item["generation_token_ids"])
+        logprobs += item["generation_log_probs"]
+        seen += new_prompt + item["generation_token_ids"]
+    return {"prompt_ids": prompt_ids or [], "completion_ids": ids, "completion_mask": mask, "completion_logprobs": logprobs}

@@ -66,7 +66,7 @@ def test_failures_set_the_exit_code(tmp_path, tiny_model_dir, capsys):
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     args = ["eval", "--data", str(data), "--model", str(tiny_model_dir), "--max-new-tokens", "4",
             "--no-progress", "--output", str(tmp_path / "o.jsonl")]
-    assert main(args) == 1
+    assert main(args) == 3  # its own exit code, not 1 (a crash): issue 9 item 12
     captured = capsys.readouterr()
     assert "failures: verifier=2" in captured.out and "2 of 2 rollouts failed" in captured.err
     assert main([*args, "--max-failure-fraction", "1.0"]) == 0
@@ -104,3 +104,22 @@ def test_read_records_drops_only_a_torn_last_line(tmp_path, torn):
     path = tmp_path / "r.jsonl"
     path.write_text('{"a": 1}\n{"a": 2}\n' + torn)
     assert read_records(path) == [{"a": 1}, {"a": 2}]
+
+
+def test_eval_takes_the_parser_options(tmp_path, tiny_model_dir, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--help"])
+    assert exit_info.value.code == 0
+    help_text = capsys.readouterr().out
+    for name in ("--tool-parser", "--reasoning-parser", "--chat-template-kwargs", "--template-check", "phi4_mini_json", "openai_gptoss"):
+        assert name in help_text
+    with pytest.raises(SystemExit):
+        main(["eval", "--chat-template-kwargs", "[1]"])
+    assert "must be a JSON object" in capsys.readouterr().err
+    output = tmp_path / "run.jsonl"
+    assert main(["eval", "--env", "weather", "--limit", "1", "--model", str(tiny_model_dir), "--max-new-tokens", "4",
+                 "--tool-parser", "mistral", "--reasoning-parser", "none", "--chat-template-kwargs", '{"unused": 1}',
+                 "--no-progress", "--output", str(output)]) == 0
+    metrics = json.loads(output.with_suffix(".metrics.json").read_text())
+    assert metrics["parse_errors"] == 0 and "unparsed_tool_calls" in metrics
+    assert all("parse_errors" in row["metrics"] for row in read_records(output))

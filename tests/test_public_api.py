@@ -7,11 +7,12 @@ import gym_bridge
 
 PUBLIC = {
     "AgentLoop", "BackendError", "ChatTemplate", "ContextOverflowError", "DataError", "Engine", "EngineConfig",
-    "Environment", "FailureKind", "Generation", "GenerationRequest", "GymBridgeError", "Item", "Limits",
+    "Environment", "FailureKind", "Generation", "GenerationRequest", "GymBridgeError", "HelperModel", "Item", "Limits",
     "MissingDependencyError", "Policy", "RolloutContext", "RolloutFailure", "RolloutRecord", "SamplingParams",
     "ScriptedPolicy", "Task", "TemplateError", "ToolCallingLoop", "ToolError", "UnknownEnvironmentError",
-    "VerifyResult", "final_text", "get_environment", "known_environments", "load_tasks", "parse_task", "register",
+    "VerifyResult", "configure", "final_text", "get_environment", "known_environments", "load_tasks", "parse_task", "register",
     "run_in_process", "summarize", "tool",
+    "RowProblem", "last_boxed", "last_tagged", "output_text",
 }
 
 

@@ -96,7 +96,7 @@ def test_a_killed_server_gives_bounded_infra_failures_and_resume_completes(tiny_
         assert time.monotonic() - killed_at < 30, time.monotonic() - killed_at
     finally:
         server.stop()
-    assert run.returncode == 1, stderr  # more than --max-failure-fraction failed
+    assert run.returncode == 3, stderr  # more than --max-failure-fraction failed (exit code 3)
     records = read_records(output)
     failed = [record for record in records if record["failure_kind"] is not None]
     assert len(records) == 24 and failed and all(record["failure_kind"] == "infra" for record in failed)

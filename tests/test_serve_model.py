@@ -277,7 +277,7 @@ def test_eval_cli_with_an_unreachable_server(tmp_path, capsys):
               "--no-progress", "--output", str(tmp_path / "o.jsonl")]
     assert main(common) == 2
     assert "cannot learn the served model's name" in capsys.readouterr().err
-    assert main([*common, "--model", "m"]) == 1  # known name: the rollouts fail as infra, counted in the summary
+    assert main([*common, "--model", "m"]) == 3  # known name: the rollouts fail as infra, counted in the summary (exit 3)
     captured = capsys.readouterr()
     assert "failures: infra=2" in captured.out and "rollouts will fail as `infra`" in captured.err
     assert all(record["failure_kind"] == "infra" and record["mask_sample"] for record in read_records(tmp_path / "o.jsonl"))

@@ -9,15 +9,13 @@ a timeout (or a crash of the worker) masks the sample as a `verifier` failure in
 from __future__ import annotations
 
 import logging
-import re
 from concurrent.futures import BrokenExecutor
 from pathlib import Path
 from typing import ClassVar
 
-from gym_bridge import Environment, Item, Task, VerifyResult, final_text, run_in_process
+from gym_bridge import Environment, Item, Task, VerifyResult, final_text, last_boxed, run_in_process
 
-
-_BOXED = re.compile(r"\\boxed\s*\{")
+__all__ = ["MathEnvironment", "is_equivalent", "last_boxed"]
 
 
 class MathEnvironment(Environment):
@@ -42,23 +40,6 @@ class MathEnvironment(Environment):
             reason = f"math-verify timed out after {self.check_timeout_s:g} s" if timed_out else f"math-verify crashed: {error}"
             return VerifyResult(reward=0.0, mask_sample=True, failure_kind="verifier", failure_reason=reason, metrics=metrics)
         return VerifyResult(reward=float(correct), reward_components={"correct": float(correct)}, metrics=metrics)
-
-
-def last_boxed(text: str) -> str | None:
-    r"""The contents of the last `\boxed{...}` in `text` (nested braces allowed), or None."""
-    matches = list(_BOXED.finditer(text))
-    if not matches:
-        return None
-    start = matches[-1].end()
-    depth = 0
-    for position in range(start, len(text)):
-        if text[position] == "{":
-            depth += 1
-        elif text[position] == "}":
-            if depth == 0:
-                return text[start:position].strip()
-            depth -= 1
-    return None
 
 
 def is_equivalent(expected: str, answer: str) -> bool:

@@ -13,21 +13,22 @@ lives here.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import dataclasses
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
+from gym_bridge.adapters.loop_thread import LoopThread
 from gym_bridge.adapters.trl_dataset import REGISTRY, example_data_paths, key_from_prompt, load_dataset
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.environment import FAILURE_KINDS, Environment
 from gym_bridge.core.errors import DataError, GymBridgeError, MissingDependencyError
+from gym_bridge.core.parsers import get_reasoning_parser, get_tool_parser
 from gym_bridge.core.policy import BackendError, Policy, SamplingParams, require_token_policy
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import resolve_tasks
@@ -45,10 +46,10 @@ BackendName = Literal["policy", "transformers", "vllm_colocate", "vllm_server"]
 ROW_KEYS = (
     "prompt_ids", "completion_ids", "logprobs", "env_mask",
     "env_reward", "reward_components", "failure_kind", "env_name", "num_turns", "tool_calls", "finish_reason",
+    "parse_errors", "unparsed_tool_calls",
 )
 """The keys `rollout` returns; all but the first four reach reward functions as keywords."""
 NOT_A_TASK = "build the dataset with gym_bridge.trl.load_dataset, whose prompts carry each task's key"
-_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,13 @@ class RolloutOptions:
     """`error`: refuse a chat template that is not append-only; `warn`: use it with a warning; `off`: skip the check."""
     tool_format: Literal["native", "hermes_system"] | None = None
     """How tool schemas reach the model (None: native when the template supports tools)."""
+    tool_parser: str | None = None
+    """Tool-call parser by vLLM's `--tool-call-parser` name (`hermes`, `llama3_json`, `mistral`, `deepseek_v3`,
+    `deepseek_v31`, `granite`, `phi4_mini_json`, `openai`, `qwen3_coder`); None: picked from the chat template."""
+    reasoning_parser: str | None = None
+    """Reasoning parser (`qwen3`, `deepseek_r1`, `openai_gptoss`, `none`); None: picked from the chat template."""
+    chat_template_kwargs: Mapping[str, Any] | None = None
+    """Extra arguments for every render of the chat template (e.g. `{"enable_thinking": False}`)."""
     policy: Policy | None = None
     """Generate with this policy instead of the trainer's backend (tests, custom servers)."""
     max_completion_length: int | None = None
@@ -74,6 +82,8 @@ class RolloutOptions:
     (None: the trainer's `max_completion_length`)."""
     max_new_tokens_per_turn: int | None = None
     """Cap of one model call (None: whatever is left of the budget)."""
+    max_tool_output_chars: int = 100_000
+    """Characters of one tool output the model reads at most; beyond them it reads a truncation note."""
     max_batch_size: int | None = None
     """Rows per `generate` call of the transformers backend (None: the rank's generation batch)."""
     server_base_urls: tuple[str, ...] | None = None
@@ -86,69 +96,7 @@ class RolloutOptions:
     """Called with each batch's records (to write them out, inspect them in tests)."""
 
 
-class _LoopThread:
-    """One event loop on a daemon thread for all rollouts of this process.
-
-    Policies that hold connections (HTTP clients, batching workers) stay bound to one loop,
-    and the caller may itself be inside a running loop (notebooks).
-    """
-
-    def __init__(self) -> None:
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def run(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
-        with self._lock:
-            if self._loop is None or self._loop.is_closed():
-                self._loop = asyncio.new_event_loop()
-                ready = threading.Event()
-                self._thread = threading.Thread(target=self._serve, args=(self._loop, ready), name="gym_bridge_trl_loop", daemon=True)
-                self._thread.start()
-                ready.wait()
-                atexit.register(self.close)
-            loop = self._loop
-        return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
-
-    def submit(self, coroutine: Coroutine[Any, Any, Any]) -> None:
-        """Start `coroutine` on the loop without waiting for it (dropped if the loop is gone)."""
-        with self._lock:
-            loop = self._loop
-        if loop is None or loop.is_closed():
-            coroutine.close()
-        else:
-            asyncio.run_coroutine_threadsafe(coroutine, loop)
-
-    def close(self) -> None:
-        """Cancel what still runs on the loop (batching workers) and stop it."""
-        with self._lock:
-            loop, self._loop = self._loop, None
-        if loop is None or loop.is_closed():
-            return
-        try:
-            asyncio.run_coroutine_threadsafe(_cancel_others(), loop).result(timeout=5)
-        except Exception:  # shutting down: nothing left to report to
-            pass
-        loop.call_soon_threadsafe(loop.stop)
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    @staticmethod
-    def _serve(loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
-        asyncio.set_event_loop(loop)
-        loop.call_soon(ready.set)
-        loop.run_forever()
-        loop.close()
-
-
-async def _cancel_others() -> None:
-    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-
-
-_LOOP = _LoopThread()
+_LOOP = LoopThread()
 
 
 @dataclass
@@ -235,10 +183,12 @@ class TRLRollout:
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
         eos_token_ids = tuple(getattr(trainer, "eos_token_ids", None) or [tokenizer.eos_token_id])
         backend, policy = _pick_backend(trainer, options)
-        template = ChatTemplate(tokenizer, tool_format=options.tool_format, eos_token_ids=eos_token_ids)
+        template = ChatTemplate(tokenizer, tool_format=options.tool_format, eos_token_ids=eos_token_ids, tool_parser=options.tool_parser,
+                                reasoning_parser=options.reasoning_parser, chat_template_kwargs=options.chat_template_kwargs)
         config = EngineConfig(
             sampling=sampling_from_args(args, max_new_tokens=min(options.max_new_tokens_per_turn or max_completion_length, max_completion_length)),
-            limits=Limits(max_turns=options.max_turns, max_completion_tokens=max_completion_length),
+            limits=Limits(max_turns=options.max_turns, max_completion_tokens=max_completion_length,
+                          max_tool_output_chars=options.max_tool_output_chars),
             max_concurrency=options.max_concurrency,
             per_env_concurrency=options.per_env_concurrency,
             deadline_s=options.deadline_s,
@@ -246,6 +196,8 @@ class TRLRollout:
             template_check=options.template_check,
         )
         engine = Engine(policy, template, config)  # checks the template is append-only
+        end_of_turn = template.end_of_turn_id
+        eos_token_ids = (end_of_turn, *(token for token in eos_token_ids if token != end_of_turn))  # appended first by to_trl_batch
         if backend != "policy":  # a policy built here is released with its trainer; one passed in is its owner's
             weakref.finalize(trainer, _release_policy, policy)
         logger.info("gym_bridge.trl: generating with the %s backend (%s)", backend, type(policy).__name__)
@@ -277,10 +229,15 @@ class TRLRollout:
 def make_rollout(**options: Any) -> TRLRollout:
     """A TRL rollout function with settings (see `RolloutOptions` for each keyword).
 
-    Raises TypeError for an unknown keyword.
+    Raises TypeError for an unknown keyword, UnknownParserError (listing the known names) for an
+    unknown `tool_parser` or `reasoning_parser`.
     """
     if isinstance(options.get("server_base_urls"), (list, tuple)):
         options["server_base_urls"] = tuple(options["server_base_urls"])
+    if options.get("tool_parser") is not None:
+        get_tool_parser(options["tool_parser"])
+    if options.get("reasoning_parser") is not None:
+        get_reasoning_parser(options["reasoning_parser"])
     return TRLRollout(RolloutOptions(**options))
 
 
@@ -323,6 +280,8 @@ def to_trl_batch(records: Sequence[RolloutRecord], *, eos_token_ids: Sequence[in
         batch["num_turns"].append(record.turns)
         batch["tool_calls"].append(record.tool_calls)
         batch["finish_reason"].append(record.finish_reason)
+        batch["parse_errors"].append(record.parse_errors)
+        batch["unparsed_tool_calls"].append(record.unparsed_tool_calls)
     return batch
 
 
@@ -560,6 +519,8 @@ def env_reward(prompts: list[Any], completions: list[Any], env_reward: list[floa
             reward_components=kwargs.get("reward_components") or [{}] * len(env_reward),
             failure_kinds=kwargs.get("failure_kind") or [None] * len(env_reward),
             num_turns=kwargs.get("num_turns") or [],
+            parse_errors=kwargs.get("parse_errors") or [],
+            unparsed_tool_calls=kwargs.get("unparsed_tool_calls") or [],
         )
         for name, value in metrics.items():
             log_metric(name, value)
@@ -576,10 +537,13 @@ def reward_metrics(
     reward_components: Sequence[Mapping[str, float]],
     failure_kinds: Sequence[str | None],
     num_turns: Sequence[int] = (),
+    parse_errors: Sequence[int] = (),
+    unparsed_tool_calls: Sequence[int] = (),
 ) -> dict[str, float]:
     """Batch metrics under `gym_bridge/`: `failed` and `failed/<kind>` (fractions of rows, every
     kind every time, so ranks agree), `masked`, `<env>/reward` and `<env>/<component>` (means over
-    that environment's scored rows), `num_turns` (mean)."""
+    that environment's scored rows), `num_turns` (mean), `parse_errors` and `unparsed_tool_calls`
+    (per rollout: tool calls the parser could not read, turns taken as answers that hold a call)."""
     count = len(rewards)
     if count == 0:
         return {}
@@ -598,4 +562,7 @@ def reward_metrics(
             metrics[f"gym_bridge/{env}/{name}"] = sum(reward_components[row].get(name, 0.0) for row in rows) / len(rows)
     if num_turns:
         metrics["gym_bridge/num_turns"] = sum(num_turns) / len(num_turns)
+    for name, values in (("parse_errors", parse_errors), ("unparsed_tool_calls", unparsed_tool_calls)):
+        if values:
+            metrics[f"gym_bridge/{name}"] = sum(values) / len(values)
     return metrics

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from gym_bridge.core.errors import DataError
+from gym_bridge.core.mixing import check_weights, weighted_mix
 from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.task import ROUTING_KEYS, Task, iter_jsonl, parse_task, routing_name
 
@@ -141,27 +142,6 @@ def _split_sources(path_or_rows: Any) -> list[Any]:
     raise DataError("nothing to load: give a JSONL path, a list of paths, or a list of rows")
 
 
-def _counts(sizes: list[int], weights: list[float], total: int) -> list[int]:
-    """Rows to draw from each source: proportional to `weights`, summing to `total` (largest remainder)."""
-    scale = total / sum(weights)
-    exact = [weight * scale for weight in weights]
-    counts = [int(value) for value in exact]
-    by_remainder = sorted(range(len(exact)), key=lambda i: exact[i] - counts[i], reverse=True)
-    for i in by_remainder[: total - sum(counts)]:
-        counts[i] += 1
-    return [count if size else 0 for count, size in zip(counts, sizes)]
-
-
-def _draw(count: int, size: int, rng: random.Random) -> list[int]:
-    """`count` positions out of `size`: whole shuffled passes, then part of one more."""
-    drawn: list[int] = []
-    while len(drawn) < count:
-        order = list(range(size))
-        rng.shuffle(order)
-        drawn.extend(order[: count - len(drawn)])
-    return drawn
-
-
 def load_dataset(
     path_or_rows: str | Path | Sequence[str | Path] | Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
     *,
@@ -193,10 +173,7 @@ def load_dataset(
 
     sources = _split_sources(path_or_rows)
     if weights is not None:
-        if len(weights) != len(sources):
-            raise ValueError(f"got {len(weights)} weights for {len(sources)} sources")
-        if any(weight < 0 for weight in weights) or sum(weights) <= 0:
-            raise ValueError(f"weights must be non-negative and not all zero, got {list(weights)}")
+        check_weights(weights, len(sources))
     parsed: list[list[tuple[Task, str]]] = []
     for position, source in enumerate(sources):
         _, rows = _read_source(source, position)
@@ -216,9 +193,7 @@ def load_dataset(
         chosen = [entry for tasks in parsed for entry in tasks]
     else:
         total = num_rows if num_rows is not None else sum(len(tasks) for tasks in parsed)
-        counts = _counts([len(tasks) for tasks in parsed], list(weights), total)
-        chosen = [tasks[i] for tasks, count in zip(parsed, counts) for i in _draw(count, len(tasks), rng)]
-        rng.shuffle(chosen)
+        chosen = weighted_mix(parsed, list(weights), total, rng)
 
     registry = REGISTRY if registry is None else registry
     columns: dict[str, list[str]] = {name: [] for name in COLUMNS}

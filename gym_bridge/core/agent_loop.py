@@ -2,8 +2,10 @@
 
 `RolloutContext` gives a loop the three things it may do — sample a model turn, call a tool,
 append an environment message — and keeps the token stream append-only while doing them.
-With a chat policy (hosted APIs, evaluation only) it keeps a message list instead of a token
-stream: the same three steps append assistant and tool messages, and records carry no tokens.
+With a chat policy it keeps a message list instead: the same three steps append assistant and
+tool messages. Hosted APIs return no token ids, so their records carry none (evaluation only); a
+server that returns each call's token ids (NeMo RL's) gets them back on its assistant messages,
+and the token stream is built from what it reports, checked to be contiguous across turns.
 `ToolCallingLoop` is the default loop; an environment can name its own (`agent_loop`
 attribute) for user simulation or game steps. Loops raise `RolloutFailure` for what is not the
 policy's fault; what the policy gets wrong is scored, not raised.
@@ -12,20 +14,20 @@ policy's fault; what the policy gets wrong is scored, not raised.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Protocol
 
 import pydantic
 
+from gym_bridge.core.bounded_call import AbortedCall, call_bounded, call_environment, describe_error
 from gym_bridge.core.environment import Environment, FailureKind, ToolError
-from gym_bridge.core.items import ChatMessage, function_call_item, function_call_output_item, message_item, reasoning_item
-from gym_bridge.core.policy import ChatPolicy, ChatRequest, ChatTurn, Generation, GenerationRequest, Policy, SamplingParams
+from gym_bridge.core.items import TOKEN_FIELDS, ChatMessage, function_call_item, function_call_output_item, message_item, reasoning_item, user_message_item
+from gym_bridge.core.parsers.call import ParsedCall, ParsedTurn
+from gym_bridge.core.policy import CallTokens, ChatPolicy, ChatRequest, ChatTurn, Generation, GenerationRequest, Policy, SamplingParams
 from gym_bridge.core.task import Task
 from gym_bridge.core.template import ChatTemplate, ToolOutput
-from gym_bridge.core.toolcall import ParsedCall, ParsedTurn, parse_turn
+from gym_bridge.core.toolcall import parse_turn
 from gym_bridge.core.trajectory import Trajectory
 
 
@@ -38,26 +40,6 @@ class RolloutFailure(Exception):
         self.reason = reason
 
 
-_sync_pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="gym_bridge_sync")
-
-
-async def call_bounded(fn: Callable[..., Any], *args: Any, timeout_s: float, **kwargs: Any) -> Any:
-    """Call `fn` (sync or async) with a timeout; sync callables run in a worker thread.
-
-    Raises TimeoutError when `timeout_s` passes. A sync callable that never returns leaves its
-    thread busy, but the caller is released on time.
-    """
-    if asyncio.iscoroutinefunction(fn):
-        async with asyncio.timeout(timeout_s):
-            return await fn(*args, **kwargs)
-    loop = asyncio.get_running_loop()
-    future = loop.run_in_executor(_sync_pool, functools.partial(fn, *args, **kwargs))
-    result = await asyncio.wait_for(future, timeout_s)
-    if isinstance(result, Awaitable):
-        return await asyncio.wait_for(result, timeout_s)  # type: ignore[arg-type]
-    return result
-
-
 @dataclass(frozen=True)
 class Limits:
     """Bounds of one rollout."""
@@ -66,6 +48,19 @@ class Limits:
     """Model calls at most."""
     max_completion_tokens: int = 2048
     """Model and environment tokens after the prompt, over all turns."""
+    max_tool_output_chars: int = 100_000
+    """Characters of one tool output the model reads at most; beyond them it reads a truncation note."""
+
+
+OFF_LOOP_TOKENIZE_CHARS = 8192
+"""Environment messages at least this long are tokenized in a worker thread, off the event loop."""
+
+
+def capped_output(content: str, max_chars: int) -> str:
+    """`content`, or its first `max_chars` characters and a note saying how much was cut."""
+    if len(content) <= max_chars:
+        return content
+    return f"{content[:max_chars]}\n[truncated by gym_bridge: the tool returned {len(content):,} characters; only the first {max_chars:,} are shown]"
 
 
 @dataclass
@@ -120,13 +115,20 @@ class RolloutContext:
             text = self.template.tokenizer.decode(ids[:-1] if self._last_token is not None else ids, skip_special_tokens=False)
         elif self._last_token is not None:
             text = text.removesuffix(self.template.closing_text(self._last_token))
-        parsed = parse_turn(text)
+        parsed = self.template.parse(text, prompt_ids=prompt_ids, tools=self.tools)
+        self._count_parse(parsed)
         items = self._turn_items(parsed)
         items[-1]["prompt_token_ids"] = prompt_ids
         items[-1]["generation_token_ids"] = list(ids)
         items[-1]["generation_log_probs"] = list(generation.logprobs)
         trajectory.output.extend(items)
         return generation, parsed
+
+    def _count_parse(self, parsed: ParsedTurn) -> None:
+        if parsed.calls:
+            self.trajectory.parse_errors += parsed.parse_errors
+        elif parsed.unparsed_tool_call:
+            self.trajectory.unparsed_tool_calls += 1
 
     def _turn_items(self, parsed: ParsedTurn) -> list[Any]:
         items: list[Any] = []
@@ -135,28 +137,62 @@ class RolloutContext:
         if parsed.content or not parsed.calls:
             items.append(message_item(parsed.content, item_id=self._item_id("msg")))
         for call in parsed.calls:
-            call_id = self._item_id("call")
-            items.append(function_call_item(call.name, call.arguments, call_id=call_id, item_id=call_id))
+            item_id = self._item_id("call")
+            # the id the template renders for the model (Mistral: nine letters and digits), so records and prompts agree
+            call_id = item_id if self.template is None else self.template.call_id(item_id.removeprefix("call_"), written=call.call_id)
+            items.append(function_call_item(call.name, call.arguments, call_id=call_id, item_id=item_id))
         return items
 
     async def _chat(self, sampling: SamplingParams) -> tuple[Generation, ParsedTurn]:
-        """One turn of a chat policy: items and an assistant message, no tokens."""
+        """One turn of a chat policy: items and an assistant message, plus the call's tokens when
+        the server returned them (carried on the last item and on the assistant message)."""
         assert self.messages is not None
         request = ChatRequest(messages=list(self.messages), tools=self.tools, sampling=sampling, session_id=self.session_id)
         turn = await self.policy.chat(request)  # type: ignore[union-attr]
-        self.trajectory.append_model([], [])
-        self.trajectory.add_api_usage(turn.usage)
+        if turn.tokens is None:
+            self.trajectory.append_model([], [])
+            self.trajectory.add_api_usage(turn.usage)
+        else:
+            self._append_call_tokens(turn.tokens)
         parsed = _parsed_chat_turn(turn)
+        self._count_parse(parsed)
         items = self._turn_items(parsed)
-        self.trajectory.output.extend(items)
         message: ChatMessage = {"role": "assistant", "content": parsed.content}
         if parsed.calls:
             message["tool_calls"] = [
                 {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}
                 for item in items if item["type"] == "function_call"
             ]
+        if turn.tokens is not None:
+            fields = dict(zip(TOKEN_FIELDS, (list(turn.tokens.prompt_token_ids), list(turn.tokens.generation_token_ids),
+                                             list(turn.tokens.generation_log_probs))))
+            items[-1].update(fields)  # type: ignore[typeddict-item]
+            message.update(fields)
+        self.trajectory.output.extend(items)
         self.messages.append(message)
-        return Generation(token_ids=[], logprobs=[], finish_reason=turn.finish_reason, text=turn.text), parsed
+        tokens = turn.tokens
+        return Generation(token_ids=list(tokens.generation_token_ids) if tokens else [], logprobs=list(tokens.generation_log_probs) if tokens else [],
+                          finish_reason=turn.finish_reason, text=turn.text), parsed
+
+    def _append_call_tokens(self, tokens: CallTokens) -> None:
+        """Grow the token stream from a chat call's ids: its prompt must start with everything seen
+        so far; what follows is environment tokens (the server's rendering of the new messages)."""
+        trajectory = self.trajectory
+        prompt = list(tokens.prompt_token_ids)
+        if trajectory.model_calls == 0:
+            trajectory.prompt_ids = prompt
+        else:
+            seen = trajectory.context_ids()
+            if not trajectory.prompt_ids or prompt[: len(seen)] != seen:
+                at = next((i for i, (a, b) in enumerate(zip(prompt, seen)) if a != b), min(len(prompt), len(seen)))
+                raise RolloutFailure(
+                    "infra",
+                    f"the model server's prompt token ids for call {trajectory.model_calls + 1} do not start with the "
+                    f"{len(seen)} tokens of the earlier calls (first difference at position {at}); the server must keep "
+                    "the prefix exact from the token ids sent back on the assistant messages",
+                )
+            trajectory.append_env(prompt[len(seen):])
+        trajectory.append_model(list(tokens.generation_token_ids), list(tokens.generation_log_probs))
 
     async def call_tool(self, call: ParsedCall, call_id: str) -> ToolOutput:
         """Run one tool call; bad calls become error text for the model.
@@ -168,8 +204,14 @@ class RolloutContext:
         offered = {schema["name"] for schema in self.tools}
         if call.error:
             content = json.dumps({"error": f"malformed tool call: {call.error}"})
-        elif call.name not in specs or call.name not in offered:
+        elif call.name not in offered or (call.name not in specs and not type(self.env).tools_from_row):
             content = json.dumps({"error": f"unknown tool {call.name!r}; available tools: {sorted(offered)}"})
+        elif call.name not in specs:  # a row tool: the environment checks the arguments itself
+            arguments = json.loads(call.arguments) if call.arguments.strip() else {}
+            if isinstance(arguments, dict):
+                content = capped_output(await self._run_tool(call.name, arguments), self.limits.max_tool_output_chars)
+            else:
+                content = json.dumps({"error": f"invalid arguments for {call.name}: must be a JSON object"})
         else:
             spec = specs[call.name]
             try:
@@ -178,24 +220,29 @@ class RolloutContext:
                 problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in error.errors())
                 content = json.dumps({"error": f"invalid arguments for {call.name}: {problems}"})
             else:
-                content = await self._run_tool(call.name, arguments)
+                content = capped_output(await self._run_tool(call.name, arguments), self.limits.max_tool_output_chars)
         self.trajectory.output.append(function_call_output_item(content, call_id=call_id))
         return ToolOutput(name=call.name, content=content, call_id=call_id)
 
     async def _run_tool(self, name: str, arguments: dict[str, Any]) -> str:
-        method = getattr(self.env, name)
-        timeout_s = type(self.env).tool_timeout_s
+        env_class = type(self.env)
+        timeout_s = env_class.tool_timeout_s
         try:
-            if type(self.env).inline_sync_tools and not asyncio.iscoroutinefunction(method):
-                result = method(**arguments)
+            if env_class.tools_from_row and name not in env_class.tool_specs():  # a tool of the row's own schemas
+                result = await call_environment(self.env, "call_row_tool", (name,), arguments, timeout_s=timeout_s)
+            elif env_class.inline_sync_tools and not env_class.isolate_tools and not asyncio.iscoroutinefunction(method := getattr(self.env, name)):
+                try:
+                    result = method(**arguments)
+                except (SystemExit, KeyboardInterrupt, asyncio.CancelledError) as error:
+                    raise AbortedCall(error) from None
             else:
-                result = await call_bounded(method, timeout_s=timeout_s, **arguments)
+                result = await call_environment(self.env, name, kwargs=arguments, timeout_s=timeout_s)
         except ToolError as error:
             return json.dumps({"error": str(error)})
         except TimeoutError:
             raise RolloutFailure("env", f"tool {name!r} did not return within {timeout_s:g} s") from None
         except Exception as error:
-            raise RolloutFailure("env", f"tool {name!r} raised {type(error).__name__}: {error}") from None
+            raise RolloutFailure("env", f"tool {name!r} raised {describe_error(error)}") from None
         if isinstance(result, str):
             return result
         try:
@@ -204,31 +251,68 @@ class RolloutContext:
             raise RolloutFailure("env", f"tool {name!r} returned a value that is not JSON-serializable: {error}") from None
 
     def append_tool_outputs(self, outputs: list[ToolOutput]) -> bool:
-        """Append the rendered tool outputs and the next generation prompt.
+        """Append the rendered tool outputs and the next generation prompt, tokenizing on this thread.
 
-        Returns False (appending nothing) when they do not fit the token budget.
+        Returns False (appending nothing) when they do not fit the token budget. In a loop,
+        prefer `await append_tool_outputs_async(...)`, which keeps long outputs off the event loop.
         """
         if self.messages is not None:
             self.messages.extend({"role": "tool", "tool_call_id": out.call_id, "name": out.name, "content": out.content} for out in outputs)
             return True
         assert self.template is not None
-        delta = self.template.tool_delta_ids(outputs, last_token_id=self._last_token)
+        return self._append_env(self.template.tool_delta_ids(outputs, last_token_id=self._last_token))
+
+    async def append_tool_outputs_async(self, outputs: list[ToolOutput]) -> bool:
+        """`append_tool_outputs`, with long outputs tokenized in a worker thread so other rollouts go on."""
+        if self.messages is not None or sum(len(out.content) for out in outputs) < OFF_LOOP_TOKENIZE_CHARS:
+            return self.append_tool_outputs(outputs)
+        assert self.template is not None
+        template, last_token = self.template, self._last_token
+        delta = await call_bounded(lambda: template.tool_delta_ids(outputs, last_token_id=last_token),
+                                   timeout_s=_TOKENIZE_TIMEOUT_S, owner="tokenizer")
+        return self._append_env(delta)
+
+    def append_user_message(self, content: str) -> bool:
+        """Append a user message (simulated users, game observations) to the stream and, as a
+        `message` item with role `user`, to the output; False (nothing appended) if it does not fit.
+
+        Tokenizes on this thread; in a loop prefer `await append_user_message_async(...)`.
+        """
+        if self.messages is not None:
+            self.messages.append({"role": "user", "content": content})
+        else:
+            assert self.template is not None
+            if not self._append_env(self.template.user_delta_ids(content, last_token_id=self._last_token)):
+                return False
+        self._user_item(content)
+        return True
+
+    async def append_user_message_async(self, content: str) -> bool:
+        """`append_user_message`, with a long message tokenized in a worker thread so other rollouts go on."""
+        if self.messages is not None or len(content) < OFF_LOOP_TOKENIZE_CHARS:
+            return self.append_user_message(content)
+        assert self.template is not None
+        template, last_token = self.template, self._last_token
+        delta = await call_bounded(lambda: template.user_delta_ids(content, last_token_id=last_token),
+                                   timeout_s=_TOKENIZE_TIMEOUT_S, owner="tokenizer")
+        if not self._append_env(delta):
+            return False
+        self._user_item(content)
+        return True
+
+    def _user_item(self, content: str) -> None:
+        """The user message in the output, as a `message` item with role `user`."""
+        self.trajectory.output.append(user_message_item(content, item_id=self._item_id("msg")))
+
+    def _append_env(self, delta: list[int]) -> bool:
         if len(delta) >= self.budget_left:
             return False
         self.trajectory.append_env(delta)
         return True
 
-    def append_user_message(self, content: str) -> bool:
-        """Append a user message (simulated users, game observations); False if it does not fit."""
-        if self.messages is not None:
-            self.messages.append({"role": "user", "content": content})
-            return True
-        assert self.template is not None
-        delta = self.template.user_delta_ids(content, last_token_id=self._last_token)
-        if len(delta) >= self.budget_left:
-            return False
-        self.trajectory.append_env(delta)
-        return True
+
+_TOKENIZE_TIMEOUT_S = 600.0
+"""A bound on tokenizing one environment message; the rollout's deadline usually ends it first."""
 
 
 def _parsed_chat_turn(turn: ChatTurn) -> ParsedTurn:
@@ -274,6 +358,6 @@ class ToolCallingLoop:
             outputs = [await ctx.call_tool(call, call_id) for call, call_id in zip(parsed.calls, call_ids)]
             if turn == ctx.limits.max_turns - 1:
                 return "max_turns"
-            if not ctx.append_tool_outputs(outputs):
+            if not await ctx.append_tool_outputs_async(outputs):
                 return "budget"
         return "max_turns"

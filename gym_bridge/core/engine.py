@@ -13,11 +13,11 @@ import asyncio
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Iterable, Sequence
+from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 
-from gym_bridge.core.agent_loop import AgentLoop, Limits, RolloutContext, RolloutFailure, ToolCallingLoop, call_bounded
+from gym_bridge.core.agent_loop import AgentLoop, Limits, RolloutContext, RolloutFailure, ToolCallingLoop
+from gym_bridge.core.bounded_call import call_environment, describe_error
 from gym_bridge.core.environment import Environment, to_verify_result, VerifyResult
-from gym_bridge.core.errors import TemplateError
 from gym_bridge.core.policy import BackendError, ChatPolicy, ContextOverflowError, Policy, SamplingParams, is_token_policy
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import resolve_tasks
@@ -41,6 +41,12 @@ class EngineConfig:
     template_check: str = "error"
     """`error`: refuse a template that is not append-only; `warn`: warn and use the streamed
     rendering; `off`: skip the check (a template already checked elsewhere)."""
+    tool_parser: str | None = None
+    """Tool-call parser by vLLM's name (`hermes`, `llama3_json`, `mistral`, ...); None: picked from the template."""
+    reasoning_parser: str | None = None
+    """Reasoning parser (`qwen3`, `deepseek_r1`, `openai_gptoss`, `none`); None: picked from the template."""
+    chat_template_kwargs: Mapping[str, Any] | None = None
+    """Extra arguments for every render of the chat template (e.g. `{"enable_thinking": False}`); None: the template's own."""
 
 
 _default_hooks = {name: getattr(Environment, name) for name in ("setup", "close")}
@@ -68,13 +74,17 @@ class Engine:
         if not self.uses_messages:
             if template is None:
                 raise ValueError("a token-in/token-out policy needs a ChatTemplate")
+            if self.config.tool_parser or self.config.reasoning_parser or self.config.chat_template_kwargs is not None:
+                template = self.template = template.with_options(
+                    tool_parser=self.config.tool_parser, reasoning_parser=self.config.reasoning_parser,
+                    chat_template_kwargs=self.config.chat_template_kwargs)
+            template.profile  # picks parsers and turn style once; raises TemplateError for an unusable template
             if self.config.template_check == "error":
                 template.check_append_only()
             elif self.config.template_check == "warn":
-                try:
-                    template.check_append_only()
-                except TemplateError as error:
-                    warnings.warn(f"{error} (continuing: template_check='warn')", stacklevel=2)
+                report = template.report()
+                if not report.append_only:
+                    warnings.warn(f"{report.message()} (continuing with the streamed rendering: template_check='warn')", stacklevel=2)
             elif self.config.template_check != "off":
                 raise ValueError(f"template_check must be 'error', 'warn' or 'off', got {self.config.template_check!r}")
         self._global: asyncio.Semaphore | None = None
@@ -122,7 +132,7 @@ class Engine:
             loop: AgentLoop = getattr(env_class, "agent_loop", None) or ToolCallingLoop()
             async with asyncio.timeout(self.config.deadline_s):
                 if _overrides(env, "setup"):
-                    await self._step("env", "setup", call_bounded(env.setup, task, timeout_s=env_class.tool_timeout_s))
+                    await self._step("env", "setup", call_environment(env, "setup", (task,), timeout_s=env_class.tool_timeout_s))
                 finish = await loop.run(ctx)
             verify_result = await self._verify(env, task, trajectory)
             if verify_result.failure_kind is not None:
@@ -140,10 +150,10 @@ class Engine:
         finally:
             if env is not None and _overrides(env, "close"):
                 try:
-                    await call_bounded(env.close, timeout_s=env_class.tool_timeout_s)
+                    await call_environment(env, "close", timeout_s=env_class.tool_timeout_s)
                 except Exception as error:
                     if failure is None:
-                        failure = RolloutFailure("env", f"close() failed: {type(error).__name__}: {error}")
+                        failure = RolloutFailure("env", f"close() failed: {describe_error(error)}")
         return self._record(task, repeat_index, env_class, trajectory, finish, failure, verify_result, time.perf_counter() - started)
 
     async def _step(self, kind: str, what: str, awaitable) -> object:  # type: ignore[no-untyped-def]
@@ -154,16 +164,16 @@ class Engine:
         except RolloutFailure:
             raise
         except Exception as error:
-            raise RolloutFailure(kind, f"{what} raised {type(error).__name__}: {error}") from None  # type: ignore[arg-type]
+            raise RolloutFailure(kind, f"{what} raised {describe_error(error)}") from None  # type: ignore[arg-type]
 
     async def _verify(self, env: Environment, task: Task, trajectory: Trajectory) -> VerifyResult:
         timeout_s = type(env).verify_timeout_s
         try:
-            result = await call_bounded(env.verify, task, trajectory.output, timeout_s=timeout_s)
+            result = await call_environment(env, "verify", (task, trajectory.output), timeout_s=timeout_s)
         except TimeoutError:
             raise RolloutFailure("verifier", f"verify did not return within {timeout_s:g} s") from None
         except Exception as error:
-            raise RolloutFailure("verifier", f"verify raised {type(error).__name__}: {error}") from None
+            raise RolloutFailure("verifier", f"verify raised {describe_error(error)}") from None
         try:
             return to_verify_result(result)
         except (TypeError, ValueError) as error:
@@ -185,6 +195,8 @@ class Engine:
             turns=trajectory.model_calls, tool_calls=trajectory.tool_calls, latency_s=latency_s,
             model=self.config.model_name, verify_metrics=dict(verify_result.metrics) if verify_result else {},
             api_usage=dict(trajectory.api_usage) or None,
+            parse_errors=trajectory.parse_errors, unparsed_tool_calls=trajectory.unparsed_tool_calls,
+            env_path=f"{env_class.__module__}:{env_class.__qualname__}" if env_class else "",
         )
 
     async def stream(
@@ -195,6 +207,7 @@ class Engine:
         Routing and tool schemas are checked for all tasks before the first rollout starts.
         """
         env_classes = resolve_tasks(tasks)
+        _check_ready(env_classes.values())
         done = set(skip)
         pending = {
             asyncio.ensure_future(self.rollout(task, repeat, env_class=env_classes[task.env_name]))
@@ -210,8 +223,15 @@ class Engine:
     async def run_groups(self, tasks: Sequence[Task], *, group_size: int) -> list[list[RolloutRecord]]:
         """All `group_size` repeats of each task, grouped and in task order."""
         env_classes = resolve_tasks(tasks)
+        _check_ready(env_classes.values())
         groups = [
             asyncio.gather(*(self.rollout(task, repeat, env_class=env_classes[task.env_name]) for repeat in range(group_size)))
             for task in tasks
         ]
         return [list(group) for group in await asyncio.gather(*groups)]
+
+
+def _check_ready(env_classes: Iterable[type[Environment]]) -> None:
+    """Let each environment refuse the run before anything starts (a missing sandbox, ...)."""
+    for env_class in set(env_classes):
+        env_class.check_ready()

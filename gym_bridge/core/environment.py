@@ -63,6 +63,28 @@ def to_verify_result(value: object) -> VerifyResult:
     raise TypeError(f"verify returned {type(value).__name__}, expected VerifyResult or float")
 
 
+@dataclass(frozen=True)
+class RowProblem:
+    """One problem with a task row's verifier fields, found before anything runs."""
+
+    field: str
+    """Dotted path of the field, e.g. `verifier_metadata.kwargs[2].num_words`."""
+    message: str
+
+
+def schema_problems(model: type[pydantic.BaseModel], row: dict[str, Any]) -> list[RowProblem]:
+    """The problems pydantic finds validating `row` against `model`, one per field."""
+    try:
+        model.model_validate(row)
+    except pydantic.ValidationError as error:
+        problems = []
+        for entry in error.errors():
+            path = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in entry["loc"]).lstrip(".")
+            problems.append(RowProblem(field=path or "(row)", message=entry["msg"]))
+        return problems
+    return []
+
+
 class ToolError(Exception):
     """Raised by a tool for an error the model should read (bad input, missing item).
 
@@ -152,6 +174,9 @@ class Environment:
     """Base class of an environment. Subclass it, add `@tool` methods and `verify`.
 
     Class attributes describe the environment; an instance is one rollout's session.
+    An environment that can generate its own task rows defines the optional classmethod
+    `prepare_rows(cls, *, split: str, size: int, seed: int, **options) -> list[dict]`
+    (`gym-bridge data prepare` calls it; equal arguments must give equal rows).
     """
 
     name: ClassVar[str] = ""
@@ -166,6 +191,21 @@ class Environment:
     """Run sync tools on the event loop instead of a worker thread. Only for quick, pure tools:
     it saves a thread hop per call, but a sync tool that hangs can then not be interrupted."""
     verify_timeout_s: ClassVar[float] = 60.0
+    isolate_tools: ClassVar[bool] = False
+    """Run `setup`, the tools, `verify` and `close` in a worker process (`gym_bridge.run_in_process`'s
+    pool): a call that exits, segfaults or hangs then fails only its rollout (as `env` or
+    `verifier`), and a hung call's worker is killed. The session travels to the worker and back
+    with each call, so its state must pickle; the pool runs at most
+    `gym_bridge.core.offload.set_pool_size(n)` calls at once (default 2)."""
+    settings: ClassVar[tuple[str, ...]] = ()
+    """Class attributes a user may change for a run: `configure(name, key=value)` or
+    `gym-bridge eval --env-setting NAME.KEY=VALUE` (the timeouts above always may be)."""
+    tools_from_row: ClassVar[bool] = False
+    """The tools are the row's own schemas (`responses_create_params.tools`), run by
+    `call_row_tool` instead of `@tool` methods (environments behind HTTP)."""
+    row_schema: ClassVar[type[pydantic.BaseModel] | None] = None
+    """Pydantic model of the verifier fields a row needs (extra fields allowed); checked by
+    `validate_row`, hence by `gym-bridge data validate`. None: any row is accepted."""
 
     _tool_specs: ClassVar[dict[str, ToolSpec] | None] = None
 
@@ -181,6 +221,15 @@ class Environment:
             cls._tool_specs = specs
         return cls.__dict__["_tool_specs"]
 
+    @classmethod
+    def validate_row(cls, row: dict[str, Any]) -> list[RowProblem]:
+        """Problems with the verifier fields of a row routed here ([] when it is fine).
+
+        The default checks `row_schema`; override it (calling super) for checks a schema
+        cannot express, such as an expected answer that must be one of the options.
+        """
+        return schema_problems(cls.row_schema, row) if cls.row_schema is not None else []
+
     def setup(self, task: Task) -> Any:
         """Prepare the session for `task` (may be async). Default: nothing."""
 
@@ -190,3 +239,13 @@ class Environment:
 
     def close(self) -> Any:
         """Release the session's resources (may be async). Called even when the rollout failed."""
+
+    def call_row_tool(self, tool_name: str, /, **arguments: Any) -> Any:
+        """Run a tool the row declares (only with `tools_from_row`); may be async. Returns what a
+        `@tool` returns and raises what it raises (`ToolError` for the model to read)."""
+        raise NotImplementedError(f"environment {self.name!r} has no row tools")
+
+    @classmethod
+    def check_ready(cls) -> None:
+        """Raise `GymBridgeError` saying what to install or set when the environment cannot run on
+        this machine (a missing sandbox). Called once per run before the first rollout."""

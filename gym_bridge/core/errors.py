@@ -17,6 +17,8 @@ class DataError(GymBridgeError, ValueError):
     def __init__(self, message: str, *, source: str = "", field: str = "") -> None:
         self.source = source
         self.field = field
+        self.message = message
+        """The problem alone, without source and field."""
         where = ": ".join(part for part in (source, field) if part)
         super().__init__(f"{where}: {message}" if where else message)
 
@@ -31,3 +33,7 @@ class TemplateError(GymBridgeError):
 
 class MissingDependencyError(GymBridgeError, ImportError):
     """An optional dependency is missing; the message carries the exact install command."""
+
+
+class UnknownParserError(GymBridgeError, LookupError):
+    """A tool-call or reasoning parser name that gym_bridge does not know; the message lists the known ones."""

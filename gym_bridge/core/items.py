@@ -29,6 +29,21 @@ class MessageItem(TypedDict):
     generation_log_probs: NotRequired[list[float]]
 
 
+class InputText(TypedDict):
+    type: Literal["input_text"]
+    text: str
+
+
+class UserMessageItem(TypedDict):
+    """A user turn inside the trajectory (a simulated user's reply), as a Responses input message."""
+
+    type: Literal["message"]
+    id: str
+    role: Literal["user"]
+    status: str
+    content: list[InputText]
+
+
 class ReasoningItem(TypedDict):
     type: Literal["reasoning"]
     id: str
@@ -56,7 +71,7 @@ class FunctionCallOutputItem(TypedDict):
     output: str
 
 
-Item = MessageItem | ReasoningItem | FunctionCallItem | FunctionCallOutputItem
+Item = MessageItem | UserMessageItem | ReasoningItem | FunctionCallItem | FunctionCallOutputItem
 
 TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 
@@ -69,6 +84,10 @@ def message_item(text: str, *, item_id: str) -> MessageItem:
         "status": "completed",
         "content": [{"type": "output_text", "text": text, "annotations": []}],
     }
+
+
+def user_message_item(text: str, *, item_id: str) -> UserMessageItem:
+    return {"type": "message", "id": item_id, "role": "user", "status": "completed", "content": [{"type": "input_text", "text": text}]}
 
 
 def reasoning_item(text: str, *, item_id: str) -> ReasoningItem:
@@ -103,9 +122,15 @@ def item_text(item: dict[str, Any]) -> str:
 def final_text(output: list[Item]) -> str:
     """The text of the last assistant message of a trajectory ('' if it has none)."""
     for item in reversed(output):
-        if item["type"] == "message":
+        if item["type"] == "message" and item.get("role", "assistant") == "assistant":
             return item_text(item)  # type: ignore[arg-type]
     return ""
+
+
+def output_text(output: list[Item]) -> str:
+    """The text of every assistant message of a trajectory, joined (the Responses API's
+    `output_text`; reasoning items are not included)."""
+    return "".join(item_text(item) for item in output if item["type"] == "message")  # type: ignore[arg-type]
 
 
 ChatMessage = dict[str, Any]

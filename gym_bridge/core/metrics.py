@@ -2,7 +2,8 @@
 
 Mean reward counts every rollout that was not masked; pass@k uses the unbiased estimator
 over each task's repeats (a repeat passes when its reward is at least `pass_threshold`);
-failures are counted by kind; token counts separate model and environment tokens.
+failures are counted by kind; token counts separate model and environment tokens; `parse_errors`
+and `unparsed_tool_calls` total the tool calls the parser could not read.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def _block(rows: list[Mapping[str, Any]], *, pass_threshold: float) -> dict[str,
     model_tokens = sum(sum(row["tokens"]["completion_mask"]) for row in rows if "tokens" in row)
     completion_tokens = sum(len(row["tokens"]["completion_ids"]) for row in rows if "tokens" in row)
     prompt_tokens = sum(len(row["tokens"]["prompt_ids"]) for row in rows if "tokens" in row)
+    def total(name: str) -> int:
+        return sum(int(row.get("metrics", {}).get(name, 0) or 0) for row in rows)
+
     return {
         "rollouts": len(rows),
         "scored": len(scored),
@@ -47,6 +51,8 @@ def _block(rows: list[Mapping[str, Any]], *, pass_threshold: float) -> dict[str,
         "failures_by_kind": dict(sorted(failures.items())),
         "mean_turns": sum(row.get("metrics", {}).get("turns", 0) for row in rows) / len(rows) if rows else 0.0,
         "tokens": {"prompt": prompt_tokens, "model": model_tokens, "env": completion_tokens - model_tokens},
+        "parse_errors": total("parse_errors"),
+        "unparsed_tool_calls": total("unparsed_tool_calls"),
     }
 
 
@@ -89,6 +95,9 @@ def format_table(summary: Mapping[str, Any]) -> str:
     extras = []
     if summary["failures_by_kind"]:
         extras.append("failures: " + ", ".join(f"{kind}={count}" for kind, count in summary["failures_by_kind"].items()))
+    if summary.get("parse_errors") or summary.get("unparsed_tool_calls"):
+        extras.append(f"tool-call syntax: {summary.get('parse_errors', 0)} calls could not be parsed, "
+                      f"{summary.get('unparsed_tool_calls', 0)} turns held an unparsed tool call (see --tool-parser)")
     if "throughput" in summary:
         extras.append(
             f"wall {summary['wall_s']:.1f} s, {summary['throughput']['rollouts_per_s']:.2f} rollouts/s, "

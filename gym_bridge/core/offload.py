@@ -1,26 +1,32 @@
 """Run CPU-heavy or possibly hanging functions in worker processes, off the event loop.
 
-`run_in_process(fn, *args, timeout_s=...)` sends one call to a small persistent pool of worker
-processes and awaits it without blocking the event loop. A call stuck in C code (a sympy
-simplification, a regex) cannot be interrupted inside its worker, so on timeout the whole pool
-is killed and replaced; calls that were running beside it are retried once on the new pool.
+`run_in_process(fn, *args, timeout_s=...)` sends one call to a small set of persistent worker
+processes, one call per worker at a time, and awaits it without blocking the event loop. A call
+stuck in C code (a sympy simplification, a regex) cannot be interrupted inside its worker, so on
+timeout its worker is killed and replaced; calls running in the other workers go on.
 Workers start from a forkserver (spawn where there is none), never by forking the caller: the
 caller may have threads, CUDA or torch state that a fork would corrupt. As with any spawned
 process, the forkserver imports the caller's main script once: guard its entry point with
 `if __name__ == "__main__":`; its top-level imports are paid once, when the pool first starts.
+Workers end with the process that started them, even when it is killed with SIGKILL.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import ctypes
 import multiprocessing
 import os
 import pickle
+import select
+import signal
+import sys
 import threading
+import time
 import traceback
 import weakref
-from concurrent.futures import BrokenExecutor, Future, ProcessPoolExecutor
+from concurrent.futures import BrokenExecutor, ProcessPoolExecutor
 from typing import Any, Callable
 
 __all__ = ["run_in_process", "set_pool_size", "shutdown_pool"]
@@ -31,18 +37,20 @@ async def run_in_process(fn: Callable[..., Any], *args: Any, timeout_s: float) -
 
     `fn` and `args` are pickled, so `fn` must be a function defined at module level of an
     importable module (not a lambda, a closure or a nested function). The result must be
-    picklable too. The first call starts the pool (about 0.2 s, plus the main script's
-    top-level imports) before its clock starts; the worker then imports `fn`'s module.
+    picklable too. A call that finds no idle worker starts one (about 0.1 s, plus the main
+    script's top-level imports the first time) before its clock starts; the worker then imports
+    `fn`'s module.
 
     `timeout_s` bounds the run in the worker, not the wait for a free worker: a call waits
-    (without a clock) while all workers of its event loop are busy. A call whose pool was killed
-    by another call's timeout is retried once with a fresh `timeout_s`.
+    (without a clock) while all workers of its event loop are busy. Each worker runs one call at
+    a time, so a call that hangs, exits or crashes its process takes down only its own worker:
+    calls running beside it are not affected.
 
     Raises TimeoutError when `fn` runs past `timeout_s` (its worker is killed); the exception
     `fn` raised, as the same type with the worker's traceback as a note (a RuntimeError naming
     the original type when that exception cannot be pickled); TypeError when `fn` or `args`
-    cannot be pickled; BrokenExecutor when workers die twice in a row.
-    If the awaiting task is cancelled while `fn` runs, the workers are killed too.
+    cannot be pickled; BrokenExecutor when the worker died while running `fn` (os._exit, a
+    signal, a segfault). If the awaiting task is cancelled while `fn` runs, its worker is killed.
     """
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
@@ -54,22 +62,24 @@ async def run_in_process(fn: Callable[..., Any], *args: Any, timeout_s: float) -
         ) from None
     async with _POOL.slot():
         for attempt in range(2):
-            executor = _POOL.current() or await asyncio.to_thread(_POOL.start)
+            worker = _POOL.take_idle() or await asyncio.to_thread(_POOL.start_worker)
+            healthy = False
             try:
-                outcome = await _run_once(executor, job, fn, timeout_s)
-            except BrokenExecutor:
-                _POOL.discard(executor, kill=False)
+                outcome = await _run_once(worker, job, fn, timeout_s)
+                healthy = True
+                break
+            except _StaleWorker:
                 if attempt == 1:
-                    raise
-                continue
-            return _unpack(outcome, fn)
-    raise AssertionError("unreachable")
+                    raise BrokenExecutor("worker processes die before they can take a call") from None
+            finally:
+                _POOL.give_back(worker, healthy=healthy)
+    return _unpack(outcome, fn)
 
 
 def set_pool_size(max_workers: int) -> None:
-    """Use `max_workers` processes from now on (default: `min(2, os.cpu_count())`).
+    """Use at most `max_workers` processes at once from now on (default: `min(2, os.cpu_count())`).
 
-    The current pool, if any, finishes the calls it has and stops; the next call starts a new one.
+    Idle workers beyond the new size stop; calls already running finish.
     """
     if max_workers < 1:
         raise ValueError(f"max_workers must be at least 1, got {max_workers}")
@@ -77,27 +87,27 @@ def set_pool_size(max_workers: int) -> None:
 
 
 def shutdown_pool() -> None:
-    """Stop the worker processes: at once if calls are running, else cleanly. Runs at exit."""
+    """Stop the worker processes: busy ones at once, idle ones cleanly. Runs at exit."""
     _POOL.shutdown()
 
 
-async def _run_once(executor: ProcessPoolExecutor, job: bytes, fn: Callable[..., Any], timeout_s: float) -> bytes:
+class _StaleWorker(Exception):
+    """An idle worker turned out dead before it took the call."""
+
+
+async def _run_once(worker: ProcessPoolExecutor, job: bytes, fn: Callable[..., Any], timeout_s: float) -> bytes:
     try:
-        future = executor.submit(_call, job)
-    except RuntimeError as error:  # broken, or shut down by a concurrent timeout
-        raise BrokenExecutor(str(error)) from error
-    _POOL.track(future)
+        future = worker.submit(_call, job)
+    except RuntimeError:  # the worker died while idle (killed from outside): the call never ran
+        raise _StaleWorker() from None
     waiter = asyncio.wrap_future(future)
     try:
         done, _ = await asyncio.wait({waiter}, timeout=timeout_s)
     except asyncio.CancelledError:
-        if not future.cancel() and not future.done():
-            _POOL.discard(executor, kill=True)
         waiter.cancel()
         raise
     if not done:
         waiter.cancel()
-        _POOL.discard(executor, kill=True)
         raise TimeoutError(f"{_name(fn)} did not finish within {timeout_s:g} s; its worker was killed")
     return waiter.result()
 
@@ -146,86 +156,126 @@ def _ready() -> None:
     """A no-op that makes a worker start."""
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Worker initializer: end this worker when `parent_pid` (the process that started the pool) ends.
+
+    A worker's parent is the forkserver, so on Linux it asks for SIGKILL when that one dies
+    (prctl PR_SET_PDEATHSIG), and everywhere a daemon thread watches the pool's owner itself.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    threading.Thread(target=_exit_when_gone, args=(parent_pid,), name="gym_bridge_parent_watch", daemon=True).start()
+
+
+def _exit_when_gone(pid: int) -> None:
+    try:
+        handle = os.pidfd_open(pid)  # readable once the process exits; immune to pid reuse
+    except (AttributeError, OSError):
+        handle = None
+    if handle is not None:
+        select.select([handle], [], [])
+        os._exit(1)
+    while True:
+        time.sleep(1.0)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            os._exit(1)
+        except PermissionError:
+            pass
+
+
 class _WorkerPool:
-    """The process-wide pool: created lazily, replaced after a kill, shared by every event loop."""
+    """Single-process executors, each running one call at a time, so a dead or killed worker
+    fails only its own call. Shared by every event loop; started lazily; idle ones are reused."""
 
     def __init__(self) -> None:
         self.max_workers = min(2, os.cpu_count() or 1)
         self._lock = threading.Lock()
-        self._executor: ProcessPoolExecutor | None = None
-        self._running: set[Future[Any]] = set()
+        self._idle: list[ProcessPoolExecutor] = []
+        self._busy: set[ProcessPoolExecutor] = set()
         self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 
-    def current(self) -> ProcessPoolExecutor | None:
-        return self._executor
-
-    def start(self) -> ProcessPoolExecutor:
-        """The live executor, started with all its workers if there is none. Blocks: call it in a thread."""
-        with self._lock:
-            if self._executor is None:
-                methods = multiprocessing.get_all_start_methods()
-                context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-                executor = ProcessPoolExecutor(self.max_workers, mp_context=context)
-                try:
-                    for warm_up in [executor.submit(_ready) for _ in range(self.max_workers)]:
-                        warm_up.result()
-                except Exception as error:
-                    executor.shutdown(wait=False)
-                    raise RuntimeError(
-                        f"cannot start worker processes ({error}); if the main script runs code at import, "
-                        "guard it with `if __name__ == '__main__':`"
-                    ) from error
-                self._executor = executor
-            return self._executor
-
     def slot(self) -> asyncio.Semaphore:
-        """This event loop's gate: at most `max_workers` of its calls are in the pool at once."""
+        """This event loop's gate: at most `max_workers` of its calls run at once."""
         loop = asyncio.get_running_loop()
         if loop not in self._slots:
             self._slots[loop] = asyncio.Semaphore(self.max_workers)
         return self._slots[loop]
 
-    def track(self, future: Future[Any]) -> None:
-        self._running.add(future)
-        future.add_done_callback(self._running.discard)
-
-    def discard(self, executor: ProcessPoolExecutor, *, kill: bool) -> None:
-        """Stop `executor` (the next call starts a new pool); with `kill`, kill its workers now."""
+    def take_idle(self) -> ProcessPoolExecutor | None:
         with self._lock:
-            if self._executor is executor:
-                self._executor = None
-        _stop(executor, kill=kill)
+            if not self._idle:
+                return None
+            worker = self._idle.pop()
+            self._busy.add(worker)
+            return worker
+
+    def start_worker(self) -> ProcessPoolExecutor:
+        """A new worker, started and ready. Blocks: call it in a thread."""
+        methods = multiprocessing.get_all_start_methods()
+        context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+        worker = ProcessPoolExecutor(1, mp_context=context, initializer=_die_with_parent, initargs=(os.getpid(),))
+        try:
+            worker.submit(_ready).result()
+        except Exception as error:
+            worker.shutdown(wait=False)
+            raise RuntimeError(
+                f"cannot start a worker process ({error}); if the main script runs code at import, "
+                "guard it with `if __name__ == '__main__':`"
+            ) from error
+        with self._lock:
+            self._busy.add(worker)
+        return worker
+
+    def give_back(self, worker: ProcessPoolExecutor, *, healthy: bool) -> None:
+        """Keep `worker` for the next call, or (broken, hung, cancelled, surplus) stop it."""
+        with self._lock:
+            self._busy.discard(worker)
+            keep = healthy and len(self._idle) < self.max_workers
+            if keep:
+                self._idle.append(worker)
+        if not keep:
+            _stop(worker, kill=not healthy)
+
+    def worker_pids(self) -> list[int]:
+        with self._lock:
+            workers = [*self._idle, *self._busy]
+        return [pid for worker in workers for pid in (getattr(worker, "_processes", None) or {})]
 
     def resize(self, max_workers: int) -> None:
         with self._lock:
-            executor, self._executor = self._executor, None
             self.max_workers = max_workers
             self._slots = weakref.WeakKeyDictionary()
-        if executor is not None:
-            executor.shutdown(wait=False)
+            surplus, self._idle = self._idle[max_workers:], self._idle[:max_workers]
+        for worker in surplus:
+            worker.shutdown(wait=False)
 
     def shutdown(self) -> None:
         with self._lock:
-            executor, self._executor = self._executor, None
-        if executor is None:
-            return
-        if any(not future.done() for future in list(self._running)):
-            _stop(executor, kill=True)
-        else:
-            executor.shutdown(wait=True)
+            idle, busy = self._idle, list(self._busy)
+            self._idle, self._busy = [], set()
+        for worker in busy:
+            _stop(worker, kill=True)
+        for worker in idle:
+            worker.shutdown(wait=True)
 
     def forget(self) -> None:
-        """In a forked child: the parent's pool is not ours to use or stop."""
+        """In a forked child: the parent's workers are not ours to use or stop."""
         self.__init__()  # type: ignore[misc]
 
 
-def _stop(executor: ProcessPoolExecutor, *, kill: bool) -> None:
-    if kill:
-        # Killing a worker breaks the pool: every call still pending on it fails with
-        # BrokenProcessPool, which run_in_process retries. Python 3.14 has executor.kill_workers().
-        for process in list((getattr(executor, "_processes", None) or {}).values()):
+def _stop(worker: ProcessPoolExecutor, *, kill: bool) -> None:
+    if kill:  # a hung or cancelled call: its process must go now (Python 3.14 has kill_workers())
+        for process in list((getattr(worker, "_processes", None) or {}).values()):
             process.kill()
-    executor.shutdown(wait=False)
+    worker.shutdown(wait=False, cancel_futures=True)
 
 
 _POOL = _WorkerPool()

@@ -106,8 +106,19 @@ class ChatRequest:
 
 
 @dataclass(frozen=True)
+class CallTokens:
+    """The token ids of one chat call, for servers that return them with the message (NeMo RL's
+    OpenAI-compatible server, `gym-bridge serve-model`): the prompt the server rendered, and what
+    was sampled with its log-probs."""
+
+    prompt_token_ids: list[int]
+    generation_token_ids: list[int]
+    generation_log_probs: list[float]
+
+
+@dataclass(frozen=True)
 class ChatTurn:
-    """What a chat API answered: text, reasoning, tool calls; no token ids."""
+    """What a chat API answered: text, reasoning, tool calls; token ids only when the server gives them."""
 
     text: str
     reasoning: str = ""
@@ -116,6 +127,8 @@ class ChatTurn:
     """`length` when the API stopped at the token limit."""
     usage: dict[str, int] = field(default_factory=dict)
     """`input_tokens` and `output_tokens` as the API reported them."""
+    tokens: CallTokens | None = None
+    """This call's token ids and log-probs (None from hosted APIs, which do not return them)."""
 
 
 @runtime_checkable

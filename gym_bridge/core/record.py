@@ -2,7 +2,7 @@
 
 `to_dict()` gives DESIGN.md's JSONL line: the input row's fields, a Responses object whose
 output is the trajectory (token fields on the last item of each model call), the verify
-result, identity (`env`, `task_index`, `repeat_index`), the flat `tokens` view and `metrics`.
+result, identity (`env`, `env_path`, `task_index`, `repeat_index`), the flat `tokens` view and `metrics`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from typing import Any
 
 from gym_bridge.core.environment import FailureKind
 from gym_bridge.core.items import Item
-from gym_bridge.core.task import Task
+from gym_bridge.core.task import RECORD_FIELDS, Task
 from gym_bridge.core.trajectory import TokenView
+
+__all__ = ["RECORD_FIELDS", "FinishReason", "RolloutRecord"]
 
 FinishReason = str
 """`answer`, `max_turns`, `length` (a model call hit its token limit), `budget` (the
@@ -40,6 +42,12 @@ class RolloutRecord:
     verify_metrics: dict[str, Any] = field(default_factory=dict)
     api_usage: dict[str, int] | None = None
     """Usage a chat API reported, for rollouts of a chat policy (their token lists are empty)."""
+    parse_errors: int = 0
+    """Tool calls the model wrote that could not be read (the model was shown the error)."""
+    unparsed_tool_calls: int = 0
+    """Turns taken as answers although they hold a tool-call marker (a syntax the parser does not read)."""
+    env_path: str = ""
+    """`module:Class` of the environment class, so `gym-bridge verify` finds environments named by module path."""
 
     @property
     def task_index(self) -> int:
@@ -77,6 +85,7 @@ class RolloutRecord:
             "failure_kind": self.failure_kind,
             "failure_reason": self.failure_reason,
             "env": self.env,
+            "env_path": self.env_path,
             "task_index": self.task.index,
             "repeat_index": self.repeat_index,
             "tokens": self.tokens.to_dict(),
@@ -85,13 +94,10 @@ class RolloutRecord:
                 "tool_calls": self.tool_calls,
                 "latency_s": round(self.latency_s, 6),
                 "finish_reason": self.finish_reason,
+                "parse_errors": self.parse_errors,
+                "unparsed_tool_calls": self.unparsed_tool_calls,
                 "verify": self.verify_metrics,
             },
         }
 
 
-RECORD_FIELDS = (
-    "response", "reward", "reward_components", "mask_sample", "failure_kind", "failure_reason",
-    "env", "task_index", "repeat_index", "tokens", "metrics",
-)
-"""Keys `to_dict` adds to the row; stripping them recovers the input row."""

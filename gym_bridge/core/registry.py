@@ -2,26 +2,31 @@
 
 Environments are found by name or alias: the bundled ones and third-party packages register
 through the `gym_bridge.environments` entry point group; any other can be named by module path
-(`package.module:Class`, or `package.module` exposing `ENVIRONMENT`). An unknown name fails
-before any generation with the list of known environments.
+(`package.module:Class`, or `package.module` exposing `ENVIRONMENT`), which imports, and so runs,
+that module: `allow_module_paths` limits which. An unknown name fails before any generation
+with the list of known environments. Rows whose `agent_ref` carries a `remote` URL run on the
+NeMo Gym HTTP environment instead; `configure` changes an environment's settings for a run.
 """
 
 from __future__ import annotations
 
 import importlib
 from importlib.metadata import entry_points
-from typing import Iterable
+from typing import Any, Iterable
 
 from gym_bridge.core.environment import Environment
-from gym_bridge.core.errors import UnknownEnvironmentError
-from gym_bridge.core.task import Task
+from gym_bridge.core.errors import GymBridgeError, UnknownEnvironmentError
+from gym_bridge.core.task import Task, routing_field
 
 ENTRY_POINT_GROUP = "gym_bridge.environments"
+REMOTE_ENVIRONMENT = "nemo_gym_remote"
+"""Rows with `agent_ref.remote` (a NeMo Gym resources server's URL) run on this environment."""
 
 _registry: dict[str, type[Environment]] = {}
 _aliases: dict[str, str] = {}
 _broken: dict[str, str] = {}
 _entry_points_loaded = False
+_allowed_module_prefixes: tuple[str, ...] | None = None
 
 
 def register(env_class: type[Environment]) -> type[Environment]:
@@ -32,6 +37,7 @@ def register(env_class: type[Environment]) -> type[Environment]:
         raise ValueError(f"{env_class.__qualname__} has no `name`")
     env_class.tool_specs()  # derive schemas now: a bad tool signature fails at registration
     _registry[env_class.name] = env_class
+    _aliases.pop(env_class.name, None)  # a name registered in its own right beats another's alias
     for alias in env_class.aliases:
         _aliases[alias] = env_class.name
     return env_class
@@ -51,17 +57,60 @@ def _load_entry_points() -> None:
             _broken[entry.name] = f"entry point {entry.value!r} failed to load: {type(error).__name__}: {error}"
 
 
+def allow_module_paths(prefixes: Iterable[str] | None) -> tuple[str, ...] | None:
+    """Limit which modules rows (and records, for `verify`) may name as environments (`pkg.mod:Class`).
+
+    Importing a module runs its top-level code, so a data file that names module paths carries
+    code, like a pickle. None (the default) allows any importable module; an empty list allows
+    none (only registered environments route); else only modules under the given package prefixes.
+    Returns the previous setting.
+    """
+    global _allowed_module_prefixes
+    previous = _allowed_module_prefixes
+    _allowed_module_prefixes = None if prefixes is None else tuple(prefix.strip().rstrip(".") for prefix in prefixes if prefix.strip())
+    return previous
+
+
+def _check_module_allowed(module_name: str, path: str) -> None:
+    allowed = _allowed_module_prefixes
+    if allowed is None or any(module_name == prefix or module_name.startswith(prefix + ".") for prefix in allowed):
+        return
+    if not allowed:
+        raise UnknownEnvironmentError(
+            f"environment {path!r} is a module path, and module paths are turned off (--no-module-paths): importing a "
+            "module runs its code; register the environment (an entry point) or allow its package with --allow-module"
+        )
+    raise UnknownEnvironmentError(
+        f"environment module {module_name!r} is not under an allowed prefix ({', '.join(allowed)}); importing a module "
+        "runs its code: allow it with --allow-module PREFIX only if you trust the data"
+    )
+
+
 def load_environment_module(path: str) -> type[Environment]:
-    """Import `package.module:Class` (or a module exposing `ENVIRONMENT`) and register it."""
+    """Import `package.module:Class` (or a module exposing `ENVIRONMENT`) and register it.
+
+    Raises UnknownEnvironmentError when the module is not allowed (`allow_module_paths`), cannot
+    be imported, or does not hold an Environment subclass under that name.
+    """
     module_name, _, attr = path.partition(":")
+    _check_module_allowed(module_name, path)
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise UnknownEnvironmentError(f"cannot import environment module {module_name!r}: {error}") from None
-    target = getattr(module, attr or "ENVIRONMENT", None)
-    if target is None:
-        raise UnknownEnvironmentError(f"module {module_name!r} has no {attr or 'ENVIRONMENT'!r}")
-    return register(target)
+    except (Exception, SystemExit) as error:
+        raise UnknownEnvironmentError(f"importing environment module {module_name!r} raised {type(error).__name__}: {error}") from None
+    target: object = module
+    for part in (attr or "ENVIRONMENT").split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            raise UnknownEnvironmentError(f"module {module_name!r} has no {attr or 'ENVIRONMENT'!r}")
+    if not (isinstance(target, type) and issubclass(target, Environment)):
+        raise UnknownEnvironmentError(f"{path!r} names {target!r} ({type(target).__name__}), not a gym_bridge Environment subclass")
+    try:
+        return register(target)
+    except (TypeError, ValueError) as error:
+        raise UnknownEnvironmentError(f"{path!r} cannot be registered: {error}") from None
 
 
 def known_environments() -> dict[str, type[Environment]]:
@@ -90,6 +139,35 @@ def get_environment(name: str) -> type[Environment]:
     raise UnknownEnvironmentError(f"unknown environment {name!r}; known environments: {known}")
 
 
+def configure(name: str, **settings: Any) -> type[Environment]:
+    """Change settings of a registered environment for this process; returns the configured class.
+
+    A subclass carrying the new values is registered in the original's place (names and aliases
+    route to it). Only the class's `settings` and its timeouts may be set; raises
+    UnknownEnvironmentError, or GymBridgeError naming the settings that exist.
+    """
+    env_class = get_environment(name)
+    allowed = {"tool_timeout_s", "verify_timeout_s", *env_class.settings}
+    unknown = sorted(set(settings) - allowed)
+    if unknown:
+        raise GymBridgeError(f"environment {env_class.name!r} has no setting {', '.join(map(repr, unknown))}; its settings: {', '.join(sorted(allowed))}")
+    configured = type(env_class.__name__, (env_class,), {"__module__": env_class.__module__, **settings})
+    return register(configured)
+
+
+def remote_url(row: dict[str, Any]) -> str | None:
+    """The resources server URL a row's routing names (`agent_ref.remote`), or None."""
+    ref = row.get("agent_ref")
+    url = ref.get("remote") if isinstance(ref, dict) else None
+    return url if isinstance(url, str) and url else None
+
+
+def _route(task: Task) -> type[Environment]:
+    if remote_url(task.row):
+        return get_environment(REMOTE_ENVIRONMENT)
+    return get_environment(task.env_name)
+
+
 def resolve_tasks(tasks: Iterable[Task]) -> dict[str, type[Environment]]:
     """Check that every task routes to a known environment and that its tools match it.
 
@@ -100,12 +178,18 @@ def resolve_tasks(tasks: Iterable[Task]) -> dict[str, type[Environment]]:
 
     resolved: dict[str, type[Environment]] = {}
     for task in tasks:
-        if task.env_name not in resolved:
-            try:
-                resolved[task.env_name] = get_environment(task.env_name)
-            except UnknownEnvironmentError as error:
-                raise UnknownEnvironmentError(f"{task.source}: {error}") from None
-        if task.tools is not None:
+        try:
+            env_class = _route(task)
+        except UnknownEnvironmentError as error:
+            where = ": ".join(part for part in (task.source, routing_field(task.row)) if part)
+            raise UnknownEnvironmentError(f"{where}: {error}" if where else str(error)) from None
+        if resolved.setdefault(task.env_name, env_class) is not env_class:
+            raise DataError(
+                f"rows named {task.env_name!r} go both to {resolved[task.env_name].name!r} and to {env_class.name!r}; "
+                "give all of them agent_ref.remote, or none",
+                source=task.source, field="agent_ref.remote",
+            )
+        if task.tools is not None and not env_class.tools_from_row:
             specs = resolved[task.env_name].tool_specs()
             for position, schema in enumerate(task.tools):
                 field = f"responses_create_params.tools[{position}]"

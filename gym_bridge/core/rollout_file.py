@@ -1,36 +1,59 @@
 """Rollout JSONL files that survive being killed: append-as-you-go, resume exactly once.
 
-Records are appended and flushed one line at a time. On resume, a torn last line (the process
+Records are appended and flushed one line at a time, written with orjson (a record holds
+thousands of token ids; the standard library's encoder cost as much as the rest of a remote
+rollout's client-side work). On resume, a torn last line (the process
 was killed mid-write) is dropped, failed rollouts are dropped so they run again, and the file
 is rewritten atomically with what is kept; the caller then skips every (task, repeat) kept.
+`locked_output` keeps a second run from writing the same file (an exclusive lock on `<file>.lock`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
-from gym_bridge.core.errors import DataError
+import orjson
+
+from gym_bridge.core.errors import DataError, GymBridgeError
 from gym_bridge.core.record import RECORD_FIELDS
 from gym_bridge.core.task import Task
+
+
+_ORJSON_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+
+
+def dump_line(record: Any) -> str:
+    """One record as a JSON line (no newline). JSON has no NaN or infinity: such a number (which no
+    reward can be: `VerifyResult` refuses it) is written as null."""
+    return orjson.dumps(record, option=_ORJSON_OPTIONS).decode()
+
+
+def load_line(line: str) -> Any:
+    """One JSON line as a record; raises `json.JSONDecodeError` when it is not JSON."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return json.loads(line)  # files written before orjson may hold NaN or Infinity, which orjson rejects
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
     """The complete records of a rollout file; a torn final line is ignored, a torn middle line is an error."""
     path = Path(path)
-    lines = path.read_text(encoding="utf-8").split("\n")
+    lines = path.read_bytes().split(b"\n")
     records = []
     for line_number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+            records.append(load_line(line))
+        except (json.JSONDecodeError, UnicodeDecodeError):
             if line_number == len(lines):  # no newline after it: the write was cut off
                 break
-            raise DataError("malformed JSON in a rollout file", source=f"{path}:{line_number}") from None
+            raise DataError("malformed JSON (or invalid UTF-8) in a rollout file", source=f"{path}:{line_number}") from None
     return records
 
 
@@ -43,7 +66,7 @@ def _write_atomic(path: Path, records: Iterable[dict[str, Any]]) -> None:
     temp = path.with_name(path.name + ".tmp")
     with temp.open("w", encoding="utf-8") as handle:
         for record in records:
-            handle.write(json.dumps(record) + "\n")
+            handle.write(dump_line(record) + "\n")
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temp, path)
@@ -74,16 +97,64 @@ def prepare_resume(path: str | Path, tasks: Sequence[Task]) -> set[tuple[int, in
     return set(kept)  # type: ignore[arg-type]
 
 
+class OutputLockedError(GymBridgeError):
+    """Another process is writing the same rollout file."""
+
+
+_held_locks: dict[str, int] = {}
+"""Lock files this process holds: path -> file descriptor."""
+
+
+@contextmanager
+def locked_output(path: str | Path) -> Iterator[None]:
+    """Hold an exclusive lock on `<path>.lock` while writing `path`; re-entrant within a process.
+
+    Raises OutputLockedError at once when another process holds it. The lock file stays
+    (removing it could let two runs lock different files); the lock ends with the process.
+    """
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system: no lock
+        yield
+        return
+    lock_path = Path(path).resolve()
+    lock_path = lock_path.with_name(lock_path.name + ".lock")
+    key = str(lock_path)
+    if key in _held_locks:  # taken by an outer call in this process (the CLI, before loading the model)
+        yield
+        return
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 64).decode("ascii", "replace").strip() or "unknown"
+        os.close(fd)
+        raise OutputLockedError(
+            f"{path} is being written by another gym-bridge run (pid {holder}, lock {lock_path}); "
+            "wait for it to finish, or choose another --output"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    _held_locks[key] = fd
+    try:
+        yield
+    finally:
+        del _held_locks[key]
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
 class RolloutWriter:
     """Appends records to a JSONL file, one flushed line each."""
 
     def __init__(self, path: str | Path, *, append: bool) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._handle = self.path.open("a" if append else "w", encoding="utf-8")
+        self._handle = self.path.open("ab" if append else "wb")
 
     def write(self, record: dict[str, Any]) -> None:
-        self._handle.write(json.dumps(record) + "\n")
+        self._handle.write(orjson.dumps(record, option=_ORJSON_OPTIONS | orjson.OPT_APPEND_NEWLINE))
         self._handle.flush()
 
     def close(self) -> None:

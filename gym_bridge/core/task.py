@@ -16,6 +16,12 @@ from gym_bridge.core.errors import DataError
 from gym_bridge.core.items import ChatMessage, to_chat_messages
 
 ROUTING_KEYS = ("agent_ref", "environment", "env_class", "task_source")
+RECORD_FIELDS = (
+    "response", "reward", "reward_components", "mask_sample", "failure_kind", "failure_reason",
+    "env", "env_path", "task_index", "repeat_index", "tokens", "metrics",
+)
+"""Keys a rollout record adds to its row (`RolloutRecord.to_dict`): a task row may not use them,
+so stripping them from a record recovers the row exactly."""
 
 
 @dataclass(frozen=True)
@@ -43,17 +49,22 @@ class Task:
         return self.row.get(key, default)
 
 
-def routing_name(row: dict[str, Any]) -> str | None:
-    """The environment name a row asks for, or None when it names none."""
+def routing_field(row: dict[str, Any]) -> str | None:
+    """The field of a row that names its environment (`agent_ref.name`, `environment`, ...), or None."""
     ref = row.get("agent_ref")
     if isinstance(ref, dict) and ref.get("name"):
-        return str(ref["name"])
+        return "agent_ref.name"
     if isinstance(ref, str) and ref:
-        return ref
-    for key in ROUTING_KEYS[1:]:
-        if row.get(key):
-            return str(row[key])
-    return None
+        return "agent_ref"
+    return next((key for key in ROUTING_KEYS[1:] if row.get(key)), None)
+
+
+def routing_name(row: dict[str, Any]) -> str | None:
+    """The environment name a row asks for, or None when it names none."""
+    field = routing_field(row)
+    if field is None:
+        return None
+    return str(row["agent_ref"]["name"] if field == "agent_ref.name" else row[field])
 
 
 def _normalize_tools(raw: Any, *, source: str) -> tuple[dict[str, Any], ...]:
@@ -76,6 +87,14 @@ def parse_task(row: Any, *, index: int, source: str = "", default_env: str | Non
     """Build a Task from a row; raises DataError naming the source and field."""
     if not isinstance(row, dict):
         raise DataError(f"a row must be a JSON object, got {type(row).__name__}", source=source)
+    for key in RECORD_FIELDS:
+        if key in row:
+            raise DataError(
+                f"{key!r} is a field gym_bridge adds to rollout records, so a task row cannot use it (its value would be "
+                "overwritten): rename it or nest it (e.g. under verifier_metadata); to re-score stored rollouts use `gym-bridge verify`",
+                source=source,
+                field=key,
+            )
     params = row.get("responses_create_params")
     if params is not None and not isinstance(params, dict):
         raise DataError("must be an object", source=source, field="responses_create_params")
@@ -111,10 +130,17 @@ def parse_task(row: Any, *, index: int, source: str = "", default_env: str | Non
 
 
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, row) for each non-blank line; raises DataError on malformed JSON."""
+    """(line number, row) for each non-blank line; raises DataError (file:line) on invalid UTF-8 or malformed JSON."""
     path = Path(path)
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
+    with path.open("rb") as handle:
+        for line_number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise DataError(
+                    f"invalid UTF-8 (byte 0x{raw[error.start]:02x} at column {error.start + 1}); save the file as UTF-8",
+                    source=f"{path}:{line_number}",
+                ) from None
             if not line.strip():
                 continue
             try:

@@ -1,24 +1,28 @@
 """Chat templating for token-in/token-out rollouts.
 
-The first prompt is rendered once with the tokenizer's chat template. After that the token
-stream only grows: the model's sampled ids, then the tokens of each environment delta (the end
-of the model's turn, the tool outputs, the next generation prompt), rendered on a minimal
-conversation and cut after the model's turn. `check_append_only` proves once per tokenizer that
-this equals what the template renders for the whole conversation; if it does not, the template
-cannot be used token-in/token-out and a TemplateError says why.
-
-Templates without tool support (SmolLM2's) get the tool schemas in the system message in the
-Hermes format and tool outputs as `tool` messages; `HERMES_TOOL_INSTRUCTIONS` documents it.
+The first prompt is rendered once; after that the stream only grows by sampled ids and environment
+deltas, each rendered once per shape on a probe and then filled in by string joins. Earlier turns
+reach the template as a chat server would give them (see `template_profile`), `tools` on every
+render; every template failure is a `TemplateError`; `template_check` says where this is append-only.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Protocol, Sequence
 
 from gym_bridge.core.errors import TemplateError
 from gym_bridge.core.items import ChatMessage
+from gym_bridge.core.parsers import get_reasoning_parser, get_tool_parser, tool_parser_candidates
+from gym_bridge.core.parsers.call import ParsedCall, ParsedTurn
+from gym_bridge.core.template_profile import (
+    PROBE_TOOLS, PROBE_USER, TemplateProfile, assistant_message, build_profile, first_end, is_short_id, short_call_id,
+)
+
+if TYPE_CHECKING:
+    from gym_bridge.core.template_check import TemplateReport
 
 ToolFormat = Literal["native", "hermes_system"]
 
@@ -35,8 +39,29 @@ To call a function, write a JSON object with its name and arguments inside <tool
 </tool_call>
 The results come back in the next message. When you have the answer, reply without a tool call."""
 
-_ASSISTANT_SENTINEL = "\u2063GYMBRIDGE_ASSISTANT\u2063"
-_PROBE_USER = "\u2063GYMBRIDGE_USER\u2063"
+TOOL_INSTRUCTIONS = """# Tools
+
+You can call functions to help answer the user. Their signatures, one JSON object per line:
+<tools>
+{tools}
+</tools>
+
+To call a function, write its name and arguments in this form:
+{example}
+The results come back in the next message. When you have the answer, reply without a tool call."""
+"""For templates without tool support whose family writes calls in another syntax than Hermes
+(the example is that syntax, written by the family's tool parser)."""
+
+_SENTINEL = "\u2063GYMBRIDGE_ASSISTANT\u2063"
+_PROBE_ANSWER = "\u2063GYMBRIDGE_ANSWER\u2063"
+_SAMPLES = (' {"a": [1, 2]}\n\tb ', "<x> & 'q' \u00e9\\n\n")
+"""Contents that tell whether a template passes text through untouched, JSON-escaped or trimmed."""
+_TRANSFORMS: tuple[Callable[[str], str] | None, ...] = (None, lambda text: json.dumps(text, ensure_ascii=False)[1:-1], str.strip)
+_UNSET: Any = object()
+GIL_FREE_ENCODE_CHARS = 8192
+"""Texts at least this long are encoded with the fast tokenizer's batch call, which lets other
+threads (the event loop) run while it works; the single-text call holds the GIL throughout."""
+
 
 
 class Tokenizer(Protocol):
@@ -73,49 +98,152 @@ class ToolOutput:
     call_id: str
 
 
-class ChatTemplate:
-    """Renders prompts and environment deltas as token ids for one tokenizer."""
+@dataclass(frozen=True)
+class _DeltaPlan:
+    """How to build one delta shape: by joining fixed pieces around the messages' fields
+    (`slots`: message index, field, transform), or (pieces None) by rendering every time."""
 
-    def __init__(self, tokenizer: Tokenizer, *, tool_format: ToolFormat | None = None, eos_token_ids: Sequence[int] = ()) -> None:
+    structured: bool
+    """The probe's previous turn was structured (else a plain message holding a sentinel)."""
+    pieces: tuple[str, ...] | None
+    slots: tuple[tuple[int, str, Callable[[str], str] | None], ...] = ()
+
+    def join(self, messages: Sequence[ChatMessage]) -> str:
+        assert self.pieces is not None
+        out = [self.pieces[0]]
+        for (index, name, transform), piece in zip(self.slots, self.pieces[1:]):
+            value = messages[index][name]
+            out.append(value if transform is None else transform(value))
+            out.append(piece)
+        return "".join(out)
+
+
+def _describe(messages: Sequence[ChatMessage]) -> str:
+    return ", ".join(m["role"] + ("(tool_calls)" if m.get("tool_calls") else "") for m in messages)
+
+
+class ChatTemplate:
+    """Renders prompts and environment deltas as token ids for one tokenizer, and reads the
+    model's turns with the family's parsers.
+
+    `tool_parser` / `reasoning_parser` override the parsers picked from the template (names as
+    vLLM's: see `gym_bridge.core.parsers`); `chat_template_kwargs` go to every render (e.g.
+    `{"enable_thinking": False}`). Raises TemplateError for a tokenizer without a chat template or
+    without an end-of-turn token, UnknownParserError for an unknown parser name.
+    """
+
+    def __init__(
+        self, tokenizer: Tokenizer, *, tool_format: ToolFormat | None = None, eos_token_ids: Sequence[int] = (),
+        tool_parser: str | None = None, reasoning_parser: str | None = None, chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise TemplateError("the tokenizer has no chat template; give a tokenizer with one (tokenizer.chat_template)")
+        if tool_parser is not None:
+            get_tool_parser(tool_parser)
+        if reasoning_parser is not None:
+            get_reasoning_parser(reasoning_parser)
         self.tokenizer = tokenizer
-        template_text = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else json.dumps(tokenizer.chat_template)
-        self.tool_format: ToolFormat = tool_format or ("native" if "tools" in template_text else "hermes_system")
-        eos = set(eos_token_ids)
+        self.template_text: str = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else json.dumps(tokenizer.chat_template)
+        self.tool_format: ToolFormat = tool_format or ("native" if "tools" in self.template_text else "hermes_system")
+        eos = {int(token) for token in eos_token_ids}
         if isinstance(tokenizer.eos_token_id, int):
             eos.add(tokenizer.eos_token_id)
+        if not eos:
+            raise TemplateError(
+                "no end-of-turn token: the tokenizer has no eos_token_id and no eos_token_ids were given; pass "
+                "eos_token_ids with the id of the token the model ends its turns with"
+            )
         self.eos_token_ids = frozenset(eos)
         self._eos_text = {token: tokenizer.decode([token], skip_special_tokens=False) for token in self.eos_token_ids}
+        self.end_texts: tuple[str, ...] = tuple(sorted({text for text in self._eos_text.values() if text}, key=len, reverse=True))
+        """The texts of the end-of-turn tokens, longest first."""
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self._parser_names = (tool_parser, reasoning_parser)
+        self._instruction_parser = tool_parser or tool_parser_candidates(self.template_text)[0]
         self._prompt_cache: dict[str, list[int]] = {}
-        self._piece_cache: dict[tuple[tuple[str, str], ...], list[str] | None] = {}
+        self._plans: dict[tuple[tuple[str, str], ...], _DeltaPlan] = {}
+        self._profile: TemplateProfile | None = None
+        self._report: TemplateReport | None = None
+        self._empty_tools: Any = _UNSET
+        self._probe_head: str | None = None
         backend = getattr(tokenizer, "_tokenizer", None)
         self._fast_encode = getattr(backend, "encode", None) if backend is not None and hasattr(backend, "encode_batch") else None
-        self._checked = False
+        self._fast_encode_batch = getattr(backend, "encode_batch", None) if self._fast_encode is not None else None
+
+    def with_options(self, *, tool_parser: str | None = None, reasoning_parser: str | None = None,
+                     chat_template_kwargs: Mapping[str, Any] | None = None) -> ChatTemplate:
+        """A template for the same tokenizer with other parsers or template arguments (unset: kept)."""
+        return ChatTemplate(
+            self.tokenizer, tool_format=self.tool_format, eos_token_ids=sorted(self.eos_token_ids),
+            tool_parser=tool_parser or self._parser_names[0], reasoning_parser=reasoning_parser or self._parser_names[1],
+            chat_template_kwargs=self.chat_template_kwargs if chat_template_kwargs is None else chat_template_kwargs,
+        )
+
+    # -- what the template wants -----------------------------------------------------------
+
+    @property
+    def profile(self) -> TemplateProfile:
+        """Parsers, turn style, end-of-turn marker; found once by rendering probes."""
+        if self._profile is None:
+            self._profile = build_profile(self, tool_parser=self._parser_names[0], reasoning_parser=self._parser_names[1])
+        return self._profile
+
+    @property
+    def end_of_turn_id(self) -> int:
+        """The id of the token that ends an assistant answer in this template (one of `eos_token_ids`;
+        not simply the first id of a generation config's list)."""
+        return min(token for token, text in self._eos_text.items() if text == self.profile.end_of_turn)
 
     # -- rendering -------------------------------------------------------------------------
 
-    def _render(self, messages: list[ChatMessage], *, tools: Sequence[dict[str, Any]] | None, add_generation_prompt: bool) -> str:
-        kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
-        if tools and self.tool_format == "native":
-            kwargs["tools"] = [to_chat_tool(schema) for schema in tools]
-        text = self.tokenizer.apply_chat_template(messages, **kwargs)
+    def _apply(self, messages: list[ChatMessage], kwargs: dict[str, Any]) -> str:
+        try:
+            text = self.tokenizer.apply_chat_template(messages, **self.chat_template_kwargs, **kwargs)
+        except Exception as error:  # jinja's TemplateError, TypeError, UndefinedError, the template's raise_exception
+            raise TemplateError(
+                f"the chat template could not render the conversation [{_describe(messages)}]: {type(error).__name__}: {error}. "
+                "That is the template's requirement. gym_bridge gives each template structured assistant turns in the form "
+                "its own rendering of a tool call shows (see ChatTemplate.profile); if this conversation is one the model must "
+                "handle, give a template that renders it (tokenizer.chat_template) or other chat_template_kwargs"
+            ) from error
         if not isinstance(text, str):
             raise TemplateError(f"apply_chat_template(tokenize=False) returned {type(text).__name__}, expected str")
         return text
+
+    def _no_tools(self) -> Any:
+        """What `tools` is when there are none: None, or [] for templates that iterate `tools` unconditionally."""
+        if self._empty_tools is _UNSET:
+            try:
+                self._apply([PROBE_USER], {"tokenize": False, "add_generation_prompt": True})
+                self._empty_tools = None
+            except TemplateError:
+                self._empty_tools = []
+        return self._empty_tools
+
+    def render(self, messages: Sequence[ChatMessage], *, tools: Sequence[dict[str, Any]] | None, add_generation_prompt: bool) -> str:
+        """`messages` (chat messages; assistant turns as `assistant_message` builds them) rendered by
+        the template with the tool schemas `tools` (Responses function schemas). Raises TemplateError."""
+        kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
+        if self.tool_format == "native":
+            kwargs["tools"] = [to_chat_tool(schema) for schema in tools] if tools else self._no_tools()
+        return self._apply(self._with_tool_system(messages, tools), kwargs)
 
     def _with_tool_system(self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]] | None) -> list[ChatMessage]:
         messages = list(messages)
         if not tools or self.tool_format != "hermes_system":
             return messages
         listing = "\n".join(json.dumps(to_chat_tool(schema)) for schema in tools)
-        block = HERMES_TOOL_INSTRUCTIONS.format(tools=listing)
+        if self._instruction_parser == "hermes":
+            block = HERMES_TOOL_INSTRUCTIONS.format(tools=listing)
+        else:
+            example = ParsedCall(name="<function name>", arguments='{"<argument>": "<value>"}')
+            block = TOOL_INSTRUCTIONS.format(tools=listing, example=get_tool_parser(self._instruction_parser).format([example]))
         if messages and messages[0]["role"] == "system":
             return [{**messages[0], "content": f"{messages[0]['content']}\n\n{block}"}, *messages[1:]]
         return [{"role": "system", "content": block}, *messages]
 
     def prompt_text(self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]] | None) -> str:
-        return self._render(self._with_tool_system(messages, tools), tools=tools, add_generation_prompt=True)
+        return self.render(messages, tools=tools, add_generation_prompt=True)
 
     def prompt_ids(self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]] | None) -> list[int]:
         """The first prompt's token ids (tools included), cached per distinct prompt."""
@@ -127,61 +255,171 @@ class ChatTemplate:
                 self._prompt_cache[key] = cached
         return list(cached)
 
-    def _tool_messages(self, outputs: Sequence[ToolOutput]) -> list[ChatMessage]:
+    # -- model turns ------------------------------------------------------------------------
+
+    def parse(self, text: str, *, prompt_ids: Sequence[int], tools: Sequence[Mapping[str, Any]] = ()) -> ParsedTurn:
+        """Reasoning, content and tool calls of a sampled turn (`text`: special tokens kept, the
+        end-of-turn token removed; `prompt_ids`: the prompt it was sampled after)."""
+        profile = self.profile
+        opener = profile.opener_ids
+        opened = bool(opener) and len(prompt_ids) >= len(opener) and tuple(prompt_ids[-len(opener):]) == opener
+        return profile.parser.parse(text, opened=opened, tools=tools)
+
+    def call_id(self, seed: str, *, written: str | None = None) -> str:
+        """The id of a tool call: `call_<seed>`, or for templates that need ids of nine letters and
+        digits (Mistral) the id the model wrote if it has that form, else one derived from `seed`."""
+        if self.profile.style.short_ids:
+            return written if is_short_id(written) else short_call_id(seed)
+        return f"call_{seed}"
+
+    def assistant_message(self, turn: ParsedTurn, *, call_ids: Sequence[str], raw_text: str) -> ChatMessage:
+        """A sampled turn as the assistant message a chat server would give this template."""
+        return assistant_message(self.profile.style, content=turn.content, reasoning=turn.reasoning, calls=turn.calls,
+                                 call_ids=call_ids, raw_text=raw_text)
+
+    def conversation(self, output: Sequence[Mapping[str, Any]]) -> list[ChatMessage]:
+        """A trajectory's items (a record's `response.output`) as the chat messages this template is
+        given: one assistant message per model call (from its items and, for templates given raw
+        turns, its sampled ids), one tool message per tool output. For an append-only template,
+        rendering the task's messages plus these with a generation prompt gives the next call's prompt."""
+        messages: list[ChatMessage] = []
+        names: dict[str, str] = {}
+        reasoning: list[str] = []
+        content: list[str] = []
+        calls: list[ParsedCall] = []
+        for item in output:
+            kind = item.get("type")
+            if kind == "reasoning":
+                reasoning.append("".join(part.get("text", "") for part in item.get("summary", [])))
+            elif kind == "message":
+                content.append("".join(part.get("text", "") for part in item.get("content", []) if isinstance(part, Mapping)))
+            elif kind == "function_call":
+                calls.append(ParsedCall(name=item["name"], arguments=item["arguments"], call_id=item["call_id"]))
+                names[item["call_id"]] = item["name"]
+            elif kind == "function_call_output":
+                messages.append({"role": "tool", "name": names.get(item["call_id"], ""), "content": item["output"],
+                                 "tool_call_id": item["call_id"]})
+            if "generation_token_ids" in item:  # the last item of a model call
+                ids = list(item["generation_token_ids"])
+                raw = self.tokenizer.decode(ids[:-1] if ids and ids[-1] in self.eos_token_ids else ids, skip_special_tokens=False)
+                turn = ParsedTurn(reasoning="\n".join(reasoning), content="".join(content), calls=tuple(calls))
+                messages.append(self.assistant_message(turn, call_ids=[call.call_id or "" for call in calls], raw_text=raw))
+                reasoning, content, calls = [], [], []
+        return messages
+
+    # -- deltas ------------------------------------------------------------------------------
+
+    def conversation_ids(self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]] | None, *,
+                         add_generation_prompt: bool) -> list[int]:
+        """Token ids of a whole conversation as the chat template renders it, tools included as in
+        `prompt_ids` (servers that re-render a conversation each call use this)."""
+        return self.encode(self.render(self._with_tool_system(messages, tools), tools=tools, add_generation_prompt=add_generation_prompt))
+
+    def tool_messages(self, outputs: Sequence[ToolOutput]) -> list[ChatMessage]:
         return [{"role": "tool", "name": out.name, "content": out.content, "tool_call_id": out.call_id} for out in outputs]
 
-    def _render_delta(self, new_messages: list[ChatMessage]) -> str:
-        probe = [{"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": _ASSISTANT_SENTINEL}, *new_messages]
-        text = self._render(probe, tools=None, add_generation_prompt=True)
-        return text[text.index(_ASSISTANT_SENTINEL) + len(_ASSISTANT_SENTINEL) :]
+    def _previous_turn(self, new_messages: Sequence[ChatMessage]) -> ChatMessage:
+        """The probe's assistant turn before `new_messages`: calls answered by the tool messages among them."""
+        calls = [ParsedCall(name=m.get("name", ""), arguments="{}") for m in new_messages if m["role"] == "tool"]
+        ids = [m.get("tool_call_id", "") for m in new_messages if m["role"] == "tool"]
+        turn = ParsedTurn(reasoning="", content="" if calls else _PROBE_ANSWER, calls=tuple(calls))
+        raw = self.profile.parser.format(turn.calls) if calls else _PROBE_ANSWER
+        return self.assistant_message(turn, call_ids=ids, raw_text=raw)
 
-    def _delta_pieces(self, new_messages: list[ChatMessage]) -> list[str] | None:
-        """The delta's fixed text around each message's content, or None if the template
-        transforms contents (then every delta is rendered in full)."""
-        shape = tuple((message["role"], message.get("name", "")) for message in new_messages)
-        if shape in self._piece_cache:
-            return self._piece_cache[shape]
-        marks = [f"\u2063GB{i}\u2063" for i in range(len(new_messages))]
-        text = self._render_delta([{**message, "content": mark} for message, mark in zip(new_messages, marks)])
-        pieces: list[str] | None = []
-        for mark in marks:
-            head, found, text = text.partition(mark)
-            if not found or mark in text:
-                pieces = None
-                break
-            pieces.append(head)  # type: ignore[union-attr]
-        if pieces is not None:
-            pieces.append(text)
-            samples = [" {\"a\": [1, 2]}\n\tb ", "<x> & 'q' \u00e9\n"]
-            for sample in samples:  # contents must pass through untouched (no trim, no escaping)
-                trial = [{**message, "content": sample} for message in new_messages]
-                if self._render_delta(trial) != self._join(pieces, [sample] * len(marks)):
-                    pieces = None
-                    break
-        self._piece_cache[shape] = pieces
-        return pieces
+    def _render_delta(self, new_messages: Sequence[ChatMessage], *, structured: bool) -> str:
+        """The text after the previous turn's sampled text, starting with that turn's closing.
 
-    @staticmethod
-    def _join(pieces: list[str], contents: Sequence[str]) -> str:
-        out = [pieces[0]]
-        for content, piece in zip(contents, pieces[1:]):
-            out.append(content)
-            out.append(piece)
-        return "".join(out)
+        `structured`: the previous turn is given as a chat server would give it and the delta
+        starts at the first end-of-turn marker after it; else it is a plain message holding a
+        sentinel and the delta starts right after the sentinel.
+        """
+        tools = list(PROBE_TOOLS)
+        if structured:
+            if self._probe_head is None:
+                self._probe_head = self.render([PROBE_USER], tools=tools, add_generation_prompt=True)
+            head = self._probe_head
+            full = self.render([PROBE_USER, self._previous_turn(new_messages), *new_messages], tools=tools, add_generation_prompt=True)
+            start = len(os.path.commonprefix([head, full]))
+            end = first_end(full[start:], self.end_texts)
+            if end is None:
+                raise TemplateError("no end-of-turn marker after the assistant turn")
+            return full[start + end[0]:]
+        probe = [PROBE_USER, {"role": "assistant", "content": _SENTINEL}, *new_messages]
+        text = self.render(probe, tools=tools, add_generation_prompt=True)
+        return text[text.index(_SENTINEL) + len(_SENTINEL):]
 
-    def _delta_text(self, new_messages: list[ChatMessage], *, closing_sampled: str) -> str:
-        pieces = self._delta_pieces(new_messages)
-        if pieces is None:
-            after = self._render_delta(new_messages)
-        else:
-            after = self._join(pieces, [message["content"] for message in new_messages])
+    def _plan(self, new_messages: Sequence[ChatMessage]) -> _DeltaPlan:
+        marks = [dict(m, content=f"\u2063GB{i}\u2063") for i, m in enumerate(new_messages)]
+        for i, mark in enumerate(marks):
+            if mark["role"] == "tool":
+                mark["tool_call_id"] = short_call_id(f"mark{i}") if self.profile.style.short_ids else f"call_GBMARK{i}"
+        structured = True
+        try:
+            text = self._render_delta(marks, structured=True)
+            if any(m["content"] not in text for m in marks):
+                raise TemplateError("a message's content is missing from the structured delta")
+        except TemplateError:
+            structured = False
+            text = self._render_delta(marks, structured=False)  # raises TemplateError when neither works
+        found: list[tuple[int, int, int, str]] = []
+        for index, mark in enumerate(marks):
+            for name in ("content", "tool_call_id"):
+                value = mark.get(name)
+                if not value or value not in text:
+                    continue
+                if text.count(value) != 1:
+                    return _DeltaPlan(structured=structured, pieces=None)
+                found.append((text.index(value), len(value), index, name))
+        found.sort()
+        pieces, slots, at = [], [], 0
+        for position, length, index, name in found:
+            pieces.append(text[at:position])
+            slots.append((index, name, None))
+            at = position + length
+        pieces.append(text[at:])
+        plan = _DeltaPlan(structured=structured, pieces=tuple(pieces), slots=tuple(slots))
+        for slot_number, (index, name, _) in enumerate(slots):
+            if name != "content":
+                continue
+            transform = self._transform(plan, marks, slot_number, index)
+            if transform is _UNSET:
+                return _DeltaPlan(structured=structured, pieces=None)
+            slots[slot_number] = (index, name, transform)
+            plan = _DeltaPlan(structured=structured, pieces=tuple(pieces), slots=tuple(slots))
+        return plan
+
+    def _transform(self, plan: _DeltaPlan, marks: list[ChatMessage], slot_number: int, index: int) -> Any:
+        """How the template writes the content of message `index` (unchanged, JSON-escaped or
+        trimmed); _UNSET when it does something else."""
+        candidates = list(_TRANSFORMS)
+        for sample in _SAMPLES:
+            trial = [dict(m, content=sample) if i == index else m for i, m in enumerate(marks)]
+            rendered = self._render_delta(trial, structured=plan.structured)
+            candidates = [
+                transform for transform in candidates
+                if _DeltaPlan(plan.structured, plan.pieces, tuple(
+                    (i, n, transform if number == slot_number else t) for number, (i, n, t) in enumerate(plan.slots)
+                )).join(trial) == rendered
+            ]
+        return candidates[0] if candidates else _UNSET
+
+    def delta_text(self, new_messages: Sequence[ChatMessage], *, closing_sampled: str) -> str:
+        """The text to append after a sampled turn for `new_messages` (tool or user messages):
+        the rest of the turn's closing, the messages and the next generation prompt."""
+        key = tuple((m["role"], m.get("name", "")) for m in new_messages)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._plan(new_messages)
+        after = plan.join(new_messages) if plan.pieces is not None else self._render_delta(new_messages, structured=plan.structured)
         if closing_sampled and after.startswith(closing_sampled):
-            after = after[len(closing_sampled) :]
+            after = after[len(closing_sampled):]
         return after
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` without special tokens added (the fast backend when there is one)."""
         if self._fast_encode is not None:
+            if len(text) >= GIL_FREE_ENCODE_CHARS and self._fast_encode_batch is not None:
+                return self._fast_encode_batch([text], add_special_tokens=False)[0].ids  # releases the GIL meanwhile
             return self._fast_encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
 
@@ -194,55 +432,25 @@ class ChatTemplate:
     def tool_delta_ids(self, outputs: Sequence[ToolOutput], *, last_token_id: int | None) -> list[int]:
         """Token ids to append after a model turn that called tools: the rest of the turn's
         closing, the tool outputs and the next generation prompt."""
-        text = self._delta_text(self._tool_messages(outputs), closing_sampled=self.closing_text(last_token_id))
-        return self.encode(text)
+        return self.encode(self.delta_text(self.tool_messages(outputs), closing_sampled=self.closing_text(last_token_id)))
 
     def user_delta_ids(self, content: str, *, last_token_id: int | None) -> list[int]:
         """Token ids to append for a new user message (environments with a simulated user)."""
-        text = self._delta_text([{"role": "user", "content": content}], closing_sampled=self.closing_text(last_token_id))
-        return self.encode(text)
+        return self.encode(self.delta_text([{"role": "user", "content": content}], closing_sampled=self.closing_text(last_token_id)))
 
     # -- the append-only check ------------------------------------------------------------
 
-    def check_append_only(self) -> None:
-        """Prove, once, that prompt + sampled turns + deltas render as the whole conversation.
+    def report(self) -> TemplateReport:
+        """Per conversation shape, whether streaming equals rendering the whole conversation (cached)."""
+        if self._report is None:
+            from gym_bridge.core.template_check import check_template
 
-        Raises TemplateError naming the first difference and the conversation shape.
-        """
-        if self._checked:
-            return
-        tools = [{"type": "function", "name": "lookup", "description": "Look a word up.",
-                  "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]}}]
-        eos_text = next(iter(self._eos_text.values()), "")
-        turn_1 = 'Let me look.\n<tool_call>\n{"name": "lookup", "arguments": {"word": "a"}}\n</tool_call>'
-        turn_2 = "The answer is 4."
-        base = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is a?"}]
-        outputs = [ToolOutput(name="lookup", content='{"value": 4}', call_id="call_0")]
-        shapes = {
-            "system + user + tool call + tool output + answer": (base, tools),
-            "user only (no system) + tool call + tool output + answer": (base[1:], tools),
-        }
-        for shape, (messages, shape_tools) in shapes.items():
-            streamed = self.prompt_text(messages, shape_tools) + turn_1 + eos_text
-            streamed += self._delta_text(self._tool_messages(outputs), closing_sampled=eos_text)
-            streamed += turn_2 + eos_text
-            streamed += self._delta_text([{"role": "user", "content": "And b?"}], closing_sampled=eos_text)
-            full_messages = self._with_tool_system(messages, shape_tools) + [
-                {"role": "assistant", "content": turn_1},
-                *self._tool_messages(outputs),
-                {"role": "assistant", "content": turn_2},
-                {"role": "user", "content": "And b?"},
-            ]
-            full = self._render(full_messages, tools=shape_tools, add_generation_prompt=True)
-            if streamed != full:
-                at = next((i for i, (a, b) in enumerate(zip(streamed, full)) if a != b), min(len(streamed), len(full)))
-                raise TemplateError(
-                    f"chat template is not append-only for the shape '{shape}': rendering the whole "
-                    f"conversation differs from prompt + sampled turns + deltas at character {at}: "
-                    f"whole={full[max(0, at - 40):at + 40]!r} vs streamed={streamed[max(0, at - 40):at + 40]!r}. "
-                    "gym_bridge trains on exactly the tokens the model saw while sampling, so a template that "
-                    "rewrites earlier turns (for example one that drops earlier reasoning) would make training "
-                    "and inference disagree. Use a template that only appends, or pass template_check='warn' "
-                    "to accept the streamed rendering."
-                )
-        self._checked = True
+            self._report = check_template(self)
+        return self._report
+
+    def check_append_only(self) -> None:
+        """Raise TemplateError, naming each shape that differs and why, unless the template is
+        append-only for every conversation shape it supports."""
+        report = self.report()
+        if not report.append_only:
+            raise TemplateError(report.message())

@@ -48,6 +48,10 @@ class Trajectory:
     tool_calls: int = 0
     api_usage: dict[str, int] = field(default_factory=dict)
     """Token usage a chat API reported (chat policies leave the token lists empty)."""
+    parse_errors: int = 0
+    """Tool calls the model wrote that could not be read (shown to the model as errors)."""
+    unparsed_tool_calls: int = 0
+    """Turns without a parsed call that hold a tool-call marker of some syntax (scored as answers)."""
 
     def context_ids(self) -> list[int]:
         """Everything so far: the prompt of the next model call."""

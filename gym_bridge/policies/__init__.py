@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from gym_bridge.policies.chat_api import ChatAPIPolicy
     from gym_bridge.policies.embedded import embedded_model_path, load_embedded_model, load_embedded_tokenizer
+    from gym_bridge.policies.helper import load_helper_model
     from gym_bridge.policies.remote import RemotePolicy
     from gym_bridge.policies.transformers import TransformersPolicy
     from gym_bridge.policies.vllm_engine import VLLMEnginePolicy
@@ -23,6 +24,7 @@ _HOMES = {
     "RemotePolicy": "gym_bridge.policies.remote",
     "VLLMEnginePolicy": "gym_bridge.policies.vllm_engine",
     "TransformersPolicy": "gym_bridge.policies.transformers",
+    "load_helper_model": "gym_bridge.policies.helper",
     "embedded_model_path": "gym_bridge.policies.embedded",
     "load_embedded_model": "gym_bridge.policies.embedded",
     "load_embedded_tokenizer": "gym_bridge.policies.embedded",
@@ -30,7 +32,7 @@ _HOMES = {
 
 __all__ = [
     "ChatAPIPolicy", "RemotePolicy", "TransformersPolicy", "VLLMEnginePolicy",
-    "embedded_model_path", "load_embedded_model", "load_embedded_tokenizer",
+    "embedded_model_path", "load_embedded_model", "load_embedded_tokenizer", "load_helper_model",
 ]
 
 

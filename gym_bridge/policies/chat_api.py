@@ -7,6 +7,12 @@ for the Responses API, assistant tool calls become `function_call` items and too
 `function_call_output` items, and the answer's items are read back the same way. The `openai`
 client retries connection errors, 429 and 5xx (`max_retries`, exponential backoff); on top of
 that every call is bounded in total, so a dead endpoint fails the rollout as `infra`.
+
+With `token_ids=True` (chat completions only) it speaks NeMo RL's OpenAI-compatible server, as
+NeMo Gym's model servers do: it asks for `logprobs`, `top_logprobs=0` and
+`return_tokens_as_token_ids`, reads `prompt_token_ids`, `generation_token_ids` and
+`generation_log_probs` off the answer's message, and sends them back on that assistant message in
+later calls, from which the server keeps the prompt's prefix exact. Those records can train.
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ import weakref
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from gym_bridge.core.policy import BackendError, ChatRequest, ChatToolCall, ChatTurn, ContextOverflowError, SamplingParams
+from gym_bridge.core.items import TOKEN_FIELDS
+from gym_bridge.core.policy import BackendError, CallTokens, ChatRequest, ChatToolCall, ChatTurn, ContextOverflowError, SamplingParams
 from gym_bridge.core.template import to_chat_tool
 from gym_bridge.policies.remote import CONTEXT_OVERFLOW_PATTERN
 
@@ -42,10 +49,15 @@ class ChatAPIPolicy:
         request_timeout_s: float = 120.0,
         max_retries: int = 3,
         extra_body: Mapping[str, Any] | None = None,
+        token_ids: bool = False,
     ) -> None:
-        """`base_url` None means OpenAI's; `api_key` None is sent as "EMPTY" (local servers need none)."""
+        """`base_url` None means OpenAI's; `api_key` None is sent as "EMPTY" (local servers need none);
+        `token_ids` asks for and requires each call's token ids (see the module docstring)."""
         if api not in ("chat", "responses"):
             raise ValueError(f"api must be 'chat' or 'responses', got {api!r}")
+        if token_ids and api != "chat":
+            raise ValueError("token_ids=True needs api='chat' (NeMo RL's chat-completions endpoint)")
+        self.token_ids = token_ids
         try:
             import openai  # noqa: F401
         except ImportError:  # pragma: no cover - openai is a dependency
@@ -117,10 +129,19 @@ class ChatAPIPolicy:
         if sampling.seed is not None:
             params["seed"] = sampling.seed
         extra = self._extra_body(sampling)
+        if self.token_ids:
+            params["logprobs"], params["top_logprobs"] = True, 0
+            extra["return_tokens_as_token_ids"] = True
         if extra:
             params["extra_body"] = extra
         completion = await self._openai().chat.completions.create(**params)
-        return chat_turn_from_completion(_as_dict(completion))
+        turn = chat_turn_from_completion(_as_dict(completion))
+        if self.token_ids and turn.tokens is None:
+            raise BackendError(
+                f"{self.base_url} answered without prompt_token_ids/generation_token_ids/generation_log_probs on the message; "
+                "training over chat completions needs NeMo RL's server (expose_http_server) or gym-bridge serve-model"
+            )
+        return turn
 
     async def _responses(self, request: ChatRequest) -> ChatTurn:
         sampling = request.sampling
@@ -168,8 +189,12 @@ def to_openai_messages(messages: Any) -> list[dict[str, Any]]:
         role = message["role"]
         if role == "tool":
             out.append({"role": "tool", "tool_call_id": message.get("tool_call_id", ""), "content": message.get("content", "")})
-        elif role == "assistant" and message.get("tool_calls"):
-            out.append({"role": "assistant", "content": message.get("content") or None, "tool_calls": message["tool_calls"]})
+        elif role == "assistant":
+            entry: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
+            if message.get("tool_calls"):
+                entry.update(content=message.get("content") or None, tool_calls=message["tool_calls"])
+            entry.update({field: message[field] for field in TOKEN_FIELDS if field in message})
+            out.append(entry)
         else:
             out.append({"role": role, "content": message.get("content", "")})
     return out
@@ -210,7 +235,25 @@ def chat_turn_from_completion(completion: dict[str, Any]) -> ChatTurn:
         tool_calls=calls,
         finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
         usage={"input_tokens": int(usage.get("prompt_tokens") or 0), "output_tokens": int(usage.get("completion_tokens") or 0)},
+        tokens=call_tokens(message),
     )
+
+
+def call_tokens(message: Mapping[str, Any]) -> CallTokens | None:
+    """The token fields NeMo RL's server puts on an answer's message, or None when there are none.
+
+    Raises `BackendError` when they are there but malformed (missing one, lengths that disagree).
+    """
+    present = [field for field in TOKEN_FIELDS if message.get(field) is not None]
+    if not present:
+        return None
+    if len(present) != len(TOKEN_FIELDS):
+        raise BackendError(f"the message carries {present} but not all of {list(TOKEN_FIELDS)}")
+    prompt, generation, logprobs = (message[field] for field in TOKEN_FIELDS)
+    if not all(isinstance(value, list) for value in (prompt, generation, logprobs)) or len(generation) != len(logprobs):
+        raise BackendError(f"malformed token fields: {len(generation)} generation ids and {len(logprobs)} log-probs")
+    return CallTokens(prompt_token_ids=[int(t) for t in prompt], generation_token_ids=[int(t) for t in generation],
+                      generation_log_probs=[float(v) for v in logprobs])
 
 
 def chat_turn_from_response(response: dict[str, Any], *, stop: tuple[str, ...] = ()) -> ChatTurn:

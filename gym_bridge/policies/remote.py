@@ -1,35 +1,46 @@
 """A `Policy` over OpenAI-compatible servers (`vllm serve`, `trl vllm-serve`, `gym-bridge serve-model`).
 
-Each call is one `POST {base_url}/completions` whose prompt is the token ids, with
-`return_token_ids` and log-probs on: the sampled ids are the choice's `token_ids` (or, where a
-server only gives those, the `"token_id:N"` strings of `return_tokens_as_token_ids`), each with its
-log-prob. All calls of one rollout (`GenerationRequest.session_id`) go to the same server, so its
-prefix cache is reused; new rollouts go to the least busy server, and a server that stops
-answering is skipped for `down_for_s` while its rollouts move to the next one.
+Each call is one `POST {base_url}/completions` whose prompt is the token ids, with log-probs of the
+sampled tokens only (`logprobs: 0`) and `return_tokens_as_token_ids`, so the sampled ids arrive as
+the `"token_id:N"` strings of the log-probs (or as `token_ids` where a server sends them). The
+first call of each rollout also asks for `return_token_ids` and checks that the server's echo of
+the prompt is the prompt sent; later calls skip the echo, whose size grows with the conversation.
+All calls of one rollout (`GenerationRequest.session_id`) go to the same server, so its prefix
+cache is reused; new rollouts go to the least busy server, and a server that stops answering is
+skipped for `down_for_s` while its rollouts move to the next one.
 
-Every attempt is bounded by `request_timeout_s`. Transport errors, timeouts, 5xx, 429 and
-malformed answers are retried up to `max_retries` times with exponential backoff and jitter,
-then raised as `BackendError` (the rollout fails as `infra`); a 400 about the context length is a
-`ContextOverflowError`; other 4xx are raised at once. So one call takes at most `max_call_s`.
+HTTP is aiohttp with keep-alive pools (one per event loop, bounded in all and per server) and
+orjson; measured against httpx, it costs about a tenth of the CPU per request
+(benchmarks/remote_throughput.py). Every attempt is bounded by `request_timeout_s`. Transport
+errors, timeouts, 5xx, 429 and malformed answers are retried up to `max_retries` times with
+exponential backoff and jitter, then raised as `BackendError` (the rollout fails as `infra`); a 400
+about the context length is a `ContextOverflowError`; other 4xx are raised at once. So one call
+takes at most `max_call_s`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import re
 import time
 import weakref
 import zlib
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import httpx
+import aiohttp
+import orjson
+from yarl import URL
 
-from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest
+from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest, SamplingParams
+
+if TYPE_CHECKING:
+    import httpx
 
 CONTEXT_OVERFLOW_PATTERN = re.compile(
     r"maximum context length|maximum model length|max_model_len|context length|context window|context_length_exceeded"
@@ -39,6 +50,11 @@ CONTEXT_OVERFLOW_PATTERN = re.compile(
 """What vLLM, OpenAI and serve-model say (with status 400) when a prompt does not fit."""
 
 MAX_STICKY_SESSIONS = 65_536
+KEEPALIVE_S = 4.0
+"""Idle pooled connections are closed after this long: below uvicorn's 5 s default (vLLM's server),
+so the client never reuses a connection the server is closing."""
+_TOKEN_ID_PREFIX = "token_id:"
+_JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 class _RetryableAnswer(Exception):
@@ -47,6 +63,20 @@ class _RetryableAnswer(Exception):
     def __init__(self, reason: str, *, retry_after_s: float | None = None) -> None:
         super().__init__(reason)
         self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True)
+class HttpAnswer:
+    """What a server answered to one request."""
+
+    status: int
+    body: bytes
+    retry_after: str | None = None
+    """The `Retry-After` header, if any."""
+
+
+class _TransportError(Exception):
+    """No answer: the connection failed, broke or was refused."""
 
 
 def normalize_base_url(url: str) -> str:
@@ -58,18 +88,25 @@ def normalize_base_url(url: str) -> str:
     return url if parts.path not in ("", "/") else url + "/v1"
 
 
-def completion_body(request: GenerationRequest, *, model: str) -> dict[str, Any]:
+def completion_body(request: GenerationRequest, *, model: str, echo_prompt: bool = True) -> dict[str, Any]:
     """The `/v1/completions` body for one request.
 
     Every sampling field is sent, neutral ones included (`min_p`, penalties), because vLLM fills
     fields a request leaves out from the model's `generation_config.json`, and then the same
     `SamplingParams` would sample differently on different backends. `top_k=0` (off) is sent as
-    vLLM's -1; stop strings stay in the text, as on every gym_bridge backend.
+    vLLM's -1; stop strings stay in the text, as on every gym_bridge backend. `echo_prompt` asks
+    for `return_token_ids` (the server then echoes the prompt ids and sends the sampled ids).
     """
-    sampling = request.sampling
+    body = _sampling_fields(request.sampling, model=model)
+    body["prompt"] = list(request.prompt_ids)
+    if echo_prompt:
+        body["return_token_ids"] = True
+    return body
+
+
+def _sampling_fields(sampling: SamplingParams, *, model: str) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model,
-        "prompt": list(request.prompt_ids),
         "max_tokens": sampling.max_new_tokens,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
@@ -81,8 +118,7 @@ def completion_body(request: GenerationRequest, *, model: str) -> dict[str, Any]
         "n": 1,
         "stream": False,
         "echo": False,
-        "logprobs": 1,
-        "return_token_ids": True,
+        "logprobs": 0,
         "return_tokens_as_token_ids": True,
         "include_stop_str_in_output": True,
     }
@@ -106,7 +142,9 @@ def parse_completion(data: Any, *, request: GenerationRequest) -> Generation:
     choice = data["choices"][0]
     if not isinstance(choice, dict):
         raise _RetryableAnswer(f"choice is not an object: {_preview(choice)}")
-    logprobs = choice.get("logprobs") if isinstance(choice.get("logprobs"), dict) else {}
+    logprobs = choice.get("logprobs")
+    if not isinstance(logprobs, dict):
+        logprobs = {}
     token_logprobs = logprobs.get("token_logprobs")
     token_ids = choice.get("token_ids")
     listed_ids = _ids_from_token_strings(logprobs.get("tokens"))
@@ -119,14 +157,16 @@ def parse_completion(data: Any, *, request: GenerationRequest) -> Generation:
         )
     if not isinstance(token_ids, list) or not all(type(token) is int for token in token_ids):
         raise _RetryableAnswer(f"token_ids is not a list of integers: {_preview(token_ids)}")
-    if listed_ids is not None and listed_ids != token_ids:
+    if listed_ids is not None and listed_ids is not token_ids and listed_ids != token_ids:
         raise _RetryableAnswer("token_ids and the log-prob tokens disagree")
     if not isinstance(token_logprobs, list) or len(token_logprobs) != len(token_ids):
         raise _RetryableAnswer(
             f"answer has {len(token_ids)} token ids but log-probs {_preview(token_logprobs)}; log-probs must be on"
         )
-    if not all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in token_logprobs):
-        raise _RetryableAnswer(f"log-probs are not all numbers: {_preview(token_logprobs)}")
+    if not all(type(value) is float for value in token_logprobs):  # orjson gives floats; ints only for integral values
+        if not all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in token_logprobs):
+            raise _RetryableAnswer(f"log-probs are not all numbers: {_preview(token_logprobs)}")
+        token_logprobs = [float(value) for value in token_logprobs]
     finish_reason = choice.get("finish_reason")
     if finish_reason not in ("stop", "length"):
         raise _RetryableAnswer(f"finish_reason {finish_reason!r} is neither 'stop' nor 'length'")
@@ -136,36 +176,42 @@ def parse_completion(data: Any, *, request: GenerationRequest) -> Generation:
     if text is not None and not isinstance(text, str):
         raise _RetryableAnswer(f"text is not a string: {_preview(text)}")
     prompt_ids = choice.get("prompt_token_ids")
-    if prompt_ids is not None and list(prompt_ids) != list(request.prompt_ids):
+    if prompt_ids is not None and prompt_ids != _as_list(request.prompt_ids):
         raise BackendError("the server generated for other prompt ids than those sent (does a proxy rewrite prompts?)")
     mode = choice.get("logprobs_mode")
     if mode is not None and mode != request.sampling.logprobs_mode:
         raise BackendError(f"asked for {request.sampling.logprobs_mode} log-probs, the server returned {mode} ones")
-    return Generation(
-        token_ids=token_ids, logprobs=[float(value) for value in token_logprobs], finish_reason=finish_reason, text=text
-    )
+    return Generation(token_ids=token_ids, logprobs=token_logprobs, finish_reason=finish_reason, text=text)
+
+
+def _as_list(ids: Sequence[int]) -> list[int]:
+    return ids if isinstance(ids, list) else list(ids)
 
 
 def _ids_from_token_strings(tokens: Any) -> list[int] | None:
-    if not isinstance(tokens, list) or not all(isinstance(token, str) and token.startswith("token_id:") for token in tokens):
+    """The ids in `return_tokens_as_token_ids` strings (`"token_id:42"`); None unless every token is one."""
+    if not isinstance(tokens, list):
         return None
     try:
-        return [int(token.removeprefix("token_id:")) for token in tokens]
-    except ValueError:
+        ids = [int(token[9:]) for token in tokens if token[:9] == _TOKEN_ID_PREFIX]
+    except (TypeError, ValueError, KeyError):
         return None
+    return ids if len(ids) == len(tokens) else None
 
 
 def _preview(value: Any, limit: int = 200) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", errors="replace")
+    text = value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def error_message(response: httpx.Response) -> str:
+def error_message(answer: HttpAnswer) -> str:
     """The message of an error answer (OpenAI/vLLM `{"error": {"message"}}`, `{"message"}`, FastAPI `{"detail"}`)."""
     try:
-        data = response.json()
-    except ValueError:
-        return _preview(response.text) or response.reason_phrase
+        data = orjson.loads(answer.body)
+    except orjson.JSONDecodeError:
+        return _preview(answer.body) or f"HTTP {answer.status}"
     if isinstance(data, dict):
         error = data.get("error")
         if isinstance(error, dict) and error.get("message"):
@@ -176,11 +222,40 @@ def error_message(response: httpx.Response) -> str:
     return _preview(data)
 
 
-def _retry_after_s(response: httpx.Response) -> float | None:
+def _retry_after_s(value: str | None) -> float | None:
     try:
-        return max(0.0, float(response.headers.get("retry-after", "")))
+        return max(0.0, float(value)) if value is not None else None
     except ValueError:
         return None
+
+
+def _ssl_setting(urls: Sequence[str]) -> bool:
+    """aiohttp's `ssl` argument: False for plain-http servers only, which spares building an SSL context
+    (tens of milliseconds at start-up); True (verified TLS) as soon as one URL is https."""
+    return any(url.startswith("https:") for url in urls)
+
+
+def _describe(error: BaseException) -> str:
+    """A transport error in words that do not depend on the HTTP library."""
+    if isinstance(error, aiohttp.ClientConnectorError):
+        return f"ConnectError: {error}"
+    return f"{type(error).__name__}: {error}"
+
+
+async def _request_once(method: str, url: str, *, body: Any = None, api_key: str | None, timeout_s: float) -> HttpAnswer:
+    """One request on a throwaway connection (start-up probes such as `/models`); raises `_TransportError`."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with asyncio.timeout(timeout_s):
+            connector = aiohttp.TCPConnector(ssl=_ssl_setting([url]))
+            async with aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar()) as session:
+                data = orjson.dumps(body) if body is not None else None
+                async with session.request(method, url, data=data, headers={**headers, **_JSON_HEADERS}) as response:
+                    return HttpAnswer(status=response.status, body=await response.read())
+    except TimeoutError:
+        raise _TransportError(f"no answer within {timeout_s:g} s") from None
+    except (aiohttp.ClientError, OSError) as error:
+        raise _TransportError(_describe(error)) from None
 
 
 async def served_models(base_url: str, *, api_key: str | None = None, timeout_s: float = 10.0) -> list[dict[str, Any]]:
@@ -189,23 +264,53 @@ async def served_models(base_url: str, *, api_key: str | None = None, timeout_s:
     Raises `BackendError` when the server cannot be reached or answers something else.
     """
     url = normalize_base_url(base_url) + "/models"
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        async with httpx.AsyncClient(timeout=timeout_s) as client:
-            response = await client.get(url, headers=headers)
-    except (httpx.HTTPError, OSError) as error:
-        raise BackendError(f"cannot reach {url}: {type(error).__name__}: {error}") from None
-    if response.status_code != 200:
-        raise BackendError(f"{url} answered {response.status_code}: {error_message(response)}")
+        answer = await _request_once("GET", url, api_key=api_key, timeout_s=timeout_s)
+    except _TransportError as error:
+        raise BackendError(f"cannot reach {url}: {error}") from None
+    if answer.status != 200:
+        raise BackendError(f"{url} answered {answer.status}: {error_message(answer)}")
     try:
-        data = response.json()["data"]
-    except (ValueError, KeyError, TypeError):
-        raise BackendError(f"{url} answered something other than a model list: {_preview(response.text)}") from None
-    return [entry for entry in data if isinstance(entry, dict) and "id" in entry]
+        data = orjson.loads(answer.body)["data"]
+        return [entry for entry in data if isinstance(entry, dict) and "id" in entry]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        raise BackendError(f"{url} answered something other than a model list: {_preview(answer.body)}") from None
 
 
-def load_tokenizer(path: str) -> tuple[Any, list[int]]:
-    """A local tokenizer folder's tokenizer and its EOS ids (the tokenizer's plus `generation_config.json`'s)."""
+async def served_token_ids(base_url: str, text: str, *, model: str, api_key: str | None = None, timeout_s: float = 10.0) -> list[int] | None:
+    """How the server tokenizes `text` (vLLM's and serve-model's `POST /tokenize`, no special tokens added);
+    None when the server has no such endpoint or cannot be asked."""
+    root = normalize_base_url(base_url).removesuffix("/v1")
+    body = {"model": model, "prompt": text, "add_special_tokens": False}
+    try:
+        answer = await _request_once("POST", f"{root}/tokenize", body=body, api_key=api_key, timeout_s=timeout_s)
+        tokens = orjson.loads(answer.body)["tokens"] if answer.status == 200 else None
+    except (_TransportError, orjson.JSONDecodeError, KeyError, TypeError):
+        return None
+    return tokens if isinstance(tokens, list) else None
+
+
+@dataclass(frozen=True)
+class LoadedTokenizer:
+    """A tokenizer to render prompts with, and the EOS ids (the tokenizer's plus `generation_config.json`'s)."""
+
+    tokenizer: Any
+    eos_token_ids: list[int]
+    light: bool
+    """Loaded without transformers (`gym_bridge.policies.tokenizer`)."""
+
+
+def load_tokenizer(path: str, *, light: bool = True) -> LoadedTokenizer:
+    """A local tokenizer folder's tokenizer.
+
+    `light`: without transformers, which would import torch only to render prompts (seconds of
+    start-up), when the folder has a `tokenizer.json`; else with transformers' `AutoTokenizer`.
+    """
+    from gym_bridge.policies.tokenizer import load_tokenizer as load_light
+
+    if light and (Path(path) / "tokenizer.json").is_file():
+        tokenizer = load_light(path)
+        return LoadedTokenizer(tokenizer=tokenizer, eos_token_ids=tokenizer.eos_token_ids, light=True)
     from transformers import AutoTokenizer, GenerationConfig
 
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -215,7 +320,31 @@ def load_tokenizer(path: str) -> tuple[Any, list[int]]:
     except (OSError, ValueError):
         configured = None
     eos.update([configured] if isinstance(configured, int) else (configured or []))
-    return tokenizer, sorted(eos)
+    return LoadedTokenizer(tokenizer=tokenizer, eos_token_ids=sorted(eos), light=False)
+
+
+class _Pool:
+    """An aiohttp session (its keep-alive connections) tied to one event loop.
+
+    The session is closed by `RemotePolicy.aclose`, or, when a loop ends without it, by the loop's
+    own shutdown (`asyncio.run` closes every live async generator, and `_lifetime` is one).
+    """
+
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self.session = session
+        self._lifetime = self._live()
+
+    async def _live(self) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await self.session.close()
+
+    async def start(self) -> None:
+        await self._lifetime.asend(None)
+
+    async def close(self) -> None:
+        await self._lifetime.aclose()
 
 
 class RemotePolicy:
@@ -240,20 +369,25 @@ class RemotePolicy:
         max_backoff_s: float = 8.0,
         down_for_s: float = 5.0,
         max_connections: int = 1024,
+        max_connections_per_server: int | None = None,
         extra_body: Mapping[str, Any] | None = None,
         rng: random.Random | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         """`base_urls`: one URL or several (`http://host:8000/v1`); `model`: the served model name.
 
-        `extra_body` is merged into every request (server-specific fields). `rng` draws the backoff
-        jitter. `transport` replaces the network (tests pass `httpx.MockTransport`).
+        `max_connections` bounds the pooled connections in all, `max_connections_per_server` (default:
+        the same) those to one server; requests beyond wait for a free one. `extra_body` is merged
+        into every request (server-specific fields). `rng` draws the backoff jitter. `transport`
+        replaces the network with an httpx transport (tests pass `httpx.MockTransport`).
         """
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls:
             raise ValueError("RemotePolicy needs at least one base URL")
         if request_timeout_s <= 0 or max_retries < 0:
             raise ValueError("request_timeout_s must be positive and max_retries non-negative")
+        if max_connections < 1 or (max_connections_per_server is not None and max_connections_per_server < 1):
+            raise ValueError("max_connections and max_connections_per_server must be at least 1")
         self.base_urls = [normalize_base_url(url) for url in urls]
         self.model = model
         self.request_timeout_s = request_timeout_s
@@ -263,14 +397,18 @@ class RemotePolicy:
         self.max_backoff_s = max_backoff_s
         self.down_for_s = down_for_s
         self.max_connections = max_connections
+        self.max_connections_per_server = max_connections_per_server or max_connections
         self.extra_body = dict(extra_body or {})
         self._rng = rng or random.Random()
         self._transport = transport
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._headers = {**_JSON_HEADERS, **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+        self._urls = [URL(url + "/completions", encoded=True) for url in self.base_urls]
         self._in_flight = [0] * len(self.base_urls)
         self._down_until = [0.0] * len(self.base_urls)
         self._sticky: OrderedDict[str, int] = OrderedDict()
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = weakref.WeakKeyDictionary()
+        """Session -> its server; a session in here has had its prompt echo checked."""
+        self._heads: dict[tuple[SamplingParams, bool], bytes] = {}
+        self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pool] = weakref.WeakKeyDictionary()
 
     @property
     def max_call_s(self) -> float:
@@ -283,8 +421,9 @@ class RemotePolicy:
         Raises `ContextOverflowError` when the server says the prompt does not fit, and
         `BackendError` after the retries are spent or on an answer that cannot be retried.
         """
-        body = {**completion_body(request, model=self.model), **self.extra_body}
         started = time.perf_counter()
+        echo_prompt = not request.session_id or request.session_id not in self._sticky
+        body = self._encode(request, echo_prompt=echo_prompt)
         tried: set[int] = set()
         failures: list[str] = []
         retry_after_s: float | None = None
@@ -299,42 +438,78 @@ class RemotePolicy:
                 failures.append(f"{self.base_urls[server]}: {answer}")
                 retry_after_s = answer.retry_after_s
                 continue
-            metrics = {"latency_s": time.perf_counter() - started, "attempts": float(attempt + 1), "server": float(server)}
-            return Generation(
-                token_ids=generation.token_ids, logprobs=generation.logprobs, finish_reason=generation.finish_reason,
-                text=generation.text, metrics=metrics,
-            )
+            generation.metrics.update(latency_s=time.perf_counter() - started, attempts=float(attempt + 1), server=float(server))
+            return generation
         elapsed_s = time.perf_counter() - started
         raise BackendError(
             f"{len(failures)} attempts failed in {elapsed_s:.1f} s (request timeout {self.request_timeout_s:g} s, "
             f"max_retries {self.max_retries}); last: {failures[-1]}"
         )
 
-    async def _attempt(self, server: int, body: dict[str, Any], request: GenerationRequest) -> Generation:
-        url = self.base_urls[server] + "/completions"
+    def _encode(self, request: GenerationRequest, *, echo_prompt: bool) -> bytes:
+        """The request body as JSON bytes: the sampling fields (serialized once per setting) and the prompt."""
+        key = (request.sampling, echo_prompt)
+        head = self._heads.get(key)
+        if head is None:
+            fields = _sampling_fields(request.sampling, model=self.model)
+            if echo_prompt:
+                fields["return_token_ids"] = True
+            fields.update(self.extra_body)
+            fields.pop("prompt", None)
+            head = orjson.dumps(fields)[:-1] + b',"prompt":'
+            if len(self._heads) < 1024:
+                self._heads[key] = head
+        prompt = request.prompt_ids
+        return head + orjson.dumps(prompt if isinstance(prompt, (list, tuple)) else list(prompt)) + b"}"
+
+    async def _attempt(self, server: int, body: bytes, request: GenerationRequest) -> Generation:
         self._in_flight[server] += 1
         try:
             async with asyncio.timeout(self.request_timeout_s):
-                response = await self._http().post(url, json=body)
-        except (httpx.TransportError, TimeoutError, OSError) as error:
+                answer = await self._post(server, body)
+        except (_TransportError, TimeoutError) as error:
             self._down_until[server] = time.monotonic() + self.down_for_s
-            what = f"no answer within {self.request_timeout_s:g} s" if isinstance(error, TimeoutError) else f"{type(error).__name__}: {error}"
+            what = f"no answer within {self.request_timeout_s:g} s" if isinstance(error, TimeoutError) else str(error)
             raise _RetryableAnswer(what) from None
         finally:
             self._in_flight[server] -= 1
-        status = response.status_code
+        status = answer.status
         if status == 200:
             try:
-                data = response.json()
-            except ValueError:
-                raise _RetryableAnswer(f"answer is not JSON: {_preview(response.text)}") from None
+                data = orjson.loads(answer.body)
+            except orjson.JSONDecodeError:
+                raise _RetryableAnswer(f"answer is not JSON: {_preview(answer.body)}") from None
             return parse_completion(data, request=request)
-        message = error_message(response)
+        message = error_message(answer)
         if status == 429 or status >= 500:
-            raise _RetryableAnswer(f"HTTP {status}: {message}", retry_after_s=_retry_after_s(response))
+            raise _RetryableAnswer(f"HTTP {status}: {message}", retry_after_s=_retry_after_s(answer.retry_after))
+        url = self.base_urls[server] + "/completions"
         if status == 400 and CONTEXT_OVERFLOW_PATTERN.search(message):
             raise ContextOverflowError(f"{url}: {message}")
         raise BackendError(f"{url} answered HTTP {status}: {message}")
+
+    async def _post(self, server: int, body: bytes) -> HttpAnswer:
+        """POST `body` to a server's `/completions`; raises `_TransportError` when no answer comes."""
+        if self._transport is not None:
+            return await self._post_through_transport(server, body)
+        session = (await self._pool()).session
+        try:
+            async with session.post(self._urls[server], data=body, headers=self._headers) as response:
+                return HttpAnswer(status=response.status, body=await response.read(), retry_after=response.headers.get("Retry-After"))
+        except (aiohttp.ClientError, OSError) as error:
+            raise _TransportError(_describe(error)) from None
+
+    async def _post_through_transport(self, server: int, body: bytes) -> HttpAnswer:
+        import httpx
+
+        assert self._transport is not None
+        request = httpx.Request("POST", str(self._urls[server]), content=body, headers=self._headers)
+        try:
+            response = await self._transport.handle_async_request(request)
+            content = await response.aread()
+        except httpx.TransportError as error:
+            raise _TransportError(_describe(error)) from None
+        return HttpAnswer(status=response.status_code, body=content, retry_after=response.headers.get("retry-after"))
 
     def _backoff_s(self, attempt: int, retry_after_s: float | None) -> float:
         delay_s = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
@@ -345,15 +520,18 @@ class RemotePolicy:
 
     def _choose(self, session_id: str, *, avoid: set[int]) -> int:
         """The session's server while it is up and not yet tried in this call; else the least busy one."""
+        current = self._sticky.get(session_id) if session_id else None
+        if current is not None and current not in avoid and self._down_until[current] <= time.monotonic():
+            self._sticky.move_to_end(session_id)
+            return current
         everyone = range(len(self.base_urls))
         now = time.monotonic()
         candidates = [i for i in everyone if i not in avoid] or list(everyone)
         up = [i for i in candidates if self._down_until[i] <= now] or candidates
-        current = self._sticky.get(session_id) if session_id else None
         if current in up:
             self._sticky.move_to_end(session_id)
             return current  # type: ignore[return-value]
-        chosen = min(up, key=lambda i: (self._in_flight[i], zlib.crc32(f"{session_id}|{i}".encode())))
+        chosen = min(up, key=lambda i: (self._in_flight[i], zlib.crc32(f"{session_id}|{i}".encode()))) if len(up) > 1 else up[0]
         if session_id:
             self._sticky[session_id] = chosen
             self._sticky.move_to_end(session_id)
@@ -361,26 +539,32 @@ class RemotePolicy:
                 self._sticky.popitem(last=False)
         return chosen
 
-    def _http(self) -> httpx.AsyncClient:
+    async def _pool(self) -> _Pool:
         """The connection pool of the running event loop (each loop gets its own)."""
         loop = asyncio.get_running_loop()
-        client = self._clients.get(loop)
-        if client is None:
-            client = httpx.AsyncClient(
-                headers=self._headers,
-                timeout=httpx.Timeout(self.request_timeout_s, connect=self.connect_timeout_s, pool=None),
-                limits=httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=self.max_connections),
-                transport=self._transport,
+        pool = self._pools.get(loop)
+        if pool is None:
+            for stale in [other for other in self._pools if other.is_closed()]:
+                del self._pools[stale]
+            connector = aiohttp.TCPConnector(
+                limit=self.max_connections, limit_per_host=self.max_connections_per_server, keepalive_timeout=KEEPALIVE_S,
+                ttl_dns_cache=60, ssl=_ssl_setting(self.base_urls),
             )
-            self._clients[loop] = client
-        return client
+            session = aiohttp.ClientSession(
+                connector=connector, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s),
+            )
+            pool = self._pools[loop] = _Pool(session)
+            await pool.start()
+        return pool
 
     async def aclose(self) -> None:
         """Close the running loop's connection pool; a later call opens a new one."""
-        client = self._clients.pop(asyncio.get_running_loop(), None)
-        if client is not None:
-            await client.aclose()
+        pool = self._pools.pop(asyncio.get_running_loop(), None)
+        if pool is not None:
+            await pool.close()
 
     def close(self) -> None:
-        """Forget every connection pool (inside an event loop, `aclose` closes its pool cleanly)."""
-        self._clients.clear()
+        """Forget every connection pool (inside an event loop, `aclose` closes its pool cleanly; `asyncio.run`
+        closes a forgotten one when its loop ends)."""
+        self._pools.clear()

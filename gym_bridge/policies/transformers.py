@@ -1,15 +1,19 @@
 """A `Policy` backed by a Hugging Face causal LM: the embedded model, a local checkpoint, or a trainer's model.
 
 Concurrent `generate` calls are queued; one background task per event loop gathers what arrives
-within `batch_wait_s` (up to `max_batch_size`), groups requests whose sampling settings agree, and
-runs one left-padded `model.generate` per group in a worker thread. Each row is then cut after its
-own EOS, stop string or `max_new_tokens`. Log-probs are the log-softmax of the raw logits at the
+within `batch_wait_s` (up to `max_batch_size` requests and `max_batch_tokens` padded tokens), groups
+requests whose sampling settings agree, and runs one left-padded `model.generate` per group in a
+worker thread. Each row is then cut after its own EOS, stop string or `max_new_tokens`; a row whose
+caller was cancelled stops at the next step. Log-probs are the log-softmax of the raw logits at the
 sampled ids, recorded step by step, never the temperature- or top-p-processed scores.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import gc
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -62,15 +66,27 @@ class TransformersPolicy:
         batch_wait_s: float = 0.005,
         device: torch.device | str | None = None,
         eval_during_generation: bool = True,
+        max_batch_tokens: int | None = None,
+        release_memory_above_tokens: int | None = None,
     ) -> None:
-        """`device` is where prompts are placed; it defaults to the model's device."""
+        """`device` is where prompts are placed; it defaults to the model's device.
+
+        `max_batch_tokens` bounds a batch's padded size, rows x (longest prompt + largest
+        `max_new_tokens`); a single larger request still runs, alone. After a batch of at least
+        `release_memory_above_tokens` padded tokens, freed memory goes back to the system
+        (garbage collection, the CUDA cache, glibc's `malloc_trim`). None turns either off.
+        """
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
+        if max_batch_tokens is not None and max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be at least 1, got {max_batch_tokens}")
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(device) if device is not None else model.device
         self.eos_token_ids = _eos_token_ids(model=model, tokenizer=tokenizer)
         self.max_batch_size = max_batch_size
+        self.max_batch_tokens = max_batch_tokens
+        self.release_memory_above_tokens = release_memory_above_tokens
         self.batch_wait_s = batch_wait_s
         self.eval_during_generation = eval_during_generation
         self._pad_token_id = _pad_token_id(model=model, tokenizer=tokenizer, eos_token_ids=self.eos_token_ids)
@@ -80,6 +96,8 @@ class TransformersPolicy:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[_Pending] | None = None
         self._worker: asyncio.Task[None] | None = None
+        self._carried: _Pending | None = None
+        """A request that did not fit the last batch: it opens the next one."""
         self._closed = False
 
     @classmethod
@@ -91,11 +109,13 @@ class TransformersPolicy:
         dtype: torch.dtype | str | None = None,
         max_batch_size: int = 32,
         batch_wait_s: float = 0.005,
+        max_batch_tokens: int | None = None,
+        release_memory_above_tokens: int | None = None,
     ) -> TransformersPolicy:
         """Load a causal LM and its tokenizer from a folder or hub id; None means the embedded model.
 
         `device` defaults to CUDA when available, else the CPU. `dtype` defaults to float32 on the
-        CPU and to the checkpoint's own dtype elsewhere.
+        CPU and to the checkpoint's own dtype elsewhere. The other arguments are the constructor's.
         """
         if path_or_none is None:
             from gym_bridge.policies.embedded import embedded_model_path
@@ -106,7 +126,8 @@ class TransformersPolicy:
             dtype = torch.float32 if target.type == "cpu" else "auto"
         tokenizer = AutoTokenizer.from_pretrained(path_or_none)
         model = AutoModelForCausalLM.from_pretrained(path_or_none, dtype=dtype).to(target).eval()
-        return cls(model, tokenizer, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s, device=target)
+        return cls(model, tokenizer, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s, device=target,
+                   max_batch_tokens=max_batch_tokens, release_memory_above_tokens=release_memory_above_tokens)
 
     async def generate(self, request: GenerationRequest) -> Generation:
         """Continue `request.prompt_ids`, batched with concurrent calls of compatible sampling settings.
@@ -158,6 +179,7 @@ class TransformersPolicy:
         if self._loop is not loop or self._queue is None or self._worker is None or self._worker.done():
             self._loop = loop
             self._queue = asyncio.Queue()
+            self._carried = None
             self._worker = loop.create_task(self._serve(self._queue), name="TransformersPolicy worker")
         return self._queue
 
@@ -170,6 +192,9 @@ class TransformersPolicy:
                     await self._run_group(group)
                 batch.clear()
         except asyncio.CancelledError:
+            if self._carried is not None:
+                batch.append(self._carried)
+                self._carried = None
             while not queue.empty():
                 batch.append(queue.get_nowait())
             for item in batch:
@@ -178,19 +203,28 @@ class TransformersPolicy:
             raise
 
     async def _collect(self, queue: asyncio.Queue[_Pending], batch: list[_Pending]) -> None:
-        """Append to `batch` the next request and all that arrive within `batch_wait_s` of it."""
+        """Append to `batch` the next request and all that arrive within `batch_wait_s` of it,
+        while they fit `max_batch_size` and `max_batch_tokens`."""
         loop = asyncio.get_running_loop()
-        batch.append(await queue.get())
+        first, self._carried = self._carried, None
+        batch.append(first if first is not None else await queue.get())
+        width = _padded_width(batch[0])
         deadline_s = loop.time() + self.batch_wait_s
         while len(batch) < self.max_batch_size:
             remaining_s = deadline_s - loop.time()
             try:
                 if remaining_s <= 0:
-                    batch.append(queue.get_nowait())
+                    item = queue.get_nowait()
                 else:
-                    batch.append(await asyncio.wait_for(queue.get(), remaining_s))
+                    item = await asyncio.wait_for(queue.get(), remaining_s)
             except (asyncio.QueueEmpty, TimeoutError):
                 break
+            wider = max(width, _padded_width(item))
+            if self.max_batch_tokens is not None and (len(batch) + 1) * wider > self.max_batch_tokens:
+                self._carried = item
+                break
+            batch.append(item)
+            width = wider
 
     async def _run_group(self, group: list[_Pending]) -> None:
         live = [item for item in group if not item.future.done()]
@@ -225,6 +259,7 @@ class TransformersPolicy:
             eos_token_ids=self.eos_token_ids,
             decode=self._decode,
             device=self.device,
+            abandoned=[item.future for item in batch],
         )
         with self._model_lock, self._generation_mode() as use_cache, torch.no_grad():
             started_s = time.perf_counter()
@@ -243,6 +278,10 @@ class TransformersPolicy:
             generate_s = time.perf_counter() - started_s
         logprobs = recorder.logprobs(sequences).cpu().tolist()
         generated = sequences[:, prompt_length:].cpu().tolist()
+        padded_tokens = int(sequences.shape[0] * sequences.shape[1])
+        del sequences, recorder, input_ids, attention_mask
+        if self.release_memory_above_tokens is not None and padded_tokens >= self.release_memory_above_tokens:
+            release_memory(self.device)
         metrics = {"batch_size": float(len(requests)), "generate_s": generate_s}
         return [
             self._finish_row(
@@ -339,6 +378,23 @@ def stop_string_end(token_ids: Sequence[int], *, stops: Sequence[str], decode: C
         else:
             low = middle + 1
     return low
+
+
+def release_memory(device: torch.device) -> None:
+    """Hand freed memory back: collect garbage, empty the CUDA cache, and on glibc trim the heap
+    (without it a CPU process keeps the peak of its largest batch)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc
+            pass
+
+
+def _padded_width(item: "_Pending") -> int:
+    return len(item.request.prompt_ids) + item.request.sampling.max_new_tokens
 
 
 @dataclass(frozen=True)
@@ -452,7 +508,8 @@ class _RawLogprobRecorder(LogitsProcessor):
 
 
 class _RowStopper(StoppingCriteria):
-    """Ends each row at its own `max_new_tokens` or stop string, so a batch stops when all rows are done.
+    """Ends each row at its own `max_new_tokens`, stop string, or when its caller gave up, so a
+    batch stops when all rows are done.
 
     Stop strings are looked for in the decoded tail of each row, wide enough to hold the longest
     stop string even at one byte per token; a hit is confirmed on the whole row. This only saves
@@ -468,7 +525,10 @@ class _RowStopper(StoppingCriteria):
         eos_token_ids: frozenset[int],
         decode: Callable[[Sequence[int]], str],
         device: torch.device,
+        abandoned: Sequence[asyncio.Future[Generation]] = (),
     ) -> None:
+        self._abandoned = abandoned
+        """The rows' futures: a row whose caller gave up (cancelled, a disconnected client) is done."""
         self._prompt_length = prompt_length
         self._max_new_tokens = max_new_tokens
         self._limits = torch.tensor(max_new_tokens, device=device)
@@ -485,6 +545,9 @@ class _RowStopper(StoppingCriteria):
         done = generated >= self._limits
         if any(self._watching):
             self._scan(input_ids[:, self._prompt_length :].tolist())
+        for row, future in enumerate(self._abandoned):
+            if not self._stopped[row] and future.done():  # read across threads: done() only reads a flag
+                self._stopped[row] = True
         return done | torch.tensor(self._stopped, device=done.device)
 
     def _scan(self, rows: list[list[int]]) -> None:

@@ -48,7 +48,7 @@ def test_bad_rows_fail_at_load_time_with_file_line_and_field(tmp_path):
     with pytest.raises(DataError, match=r"bad\.jsonl:2: responses_create_params\.input: row has no input"):
         load_dataset(path, registry=TaskIndex())
     path = write_jsonl(tmp_path / "nowhere.jsonl", [{**MATH, "environment": "no_such_env"}])
-    with pytest.raises(UnknownEnvironmentError, match=r"nowhere\.jsonl:1: unknown environment 'no_such_env'"):
+    with pytest.raises(UnknownEnvironmentError, match=r"nowhere\.jsonl:1: environment: unknown environment 'no_such_env'"):
         load_dataset(path, registry=TaskIndex())
     tools = {"responses_create_params": {"input": "hi", "tools": [{"type": "function", "name": "get_time", "parameters": {}}]}}
     path = write_jsonl(tmp_path / "tools.jsonl", [{**tools, "environment": "weather"}])

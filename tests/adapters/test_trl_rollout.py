@@ -79,12 +79,13 @@ def test_rows_follow_trls_contract_and_the_records(dataset, smol_tokenizer, turn
     prompts = prompts_of(dataset)
     out, records = run(rollout, prompts, Trainer(smol_tokenizer))
     assert set(out) == {"prompt_ids", "completion_ids", "logprobs", "env_mask", "env_reward", "reward_components",
-                        "failure_kind", "env_name", "num_turns", "tool_calls", "finish_reason"}
+                        "failure_kind", "env_name", "num_turns", "tool_calls", "finish_reason", "parse_errors", "unparsed_tool_calls"}
     assert all(len(values) == len(prompts) for values in out.values())
     # rows in prompt order; each group's repeats are 0 and 1 of the same task
     assert [(r.task.row["environment"], r.repeat_index) for r in records] == [("weather", 0), ("weather", 1), ("math", 0), ("math", 1)]
     assert out["env_reward"] == [1.0, 0.0, 1.0, 0.0]
     assert out["env_name"] == ["weather", "weather", "math", "math"] and out["num_turns"] == [2, 1, 1, 1]
+    assert out["parse_errors"] == [0, 0, 0, 0] and out["unparsed_tool_calls"] == [0, 0, 0, 0]
     assert out["reward_components"][2] == {"correct": 1.0}
     for row, record in enumerate(records):
         assert_token_invariants(record.to_dict())
@@ -210,12 +211,13 @@ def test_env_reward_returns_the_rows_rewards_and_logs_metrics():
     rewards = env_reward(
         ["p"] * 4, ["c"] * 4, env_reward=[1.0, None, 0.0, 0.5], env_name=["math", "math", "weather", "weather"],
         reward_components=[{"correct": 1.0}, {}, {}, {}], failure_kind=[None, "timeout", None, None], num_turns=[1, 2, 3, 2],
-        log_metric=logged.__setitem__, log_extra=extra.__setitem__, trainer_state=None,
+        parse_errors=[0, 2, 1, 0], unparsed_tool_calls=[1, 0, 0, 0], log_metric=logged.__setitem__, log_extra=extra.__setitem__, trainer_state=None,
     )
     assert rewards == [1.0, None, 0.0, 0.5]
     assert logged["gym_bridge/failed"] == 0.25 and logged["gym_bridge/failed/timeout"] == 0.25 and logged["gym_bridge/failed/env"] == 0.0
     assert logged["gym_bridge/math/reward"] == 1.0 and logged["gym_bridge/math/correct"] == 1.0
     assert logged["gym_bridge/weather/reward"] == 0.25 and logged["gym_bridge/num_turns"] == 2.0  # (0 + 0.5) / 2; 8 / 4
+    assert logged["gym_bridge/parse_errors"] == 0.75 and logged["gym_bridge/unparsed_tool_calls"] == 0.25  # 3 / 4; 1 / 4
     assert extra == {"env_name": ["math", "math", "weather", "weather"], "failure_kind": ["", "timeout", "", ""]}
     with pytest.raises(ValueError, match="pass rollout_func=gym_bridge.trl.rollout"):
         env_reward(["p"], ["c"])
@@ -291,3 +293,12 @@ def test_vllm_sleep_mode_is_awake_for_the_batch_only():
     with _vllm_awake(generation):
         calls.append("generate")
     assert calls == ["sync", "wake ['kv_cache']", "generate", "sleep 2"] and generation._llm_weights_sleeping
+
+
+def test_parser_options_reach_the_template_and_unknown_names_fail_at_once(smol_tokenizer):
+    from gym_bridge.core.errors import UnknownParserError
+
+    with pytest.raises(UnknownParserError, match="known tool parsers: hermes"):
+        make_rollout(tool_parser="hermes3")
+    state = make_rollout(policy=ScriptedPolicy({}), tool_parser="mistral", reasoning_parser="none").prepare(Trainer(smol_tokenizer))
+    assert (state.engine.template.profile.tool_parser, state.engine.template.profile.reasoning_parser) == ("mistral", "none")

@@ -62,3 +62,28 @@ def test_verify_result_components_must_sum_to_reward():
         VerifyResult(reward=1.0, reward_components={"format": 0.25, "correct": 0.25})
     with pytest.raises(ValueError, match="finite"):
         VerifyResult(reward=float("nan"))
+
+
+def test_validate_row_checks_the_declared_row_schema_and_accepts_anything_by_default():
+    import pydantic
+
+    from gym_bridge.core.environment import Environment, RowProblem
+
+    class Plain(Environment):
+        name = "plain_for_row_schema_test"
+
+    class Answer(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="allow")
+        expected_answer: str
+        weights: list[int] = []
+
+    class Typed(Environment):
+        name = "typed_for_row_schema_test"
+        row_schema = Answer
+
+    assert Plain.validate_row({"anything": 1}) == []
+    assert Typed.validate_row({"expected_answer": "4", "extra": True}) == []
+    assert Typed.validate_row({"weights": [1, "x"]}) == [
+        RowProblem("expected_answer", "Field required"),
+        RowProblem("weights[1]", "Input should be a valid integer, unable to parse string as an integer"),
+    ]

@@ -39,6 +39,19 @@ def die() -> None:
     os._exit(3)
 
 
+def append_then_die(path: str) -> None:
+    with open(path, "a") as handle:
+        handle.write("x")
+    os._exit(3)
+
+
+def append_then_sleep(path: str, seconds: float) -> str:
+    with open(path, "a") as handle:
+        handle.write("x")
+    time.sleep(seconds)
+    return "slept"
+
+
 def sleep_then_pid(seconds: float) -> int:
     time.sleep(seconds)
     return os.getpid()
@@ -76,26 +89,42 @@ def test_hung_call_times_out_and_the_pool_keeps_working() -> None:
     asyncio.run(main())
 
 
-def test_calls_in_flight_on_a_killed_pool_are_retried() -> None:
+def test_a_killed_call_leaves_the_calls_beside_it_running(tmp_path: Path) -> None:
+    marker = tmp_path / "runs"
+
     async def main() -> None:
-        started = time.monotonic()
         hung = asyncio.create_task(run_in_process(time.sleep, 60, timeout_s=0.5))
-        survivor = asyncio.create_task(run_in_process(sleep_then_pid, 1.0, timeout_s=30))
+        survivor = asyncio.create_task(run_in_process(append_then_sleep, str(marker), 1.0, timeout_s=30))
         with pytest.raises(TimeoutError):
             await hung
-        assert isinstance(await survivor, int)
-        assert time.monotonic() - started >= 1.4  # killed with the pool at 0.5 s, then rerun for 1 s
+        assert await survivor == "slept"
 
     asyncio.run(main())
+    assert marker.read_text() == "x"  # each call has its own worker: the survivor was not killed and rerun
 
 
-def test_a_worker_that_dies_is_retried_once_then_reported() -> None:
+def test_a_worker_that_dies_fails_only_its_own_call() -> None:
     async def main() -> None:
+        dying = asyncio.create_task(run_in_process(die, timeout_s=30))
+        beside = asyncio.create_task(run_in_process(sleep_then_pid, 0.5, timeout_s=30))
         with pytest.raises(BrokenExecutor):
-            await run_in_process(die, timeout_s=30)
+            await dying
+        assert isinstance(await beside, int)
         assert await run_in_process(add, 2, 2, timeout_s=30) == 4
 
     asyncio.run(main())
+
+
+def test_a_call_runs_once_even_when_its_worker_dies(tmp_path: Path) -> None:
+    """No retry: a call that crashed its worker is not run a second time."""
+    marker = tmp_path / "runs"
+
+    async def main() -> None:
+        with pytest.raises(BrokenExecutor):
+            await run_in_process(append_then_die, str(marker), timeout_s=30)
+
+    asyncio.run(main())
+    assert marker.read_text() == "x"
 
 
 def test_concurrent_calls_all_complete() -> None:

@@ -52,7 +52,7 @@ def test_module_path_loading(tmp_path, monkeypatch):
 def test_resolve_checks_every_task_before_running():
     good = parse_task({"prompt": "x", "environment": "counter_for_registry_test"}, index=0, source="a.jsonl:1")
     unknown = parse_task({"prompt": "x", "environment": "nope"}, index=1, source="a.jsonl:2")
-    with pytest.raises(UnknownEnvironmentError, match=r"^a.jsonl:2: unknown environment 'nope'"):
+    with pytest.raises(UnknownEnvironmentError, match=r"^a.jsonl:2: environment: unknown environment 'nope'"):
         resolve_tasks([good, unknown])
     wrong_tool = parse_task(
         {"prompt": "x", "environment": "counter_for_registry_test",
@@ -68,3 +68,31 @@ def test_resolve_checks_every_task_before_running():
     with pytest.raises(DataError, match=r"tools\[0\].parameters: parameters \['n'\] do not match tool 'add'"):
         resolve_tasks([wrong_params])
     assert resolve_tasks([good]) == {"counter_for_registry_test": Counter}
+
+
+class Tunable(Environment):
+    name = "tunable_for_registry_test"
+    aliases = ("tunable_alias",)
+    settings = ("level",)
+    level = 1
+
+
+def test_configure_registers_a_configured_subclass_in_place():
+    register(Tunable)
+    from gym_bridge.core.errors import GymBridgeError
+    from gym_bridge.core.registry import configure
+
+    configured = configure("tunable_alias", level=3, verify_timeout_s=5.0)
+    assert issubclass(configured, Tunable) and configured.level == 3 and Tunable.level == 1
+    assert get_environment("tunable_for_registry_test") is configured is get_environment("tunable_alias")
+    with pytest.raises(GymBridgeError, match="has no setting 'colour'; its settings: level, tool_timeout_s, verify_timeout_s"):
+        configure("tunable_for_registry_test", colour="red")
+
+
+def test_rows_with_a_remote_url_route_to_the_remote_environment():
+    from gym_bridge.core.registry import REMOTE_ENVIRONMENT
+
+    row = {"prompt": "hi", "agent_ref": {"name": "counter_alias_agent", "remote": "http://127.0.0.1:9"},
+           "responses_create_params": {"input": "hi", "tools": [{"type": "function", "name": "anything", "parameters": {}}]}}
+    resolved = resolve_tasks([parse_task(row, index=0)])
+    assert resolved == {"counter_alias_agent": get_environment(REMOTE_ENVIRONMENT)}   # its tools are not checked locally

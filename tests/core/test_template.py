@@ -2,24 +2,15 @@ import json
 
 import pytest
 
-from gym_bridge.core.errors import TemplateError
+from gym_bridge import Engine, EngineConfig, ScriptedPolicy
+from gym_bridge.core.errors import TemplateError, UnknownParserError
 from gym_bridge.core.template import ChatTemplate, ToolOutput
+from tests.families import MINI_FAMILIES, family_tokenizer
 
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather of a city.",
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+MINI = {family.template.removeprefix("mini_").removesuffix(".jinja"): family for family in MINI_FAMILIES}
 
-# A ChatML template with native tool support, in the Qwen 2.5 manner: tools listed in the system
-# turn, tool results grouped in a user turn inside <tool_response> tags.
-NATIVE_TOOLS_TEMPLATE = (
-    "{%- if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
-    "# Tools\n<tools>{% for t in tools %}\n{{ t | tojson }}{% endfor %}\n</tools><|im_end|>\n"
-    "{%- elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n{%- endif %}"
-    "{%- for m in messages %}"
-    "{%- if m.role == 'user' or (m.role == 'assistant') %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
-    "{%- elif m.role == 'tool' %}{% if loop.previtem.role != 'tool' %}<|im_start|>user{% endif %}\n<tool_response>\n{{ m.content }}\n</tool_response>"
-    "{% if loop.last or loop.nextitem.role != 'tool' %}<|im_end|>\n{% endif %}"
-    "{%- endif %}{%- endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 # Like a reasoning template that drops the reasoning of earlier assistant turns: not append-only.
 DROPS_REASONING_TEMPLATE = (
     "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
@@ -29,10 +20,11 @@ DROPS_REASONING_TEMPLATE = (
 
 
 class TemplatedTokenizer:
-    """The embedded tokenizer with another chat template."""
+    """The embedded tokenizer with another chat template (and, optionally, no end-of-turn token)."""
 
-    def __init__(self, base, template):
-        self.base, self.chat_template, self.eos_token_id = base, template, base.eos_token_id
+    def __init__(self, base, template, eos_token_id="base"):
+        self.base, self.chat_template = base, template
+        self.eos_token_id = base.eos_token_id if eos_token_id == "base" else eos_token_id
 
     def apply_chat_template(self, conversation, **kwargs):
         return self.base.apply_chat_template(conversation, chat_template=self.chat_template, **kwargs)
@@ -44,9 +36,19 @@ class TemplatedTokenizer:
         return self.base.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
+@pytest.fixture(scope="module")
+def mini(smol_tokenizer):
+    def make(name, **options):
+        tokenizer, eos_ids = family_tokenizer(smol_tokenizer, MINI[name])
+        return tokenizer, ChatTemplate(tokenizer, eos_token_ids=eos_ids, **options)
+
+    return make
+
+
 def test_embedded_template_is_append_only_and_gets_tools_in_the_system_message(smol_template):
     smol_template.check_append_only()
     assert smol_template.tool_format == "hermes_system"
+    assert smol_template.profile.tool_parser == "hermes" and not smol_template.profile.style.tool_calls  # raw turns
     text = smol_template.prompt_text([{"role": "user", "content": "Weather in Oslo?"}], TOOLS)
     assert text.startswith("<|im_start|>system\n# Tools")
     assert json.dumps({"type": "function", "function": {"name": "get_weather", "description": "Weather of a city.",
@@ -63,33 +65,99 @@ def test_tool_delta_continues_after_the_sampled_eos(smol_template, smol_tokenize
     assert smol_tokenizer.decode(smol_template.tool_delta_ids(outputs, last_token_id=None)).startswith("<|im_end|>\n<|im_start|>tool")
 
 
-def test_fast_delta_path_matches_full_rendering_for_awkward_contents(smol_template):
-    for content in ['  {"a": "b"}\n', "tab\there & <tag> 'q' \u00e9", "", "{{ not jinja }}"]:
-        messages = [{"role": "tool", "name": "f", "content": content, "tool_call_id": "c"}] * 2
-        assert smol_template._delta_text(messages, closing_sampled="") == smol_template._render_delta(messages)
+@pytest.mark.parametrize("name", ["smol", "llama", "harmony", "mistral"])
+def test_fast_delta_path_matches_full_rendering_for_awkward_contents(name, smol_template, mini):
+    # Llama-like templates write tool outputs with tojson and trim user turns, gpt-oss-like ones use tojson,
+    # Mistral-like ones render the call id: the fast path must reproduce each exactly.
+    template = smol_template if name == "smol" else mini(name)[1]
+    call_id = "a1B2c3D4e" if name == "mistral" else "call_7"
+    for content in ['  {"a": "b"}\n', "tab\there & <tag> 'q' \u00e9 \"x\" \\", "", "{{ not jinja }}"]:
+        for messages in ([{"role": "tool", "name": "f", "content": content, "tool_call_id": call_id}] * 2,
+                         [{"role": "user", "content": content}]):
+            if name == "mistral" and messages[0]["role"] == "user":
+                continue  # tool-call turns only: the template allows no user turn after a call here
+            fast = template.delta_text(messages, closing_sampled="")
+            plan = template._plans[tuple((m["role"], m.get("name", "")) for m in messages)]
+            assert plan.pieces is not None  # the cached fast path, not a render per delta
+            assert fast == template._render_delta(messages, structured=plan.structured)
+            if messages[0]["role"] == "tool" and name == "mistral":
+                assert call_id in fast
 
 
-def test_native_tool_template_is_detected_and_append_only(smol_tokenizer):
-    template = ChatTemplate(TemplatedTokenizer(smol_tokenizer, NATIVE_TOOLS_TEMPLATE))
+def test_native_tool_template_groups_results_like_qwen(mini):
+    _, template = mini("qwen25")
     assert template.tool_format == "native"
     template.check_append_only()
     two = [ToolOutput(name="a", content="1", call_id="x"), ToolOutput(name="b", content="2", call_id="y")]
-    delta = template._delta_text(template._tool_messages(two), closing_sampled="<|im_end|>")
-    full = template._render(
-        [{"role": "user", "content": "q"}, {"role": "assistant", "content": "ANSWER"}, *template._tool_messages(two)],
-        tools=None, add_generation_prompt=True,
-    )
-    assert delta == full.split("ANSWER<|im_end|>", 1)[1]
+    delta = template.delta_text(template.tool_messages(two), closing_sampled="<|im_end|>")
     assert delta.count("<|im_start|>user") == 1  # both results grouped in one user turn
     assert delta.index("<tool_response>\n1") < delta.index("<tool_response>\n2") and delta.endswith("<|im_start|>assistant\n")
 
 
 def test_template_that_rewrites_history_is_refused_with_the_reason(smol_tokenizer):
     template = ChatTemplate(TemplatedTokenizer(smol_tokenizer, DROPS_REASONING_TEMPLATE))
-    with pytest.raises(TemplateError, match="not append-only for the shape"):
+    with pytest.raises(TemplateError, match="not append-only for .* conversation shapes"):
         template.check_append_only()
 
 
-def test_tokenizer_without_template_is_refused(smol_tokenizer):
+def test_reasoning_template_is_judged_per_shape_with_an_offered_fix(mini):
+    _, template = mini("think")
+    report = template.report()
+    verdicts = {result.shape: result.verdict for result in report.shapes}
+    assert verdicts["two tool-call turns in a row"] == "append-only"
+    assert verdicts["new user message after an answer"] == "rewrites history"
+    assert "drops the reasoning of earlier turns" in report.message()
+    assert report.alternatives == ({"preserve_thinking": True},)  # checked, not guessed
+    assert "chat_template_kwargs={'preserve_thinking': True}" in report.message()
+    mini("think", chat_template_kwargs={"preserve_thinking": True})[1].check_append_only()
+
+
+def test_hermes_like_template_gets_tools_on_every_render(mini):
+    tokenizer, template = mini("hermes")
+    with pytest.raises(TypeError):  # what a render without tools does to this template
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=None, tokenize=False)
+    assert template.prompt_text([{"role": "user", "content": "hi"}], None).endswith("<|im_start|>assistant\n")
+    template.check_append_only()
+
+
+def test_mistral_ids_are_nine_letters_and_digits(mini):
+    _, template = mini("mistral")
+    assert template.profile.style.short_ids
+    derived = {template.call_id(f"0-{n}_{n}") for n in range(50)}
+    assert len(derived) == 50 and all(len(i) == 9 and i.isalnum() for i in derived)
+    assert template.call_id("0-0_1") == template.call_id("0-0_1")  # deterministic
+    assert template.call_id("0-0_1", written="a1B2c3D4e") == "a1B2c3D4e"  # the model's own id is kept
+    assert template.call_id("0-0_1", written="call_1") != "call_1"  # not a valid Mistral id: replaced
+
+
+def test_tokenizer_without_template_or_end_of_turn_token_is_refused(smol_tokenizer):
     with pytest.raises(TemplateError, match="no chat template"):
         ChatTemplate(TemplatedTokenizer(smol_tokenizer, None))
+    with pytest.raises(TemplateError, match="no end-of-turn token"):
+        ChatTemplate(TemplatedTokenizer(smol_tokenizer, DROPS_REASONING_TEMPLATE, eos_token_id=None))
+
+
+def test_template_ending_turns_with_another_token_is_refused_at_start(smol_tokenizer):
+    ends_with_newline = "{%- for m in messages %}{{ m.role }}: {{ m.content }}\n\n{%- endfor %}{% if add_generation_prompt %}assistant: {% endif %}"
+    template = ChatTemplate(TemplatedTokenizer(smol_tokenizer, ends_with_newline))
+    with pytest.raises(TemplateError, match="ends an assistant turn with .* none of the end-of-turn tokens .* eos_token_ids"):
+        Engine(ScriptedPolicy({}), template, EngineConfig())
+
+
+@pytest.mark.parametrize("body, requirement", [
+    ("{{ raise_exception('Conversations must start with a user message!') }}", "Conversations must start with a user message!"),
+    ("{{ m.content + 1 }}", "TypeError"),
+])
+def test_template_errors_become_template_errors_naming_the_requirement(smol_tokenizer, body, requirement):
+    text = "{%- for m in messages %}{% if m.role == 'assistant' %}" + body + "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}" \
+           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    template = ChatTemplate(TemplatedTokenizer(smol_tokenizer, text))
+    with pytest.raises(TemplateError, match=requirement):
+        Engine(ScriptedPolicy({}), template, EngineConfig(template_check="off"))
+
+
+def test_parser_override_and_unknown_names(smol_template):
+    engine = Engine(ScriptedPolicy({}), smol_template, EngineConfig(tool_parser="mistral"))
+    assert engine.template.profile.tool_parser == "mistral" and smol_template.profile.tool_parser == "hermes"
+    with pytest.raises(UnknownParserError, match="known tool parsers: hermes, llama3_json"):
+        Engine(ScriptedPolicy({}), smol_template, EngineConfig(tool_parser="nope"))

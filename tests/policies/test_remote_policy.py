@@ -79,10 +79,21 @@ def test_request_body_is_token_in_with_every_sampling_field():
     assert first["prompt"] == [1, 2, 3] and first["model"] == "m"
     assert (first["temperature"], first["top_p"], first["top_k"], first["max_tokens"]) == (0.0, 0.9, -1, 7)  # top_k 0 -> vLLM's -1
     assert (first["stop"], first["seed"], first["include_stop_str_in_output"]) == (["</a>"], 3, True)
-    assert first["return_token_ids"] is True and first["logprobs"] == 1 and first["return_tokens_as_token_ids"] is True
+    # log-probs of the sampled tokens only (vLLM's cheapest form); ids as "token_id:N"; the first call of a session echoes its prompt
+    assert first["return_token_ids"] is True and first["logprobs"] == 0 and first["return_tokens_as_token_ids"] is True
     assert (first["min_p"], first["repetition_penalty"], first["presence_penalty"], first["frequency_penalty"]) == (0.0, 1.0, 0.0, 0.0)
     assert "logprobs_mode" not in first and first["n"] == 1 and first["stream"] is False
     assert second["top_k"] == 5 and second["logprobs_mode"] == "processed"
+
+
+def test_only_the_first_call_of_a_session_asks_for_the_prompt_echo():
+    script = Script(httpx.Response(200, json=completion([5], [-0.5])))
+    policy = policy_for(script)
+    for session in ("a", "a", "b", "a", "", ""):
+        generate(policy, session_id=session)
+    # a session's later calls skip the echo (it grows with the conversation); calls without a session always ask
+    assert ["return_token_ids" in body for body in script.bodies()] == [True, False, True, False, True, True]
+    assert all(body["return_tokens_as_token_ids"] is True and body["logprobs"] == 0 for body in script.bodies())
 
 
 def test_sampled_ids_eos_included_and_text_as_returned():

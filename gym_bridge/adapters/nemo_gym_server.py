@@ -1,0 +1,341 @@
+"""`gym-bridge serve`: gym_bridge environments as NeMo Gym agent servers, the way NeMo RL uses them.
+
+NeMo RL POSTs each row to `/run` of the server its `agent_ref.name` names; each `/run` is one core
+rollout whose model calls go to NeMo RL's `/v1/chat/completions` as NeMo Gym's model servers make
+them (`ChatAPIPolicy(token_ids=True)`). A malformed row answers 422 naming the field; a failed
+rollout answers 200 with `mask_sample: true` (see `to_run_result` for what NeMo RL reads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import math
+import os
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from gym_bridge.core.agent_loop import Limits
+from gym_bridge.core.engine import Engine, EngineConfig
+from gym_bridge.core.environment import Environment
+from gym_bridge.core.errors import DataError, GymBridgeError, MissingDependencyError, UnknownEnvironmentError
+from gym_bridge.core.policy import BackendError, ChatPolicy, ChatRequest, ChatTurn, SamplingParams
+from gym_bridge.core.record import RolloutRecord
+from gym_bridge.core.registry import get_environment, resolve_tasks
+from gym_bridge.core.task import Task, parse_task
+
+DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
+MAX_ENGINES = 64
+"""Distinct sampling settings kept at once (NeMo RL sends two: training and validation)."""
+
+
+@dataclass(frozen=True)
+class AgentServerSettings:
+    """What `gym-bridge serve` runs with."""
+
+    envs: tuple[str, ...]
+    """Environment names served; a row's `agent_ref.name` (or other routing key) must be one of them."""
+    model_base_urls: tuple[str, ...] = ()
+    """OpenAI-compatible base URLs (`http://host:port/v1`); each rollout stays on one."""
+    model: str | None = None
+    """The served model's name (None: the first entry of the first server's `/v1/models`)."""
+    max_turns: int = 8
+    max_new_tokens: int = 1024
+    """Tokens per model call when the row has no `max_output_tokens`."""
+    max_completion_tokens: int = 16384
+    """Model and environment tokens after the prompt, over all turns of one rollout."""
+    deadline_s: float = 600.0
+    """Wall time of one rollout (the `/run` request's deadline; verify adds its own timeout)."""
+    max_concurrency: int = 1024
+    """Rollouts in flight at once; more `/run` requests wait for a slot."""
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    request_timeout_s: float = 600.0
+    """Timeout of one model call (long generations are normal in training)."""
+    max_retries: int = 2
+    api_key: str | None = None
+
+
+class ModelServers:
+    """The chat policy of `/run`: NeMo RL's chat endpoints with token ids, every call of one
+    rollout on the same server (its prefix cache), rollouts spread by session id."""
+
+    def __init__(self, settings: AgentServerSettings) -> None:
+        if not settings.model_base_urls:
+            raise ValueError("give at least one model base URL (--model-base-url)")
+        self.settings = settings
+        self.model_name = settings.model
+        """The served model's name (once asked from the server when not given)."""
+        self._policies: list[Any] | None = None
+        self._lock = asyncio.Lock()
+
+    async def _servers(self) -> list[Any]:
+        if self._policies is None:
+            async with self._lock:
+                if self._policies is None:
+                    from gym_bridge.policies.chat_api import ChatAPIPolicy
+                    from gym_bridge.policies.remote import normalize_base_url, served_models
+
+                    settings = self.settings
+                    urls = [normalize_base_url(url) for url in settings.model_base_urls]
+                    model = settings.model
+                    if model is None:
+                        models = await served_models(urls[0], api_key=settings.api_key, timeout_s=min(settings.request_timeout_s, 30.0))
+                        if not models:
+                            raise BackendError(f"{urls[0]} serves no model")
+                        model = str(models[0]["id"])
+                    self.model_name = model
+                    self._policies = [
+                        ChatAPIPolicy(model=model, base_url=url, api="chat", api_key=settings.api_key, token_ids=True,
+                                      request_timeout_s=settings.request_timeout_s, max_retries=settings.max_retries)
+                        for url in urls
+                    ]
+        return self._policies
+
+    async def chat(self, request: ChatRequest) -> ChatTurn:
+        servers = await self._servers()
+        return await servers[zlib.crc32(request.session_id.encode()) % len(servers)].chat(request)
+
+    async def aclose(self) -> None:
+        for policy in self._policies or []:
+            await policy.aclose()
+
+
+class RowError(GymBridgeError):
+    """A `/run` body that is not a usable row; answered with 422 naming `field`."""
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+
+
+class AgentServer:
+    """Turns `/run` rows into core rollouts and their records into NeMo Gym results."""
+
+    def __init__(self, settings: AgentServerSettings, policy: ChatPolicy | None = None) -> None:
+        if not settings.envs:
+            raise ValueError("serve at least one environment (--env NAME)")
+        self.settings = settings
+        self.env_classes: dict[str, type[Environment]] = {}
+        for name in settings.envs:
+            self.env_classes[name] = get_environment(name)  # raises UnknownEnvironmentError listing the known ones
+        self.policy: Any = policy if policy is not None else ModelServers(settings)
+        self._engines: OrderedDict[SamplingParams, Engine] = OrderedDict()
+        self._counter = itertools.count()
+        self._slots: asyncio.Semaphore | None = None
+        self.in_flight = 0
+        self.completed = 0
+
+    def check_row(self, row: Any) -> tuple[Task, type[Environment], SamplingParams]:
+        """The task, its environment class and sampling of a `/run` body; raises RowError."""
+        try:
+            task = parse_task(row, index=next(self._counter), source="/run")
+        except DataError as error:
+            raise RowError(str(error).removeprefix("/run: ").removeprefix(f"{error.field}: "), field=error.field) from None
+        try:
+            env_class = get_environment(task.env_name)
+        except UnknownEnvironmentError:
+            env_class = None
+        if env_class not in self.env_classes.values():
+            raise RowError(f"environment {task.env_name!r} is not served here; this server serves {sorted(set(self.settings.envs))}",
+                           field="agent_ref.name")
+        try:
+            resolve_tasks([task])  # the row's tool schemas must match the environment's tools
+        except DataError as error:
+            raise RowError(str(error).removeprefix("/run: ").removeprefix(f"{error.field}: "), field=error.field) from None
+        return task, env_class, self.sampling(task)
+
+    def sampling(self, task: Task) -> SamplingParams:
+        """The row's sampling: NeMo RL stamps `temperature`, `top_p` and `max_output_tokens` on every row,
+        and its server refuses a call whose temperature and top_p differ from the trainer's."""
+        params = task.create_params
+        values: dict[str, float] = {}
+        for name, default, low, high in (("temperature", 1.0, 0.0, 100.0), ("top_p", 1.0, 1e-9, 1.0)):
+            value = params.get(name, default)
+            if value is None:
+                value = default
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not low <= value <= high:
+                raise RowError(f"must be a number in [{low:g}, {high:g}], got {value!r}", field=f"responses_create_params.{name}")
+            values[name] = float(value)
+        max_tokens = params.get("max_output_tokens")
+        if max_tokens is None:
+            max_tokens = self.settings.max_new_tokens
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise RowError(f"must be a positive integer, got {max_tokens!r}", field="responses_create_params.max_output_tokens")
+        return SamplingParams(temperature=values["temperature"], top_p=values["top_p"], max_new_tokens=max_tokens)
+
+    def engine(self, sampling: SamplingParams) -> Engine:
+        engine = self._engines.get(sampling)
+        if engine is None:
+            settings = self.settings
+            config = EngineConfig(
+                sampling=sampling, limits=Limits(max_turns=settings.max_turns, max_completion_tokens=settings.max_completion_tokens),
+                max_concurrency=settings.max_concurrency, deadline_s=settings.deadline_s, model_name=settings.model or "",
+            )
+            engine = self._engines[sampling] = Engine(self.policy, None, config)
+            while len(self._engines) > MAX_ENGINES:
+                self._engines.popitem(last=False)
+        self._engines.move_to_end(sampling)
+        return engine
+
+    async def run(self, row: Any) -> dict[str, Any]:
+        """One `/run`: the NeMo Gym result of a rollout of `row`. Raises RowError before running."""
+        task, env_class, sampling = self.check_row(row)
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.settings.max_concurrency)
+        async with self._slots:
+            self.in_flight += 1
+            try:
+                record = await self.engine(sampling).rollout(task, 0, env_class=env_class)
+            finally:
+                self.in_flight -= 1
+        self.completed += 1
+        result = to_run_result(record)
+        result["response"]["model"] = result["response"]["model"] or getattr(self.policy, "model_name", None) or ""
+        return result
+
+
+def to_run_result(record: RolloutRecord) -> dict[str, Any]:
+    """A record as `/run` answers it: the row, `response`, `reward`, `reward_components`, `mask_sample`,
+    `failure_kind`/`failure_reason` and `metrics`, without the flat `tokens` view (NeMo RL rebuilds it
+    from the output items). `mask_sample` is also set in `instance_config`, where NeMo RL reads it
+    (`nemo_rl/experience/rollouts.py::_extract_mask_sample_flags`)."""
+    result = record.to_dict()
+    del result["tokens"]
+    instance_config = result.get("instance_config")
+    if instance_config is None or isinstance(instance_config, Mapping):
+        result["instance_config"] = {**(instance_config or {}), "mask_sample": record.mask_sample}
+    return result
+
+
+def build_app(settings: AgentServerSettings, *, policy: ChatPolicy | None = None) -> Any:
+    """The FastAPI app: `POST /run`, `GET /health`. `policy` replaces the model servers (tests)."""
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+
+    server = AgentServer(settings, policy)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):  # type: ignore[no-untyped-def]
+        yield
+        aclose = getattr(server.policy, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+    app = FastAPI(title="gym-bridge serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.agent_server = server
+
+    def unprocessable(message: str, field: str) -> JSONResponse:
+        return JSONResponse({"detail": message, "field": field}, status_code=422)
+
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "envs": sorted(set(settings.envs)), "in_flight": server.in_flight, "completed": server.completed})
+
+    async def run(request: Request) -> JSONResponse:
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > settings.max_request_bytes):
+            return JSONResponse({"detail": f"request body is larger than {settings.max_request_bytes} bytes"}, status_code=413)
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > settings.max_request_bytes:
+                return JSONResponse({"detail": f"request body is larger than {settings.max_request_bytes} bytes"}, status_code=413)
+        try:
+            row = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            return unprocessable(f"request body is not valid JSON: {error}", "body")
+        try:
+            return JSONResponse(await server.run(row))
+        except RowError as error:
+            return unprocessable(str(error), error.field)
+        except Exception as error:  # a bug outside the rollout's own boundary: this request only
+            return JSONResponse({"detail": f"{type(error).__name__}: {error}"}, status_code=500)
+
+    app.add_route("/health", health, methods=["GET"])
+    app.add_route("/run", run, methods=["POST"])
+    return app
+
+
+def serve(settings: AgentServerSettings, *, host: str = "127.0.0.1", port: int = 9000,
+          on_ready: Callable[[str], None] | None = None) -> None:
+    """Serve until interrupted; `on_ready` gets `http://host:port` once bound. Over
+    `max_concurrency` open connections new requests get a 503 (NeMo Gym's client retries)."""
+    try:
+        import uvicorn
+    except ImportError:
+        raise MissingDependencyError("gym-bridge serve needs FastAPI and uvicorn: pip install 'gym-bridge[serve]'") from None
+    from gym_bridge.server import bind_socket
+
+    app = build_app(settings)
+    sock = bind_socket(host, port)
+    bound_host, bound_port = sock.getsockname()[:2]
+    config = uvicorn.Config(app, log_level="warning", access_log=False, limit_concurrency=settings.max_concurrency + 64,
+                            timeout_keep_alive=120)
+    if on_ready is not None:
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        on_ready(f"http://{shown}:{bound_port}")
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+@dataclass(frozen=True)
+class NemoGymLaunch:
+    """Where and what to serve when NeMo Gym starts this server (see `from_nemo_gym_environ`)."""
+
+    settings: AgentServerSettings
+    host: str
+    port: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+_SETTING_KEYS = {
+    "max_turns": int, "max_new_tokens": int, "max_completion_tokens": int, "deadline_s": float,
+    "max_concurrency": int, "max_request_bytes": int, "request_timeout_s": float, "max_retries": int,
+}
+
+
+def from_nemo_gym_environ(environ: Mapping[str, str] | None = None) -> NemoGymLaunch:
+    """Settings from the environment NeMo Gym starts a server in: `NEMO_GYM_CONFIG_DICT` (the global
+    config as YAML) and `NEMO_GYM_CONFIG_PATH` (this server's top-level name). The server's own
+    entry (`<name>.responses_api_agents.<any>`) gives `host`, `port`, optional `envs` (default: the
+    name) and any `AgentServerSettings` number; `policy_base_url` and `policy_model_name`, which NeMo
+    RL puts in the global config (`nemo_rl/environments/nemo_gym.py::NemoGym._spinup`), give the
+    model servers. Raises GymBridgeError naming what is missing."""
+    import yaml
+
+    environ = os.environ if environ is None else environ
+    raw, name = environ.get("NEMO_GYM_CONFIG_DICT"), environ.get("NEMO_GYM_CONFIG_PATH")
+    if not raw or not name:
+        raise GymBridgeError("NEMO_GYM_CONFIG_DICT and NEMO_GYM_CONFIG_PATH are not set: this entry point is started by NeMo Gym")
+    config = yaml.safe_load(raw)
+    try:
+        entry = next(iter(next(iter(config[name].values())).values()))
+    except (KeyError, StopIteration, AttributeError, TypeError):
+        raise GymBridgeError(f"NeMo Gym's config has no server entry {name}.<server type>.<server name>") from None
+    urls = config.get("policy_base_url")
+    urls = [urls] if isinstance(urls, str) else list(urls or [])
+    if not urls:
+        raise GymBridgeError("NeMo Gym's config has no policy_base_url (NeMo RL sets it to its vLLM servers' URLs)")
+    if entry.get("host") is None or entry.get("port") is None:
+        raise GymBridgeError(f"the server entry {name} has no host and port")
+    envs = entry.get("envs") or [name]
+    numbers = {key: cast(entry[key]) for key, cast in _SETTING_KEYS.items() if entry.get(key) is not None}
+    settings = AgentServerSettings(envs=tuple(envs), model_base_urls=tuple(str(url) for url in urls),
+                                   model=config.get("policy_model_name"), api_key=config.get("policy_api_key"), **numbers)
+    return NemoGymLaunch(settings=settings, host=str(entry["host"]), port=int(entry["port"]))
+
+
+def main_from_nemo_gym(environ: Mapping[str, str] | None = None) -> None:
+    """What the NeMo Gym entry point (`recipes/nemo_rl/responses_api_agents/gym_bridge/app.py`) runs."""
+    launch = from_nemo_gym_environ(environ)
+    serve(launch.settings, host="0.0.0.0", port=launch.port,
+          on_ready=lambda url: print(f"gym-bridge serve: {', '.join(launch.settings.envs)} at {url}", flush=True))
+
+
+def settings_from_args(envs: Sequence[str], base_urls: Sequence[str], **values: Any) -> AgentServerSettings:
+    """Settings from the command line (`--model-base-url` may be repeated or comma-separated)."""
+    urls = tuple(url.strip() for entry in base_urls for url in entry.split(",") if url.strip())
+    return AgentServerSettings(envs=tuple(envs), model_base_urls=urls, **{k: v for k, v in values.items() if v is not None})

@@ -1,0 +1,208 @@
+"""verl adapter: `gym_bridge.verl.GymBridgeAgentLoop`, an agent loop for verl 0.9.1's `AgentLoopWorker`.
+
+Each sample's task runs through the core `Engine` with `VerlServerPolicy` (token ids over
+`server_manager.generate`) and the record becomes an `AgentLoopOutput` (`to_agent_loop_output`:
+environment tokens masked, failed rollouts kept with an all-zero mask and a flag, never raised).
+`GymBridgeDataset` checks every row when verl loads the data.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gym_bridge.adapters.trl import to_trl_batch
+from gym_bridge.adapters.verl_data import AGENT_LOOP_CONFIG, AGENT_NAME, ROW_COLUMN, check_verl_files, task_from_columns
+from gym_bridge.core.agent_loop import Limits
+from gym_bridge.core.engine import Engine, EngineConfig
+from gym_bridge.core.errors import MissingDependencyError
+from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest, SamplingParams
+from gym_bridge.core.record import RolloutRecord
+from gym_bridge.core.registry import resolve_tasks
+from gym_bridge.core.template import ChatTemplate
+
+try:
+    from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+except ImportError as error:  # verl, or what its agent loop imports without declaring it (cachetools, fastapi, uvicorn)
+    raise MissingDependencyError(f"gym_bridge.verl needs verl 0.9.1: pip install 'gym-bridge[verl]' ({error})") from None
+
+__all__ = [
+    "AGENT_LOOP_CONFIG", "AGENT_NAME", "REWARD_EXTRA_KEYS", "ROW_COLUMN", "GymBridgeAgentLoop", "GymBridgeDataset", "VerlServerPolicy",
+    "to_agent_loop_output",
+]
+
+REWARD_EXTRA_KEYS = (
+    "gym_bridge_reward", "gym_bridge_masked", "gym_bridge_failed", "gym_bridge_turns", "gym_bridge_tool_calls",
+    "gym_bridge_env", "gym_bridge_failure_kind", "gym_bridge_reward_components",
+)
+"""`reward_extra_info` keys of every sample, whatever its environment: verl stacks them across a batch
+(from the first sample's keys) and logs them. Components are JSON text, since their names differ by environment."""
+
+_templates: dict[int, tuple[Any, ChatTemplate]] = {}
+
+
+def template_for(tokenizer: Any) -> ChatTemplate:
+    """One chat template per tokenizer and process (its append-only check is then done once)."""
+    cached = _templates.get(id(tokenizer))
+    if cached is None or cached[0] is not tokenizer:
+        cached = _templates[id(tokenizer)] = (tokenizer, ChatTemplate(tokenizer))
+    return cached[1]
+
+
+class VerlServerPolicy:
+    """A token-in/token-out `Policy` over verl's `LLMServerClient.generate` for one rollout.
+
+    Every call of the rollout uses one `request_id`, so verl's load balancer keeps them on one server.
+    Each call sends verl's sampling parameters plus `max_tokens` (what is left of the response budget);
+    the first call's prompt must fit `prompt_length` (else `ContextOverflowError`: a masked sample).
+    """
+
+    def __init__(self, server_manager: Any, sampling_params: Mapping[str, Any], *, eos_token_ids: Sequence[int],
+                 prompt_length: int, request_id: str | None = None) -> None:
+        self.server_manager = server_manager
+        self.sampling_params = dict(sampling_params)
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.prompt_length = prompt_length
+        self.request_id = request_id or uuid.uuid4().hex
+        self.with_logprobs = bool(self.sampling_params.get("logprobs"))
+        self.calls = 0
+        self.generate_s = 0.0
+        self.num_preempted: int | None = None
+        self.global_steps: dict[str, Any] = {}
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        if self.calls == 0 and len(request.prompt_ids) > self.prompt_length:
+            raise ContextOverflowError(f"the prompt has {len(request.prompt_ids)} tokens, more than rollout.prompt_length={self.prompt_length}")
+        max_tokens = request.sampling.max_new_tokens
+        params = {**self.sampling_params, "max_tokens": max_tokens}
+        if request.sampling.stop:
+            params["stop"] = list(request.sampling.stop)
+        started = time.perf_counter()
+        output = await self.server_manager.generate(request_id=self.request_id, prompt_ids=list(request.prompt_ids), sampling_params=params)
+        self.generate_s += time.perf_counter() - started
+        self.calls += 1
+        if output.stop_reason == "aborted":
+            raise BackendError("verl aborted the generation (rollouts paused, e.g. for a weight update)")
+        ids = [int(token) for token in output.token_ids]
+        logprobs = [float(value) for value in output.log_probs] if output.log_probs is not None else [0.0] * len(ids)
+        if len(logprobs) != len(ids):
+            raise BackendError(f"verl returned {len(ids)} token ids but {len(logprobs)} log-probs")
+        if output.num_preempted is not None:
+            self.num_preempted = (self.num_preempted or 0) + int(output.num_preempted)
+        extra = output.extra_fields or {}
+        if extra.get("min_global_steps") is not None:
+            self.global_steps.setdefault("min_global_steps", extra["min_global_steps"])
+        if extra.get("max_global_steps") is not None:
+            self.global_steps["max_global_steps"] = extra["max_global_steps"]
+        ended = bool(ids) and ids[-1] in self.eos_token_ids
+        return Generation(token_ids=ids, logprobs=logprobs, finish_reason="length" if len(ids) >= max_tokens and not ended else "stop")
+
+
+def sampling_from_verl(sampling_params: Mapping[str, Any], *, max_new_tokens: int) -> SamplingParams:
+    """verl's sampling parameters in gym_bridge's terms (top_k -1 is off, as 0 is here)."""
+    top_k = sampling_params.get("top_k")
+    return SamplingParams(
+        temperature=float(sampling_params.get("temperature", 1.0)),
+        top_p=float(sampling_params.get("top_p", 1.0)),
+        top_k=int(top_k) if top_k is not None and int(top_k) > 0 else 0,
+        max_new_tokens=max_new_tokens,
+        logprobs_mode="processed",  # verl's rollout default (logprobs_mode: processed_logprobs)
+    )
+
+
+class GymBridgeAgentLoop(AgentLoopBase):
+    """verl's agent loop for gym_bridge rows (`agent_name: gym_bridge`); see the module docstring.
+
+    Options come from the agent-loop YAML entry: `max_turns`, `deadline_s`, `max_new_tokens_per_turn`,
+    `template_check`. A row naming an unknown environment raises (a configuration error that
+    `GymBridgeDataset` reports at load time); anything that goes wrong while a rollout runs is a
+    masked output.
+    """
+
+    def __init__(self, *args: Any, max_turns: int = 8, deadline_s: float = 600.0, max_new_tokens_per_turn: int | None = None,
+                 template_check: str = "error", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.prompt_length = int(self.rollout_config.prompt_length)
+        self.response_length = int(self.rollout_config.response_length)
+        self.max_turns = int(max_turns)
+        self.deadline_s = float(deadline_s)
+        self.max_new_tokens_per_turn = max_new_tokens_per_turn
+        self.template_check = template_check
+        self.template = template_for(self.tokenizer)
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        index = int(kwargs.get("index", 0) or 0)
+        task = task_from_columns(kwargs, index=index, source=f"verl row {index}")
+        env_class = resolve_tasks([task])[task.env_name]
+        eos = sorted(self.template.eos_token_ids)
+        policy = VerlServerPolicy(self.server_manager, sampling_params, eos_token_ids=eos, prompt_length=self.prompt_length)
+        per_turn = min(self.max_new_tokens_per_turn or self.response_length, self.response_length)
+        config = EngineConfig(
+            sampling=sampling_from_verl(sampling_params, max_new_tokens=per_turn),
+            limits=Limits(max_turns=self.max_turns, max_completion_tokens=self.response_length),
+            deadline_s=self.deadline_s, template_check=self.template_check,
+        )
+        record = await Engine(policy, self.template, config).rollout(task, 0, env_class=env_class)
+        return to_agent_loop_output(record, policy=policy, prompt_length=self.prompt_length, response_length=self.response_length)
+
+
+def to_agent_loop_output(record: RolloutRecord, *, policy: VerlServerPolicy, prompt_length: int, response_length: int) -> AgentLoopOutput:
+    """A record as verl's `AgentLoopOutput`: `response_mask` 1 on sampled tokens, 0 on environment tokens
+    (log-prob 0.0 there), `reward_score` from the verifier, `extra_fields["reward_extra_info"]` with
+    `REWARD_EXTRA_KEYS`. A masked record (a failure, or a sample its verifier masked) keeps its tokens
+    with mask all 0, `reward_score` 0.0 and `extra_fields["gym_bridge_masked"] = True` plus its failure
+    kind, so verl drops it from the loss. The token translation is TRL's `to_trl_batch` (an empty
+    completion becomes one EOS id with mask 0)."""
+    row = {key: values[0] for key, values in to_trl_batch(
+        [record], eos_token_ids=sorted(policy.eos_token_ids), max_completion_length=response_length).items()}
+    masked = row["env_reward"] is None
+    prompt_ids = row["prompt_ids"][-prompt_length:]  # longer only for a masked context overflow
+    components = {} if masked else dict(record.reward_components)
+    reward_extra_info = {
+        "gym_bridge_reward": float(record.reward), "gym_bridge_masked": float(masked), "gym_bridge_failed": float(record.failed),
+        "gym_bridge_turns": record.turns, "gym_bridge_tool_calls": record.tool_calls, "gym_bridge_env": record.env,
+        "gym_bridge_failure_kind": record.failure_kind or "", "gym_bridge_reward_components": json.dumps(components, sort_keys=True),
+    }
+    extra_fields: dict[str, Any] = {
+        "reward_extra_info": reward_extra_info, "gym_bridge_masked": masked, "gym_bridge_failure_kind": record.failure_kind,
+        "gym_bridge_failure_reason": record.failure_reason, "gym_bridge_finish_reason": record.finish_reason,
+        "turn_scores": [], "tool_rewards": [], **policy.global_steps,
+    }
+    return AgentLoopOutput(
+        prompt_ids=prompt_ids,
+        response_ids=row["completion_ids"][:response_length],
+        response_mask=row["env_mask"][:response_length],
+        response_logprobs=row["logprobs"][:response_length] if policy.with_logprobs else None,
+        reward_score=0.0 if masked else float(row["env_reward"]),
+        num_turns=1 + record.turns + _tool_rounds(record),
+        metrics={"generate_sequences": policy.generate_s, "tool_calls": max(0.0, record.latency_s - policy.generate_s),
+                 "num_preempted": policy.num_preempted if policy.num_preempted is not None else -1},
+        extra_fields=extra_fields,
+    )
+
+
+def _tool_rounds(record: RolloutRecord) -> int:
+    """How many times tool outputs went back to the model (runs of `function_call_output` items)."""
+    rounds, previous = 0, None
+    for item in record.output:
+        kind = item["type"]
+        rounds += kind == "function_call_output" and previous != "function_call_output"
+        previous = kind
+    return rounds
+
+
+class GymBridgeDataset(RLHFDataset):
+    """verl's `RLHFDataset` that checks, when the data loads, every row (its task parses and routes to an
+    installed environment whose tools match: DataError `file:row N: field` or UnknownEnvironmentError).
+    Use it with `data.custom_cls.path=pkg://gym_bridge.adapters.verl
+    data.custom_cls.name=GymBridgeDataset`."""
+
+    def __init__(self, data_files: str | Sequence[str], tokenizer: Any, config: Any, processor: Any = None, max_samples: int = -1) -> None:
+        files = [data_files] if isinstance(data_files, str) else [str(path) for path in data_files]
+        check_verl_files(files)
+        super().__init__(data_files, tokenizer, config, processor, max_samples)
+

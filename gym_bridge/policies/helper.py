@@ -1,0 +1,75 @@
+"""Build a `HelperModel` (a judge, a simulated user) from plain settings, once per process.
+
+Environments name their helper model with strings a user can pass on the command line: a local
+model folder (none: the embedded SmolLM2), or an OpenAI-compatible server (`base_url`, spoken
+token-in/token-out through `/v1/completions`, or as a chat API with `api="chat"|"responses"`).
+Equal settings share one loaded model, so every rollout's judge calls batch together.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+
+from gym_bridge.core.errors import GymBridgeError
+from gym_bridge.core.helper_model import HelperModel
+from gym_bridge.core.policy import SamplingParams
+from gym_bridge.core.template import ChatTemplate
+
+HELPER_APIS = ("completions", "chat", "responses")
+_loading = threading.Lock()
+
+
+def load_helper_model(
+    model: str | None = None,
+    *,
+    base_url: str | None = None,
+    api: str = "completions",
+    tokenizer: str | None = None,
+    api_key_env: str = "OPENAI_API_KEY",
+    temperature: float = 0.0,
+    max_new_tokens: int = 512,
+) -> HelperModel:
+    """The helper model for these settings (cached: equal settings give the same object).
+
+    Without `base_url`: the transformers model in folder `model` (None: the embedded model).
+    With `base_url`: `api="completions"` renders prompts with `tokenizer` (a folder; default the
+    embedded tokenizer) and calls the server token-in/token-out; `chat`/`responses` need `model`,
+    the served model's name. Raises GymBridgeError for an unknown `api` or a missing name.
+    Thread-safe (environments call it with `asyncio.to_thread`); blocks while a model loads.
+    """
+    with _loading:
+        return _load(model, base_url, api, tokenizer, api_key_env, temperature, max_new_tokens)
+
+
+@functools.lru_cache(maxsize=8)
+def _load(
+    model: str | None, base_url: str | None, api: str, tokenizer: str | None, api_key_env: str, temperature: float, max_new_tokens: int
+) -> HelperModel:
+    sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
+    if api not in HELPER_APIS:
+        raise GymBridgeError(f"helper model api must be one of {', '.join(HELPER_APIS)}, got {api!r}")
+    if base_url is None:
+        from gym_bridge.policies.transformers import TransformersPolicy
+
+        local = TransformersPolicy.from_pretrained(model)
+        return HelperModel(local, ChatTemplate(local.tokenizer, eos_token_ids=sorted(local.eos_token_ids)), sampling)
+    api_key = os.environ.get(api_key_env) or None
+    if api != "completions":
+        from gym_bridge.policies.chat_api import ChatAPIPolicy
+
+        if not model:
+            raise GymBridgeError(f"a helper model at {base_url} with api={api!r} needs the served model's name")
+        return HelperModel(ChatAPIPolicy(model=model, base_url=base_url, api=api, api_key=api_key), None, sampling)  # type: ignore[arg-type]
+    from gym_bridge.policies.remote import RemotePolicy, load_tokenizer
+
+    if tokenizer is None:
+        from gym_bridge.policies.embedded import embedded_model_path
+
+        tokenizer = str(embedded_model_path())
+    loaded, eos_token_ids = load_tokenizer(tokenizer)
+    if not model:
+        raise GymBridgeError(f"a helper model at {base_url} needs the served model's name")
+    remote = RemotePolicy(base_url, model=model, api_key=api_key)
+    return HelperModel(remote, ChatTemplate(loaded, eos_token_ids=eos_token_ids), sampling)

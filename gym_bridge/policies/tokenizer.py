@@ -1,0 +1,368 @@
+"""A Hugging Face tokenizer folder loaded without transformers: `tokenizers` for the ids, jinja2 for the chat template.
+
+`gym-bridge eval --base-url` needs a tokenizer only to render prompts; transformers would import
+torch for that, seconds before the first rollout. `LightTokenizer` reads the same files
+(`tokenizer.json`, `tokenizer_config.json`, `chat_template.jinja`, `additional_chat_templates/`,
+`generation_config.json`) and renders chat templates as transformers' `apply_chat_template` does:
+the same sandboxed jinja2 environment, filters and globals, special tokens as template variables,
+None-valued message keys dropped, reasoning fields aliased (tests/policies/test_tokenizer.py pins
+the equality on every template in ../shared/templates).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Sequence
+
+from gym_bridge.core.errors import GymBridgeError
+
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+GENERIC_TOKENIZER_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
+"""Classes for which transformers itself uses `tokenizer.json` as it is; model-specific classes
+(`Qwen2Tokenizer`, `LlamaTokenizerFast`, ...) may rebuild parts of the pipeline in code."""
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+MAX_CACHED_PIECES = 16_384
+_SPLIT_PROBES = (
+    "<A>system\nBe brief.\n\n# Tools\n<tools>\n{\"a\": [1, 2]}\n</tools><Z>\n<A>user\nHi!\n  indented\n\tTab\r\nCRLF<Z>",
+    " lead and trail \n.\nx\n\n\nY 12 3456.7\n\u00e9\u4f60\n\u0301mark<A><A> a  b\n\n c<Z>\n",
+)
+
+
+class TokenizerLoadError(GymBridgeError):
+    """A tokenizer folder cannot be used without transformers (no `tokenizer.json`, unreadable files)."""
+
+
+class LightTokenizer:
+    """What gym_bridge needs of a tokenizer (`gym_bridge.core.template.Tokenizer`) and a little more."""
+
+    def __init__(self, backend: Any, *, config: dict[str, Any], chat_template: str | dict[str, str] | None,
+                 generation_eos_ids: Sequence[int] = (), name_or_path: str = "") -> None:
+        self.backend_tokenizer = backend
+        """The `tokenizers.Tokenizer`."""
+        self._splitter = _splitter(backend)
+        self._piece_ids: dict[str, list[int]] = {}
+        self.name_or_path = name_or_path
+        self.tokenizer_class = str(config.get("tokenizer_class") or "")
+        self.chat_template = chat_template
+        self.special_tokens_map: dict[str, str] = {}
+        for name in SPECIAL_TOKEN_NAMES:
+            value = config.get(name)
+            if isinstance(value, dict):
+                value = value.get("content")
+            if isinstance(value, str):
+                self.special_tokens_map[name] = value
+        for name, value in self.special_tokens_map.items():
+            setattr(self, name, value)
+            setattr(self, f"{name}_id", backend.token_to_id(value))
+        self.clean_up_tokenization_spaces = bool(config.get("clean_up_tokenization_spaces", False))
+        self._cleanup = self.clean_up_tokenization_spaces and type(backend.model).__name__ != "BPE"
+        eos = {self.eos_token_id} if isinstance(getattr(self, "eos_token_id", None), int) else set()
+        self.eos_token_ids = sorted(eos | set(generation_eos_ids))
+        """The tokenizer's EOS id plus those of `generation_config.json`."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name in {f"{token}{suffix}" for token in SPECIAL_TOKEN_NAMES for suffix in ("", "_id")}:
+            return None  # a special token the folder does not define, as in transformers
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    def __len__(self) -> int:
+        return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+
+    # -- ids -------------------------------------------------------------------------------
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """The ids of `text`. Without special tokens added, the text is cut where `tokenizers` itself would
+        cut it (at added tokens, and at line starts for the common byte-level patterns; see `_splitter`)
+        and the ids of each piece are kept for reuse: the lines of a chat prompt's system and tool
+        block, the same in every rollout, are tokenized once."""
+        if add_special_tokens or self._splitter is None:
+            return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        ids: list[int] = []
+        cache = self._piece_ids
+        for piece in self._splitter.pieces(text):
+            if not piece:
+                continue
+            known = cache.get(piece)
+            if known is None:
+                known = self.backend_tokenizer.encode(piece, add_special_tokens=False).ids
+                if len(cache) >= MAX_CACHED_PIECES:
+                    cache.clear()
+                cache[piece] = known
+            ids += known
+        return ids
+
+    def decode(self, token_ids: int | Sequence[int], skip_special_tokens: bool = False) -> str:
+        ids = [token_ids] if isinstance(token_ids, int) else list(token_ids)
+        text = self.backend_tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        return _clean_up_tokenization(text) if self._cleanup else text
+
+    def convert_tokens_to_ids(self, tokens: str | Sequence[str]) -> Any:
+        if isinstance(tokens, str):
+            return self.backend_tokenizer.token_to_id(tokens)
+        return [self.backend_tokenizer.token_to_id(token) for token in tokens]
+
+    def convert_ids_to_tokens(self, ids: int | Sequence[int]) -> Any:
+        if isinstance(ids, int):
+            return self.backend_tokenizer.id_to_token(ids)
+        return [self.backend_tokenizer.id_to_token(token) for token in ids]
+
+    def get_vocab(self) -> dict[str, int]:
+        return self.backend_tokenizer.get_vocab(with_added_tokens=True)
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        return sorted({getattr(self, f"{name}_id") for name in self.special_tokens_map} - {None})
+
+    # -- chat template ---------------------------------------------------------------------
+
+    def get_chat_template(self, chat_template: str | None = None, tools: Any = None) -> str:
+        """The template text to render, chosen as transformers chooses it (named templates included)."""
+        if isinstance(self.chat_template, dict):
+            templates = self.chat_template
+            if chat_template is not None and chat_template in templates:
+                return templates[chat_template]
+            if chat_template is None:
+                if tools is not None and "tool_use" in templates:
+                    return templates["tool_use"]
+                if "default" in templates:
+                    return templates["default"]
+                raise ValueError(f"this tokenizer has several chat templates and no default; name one of {sorted(templates)}")
+        if chat_template is None:
+            if self.chat_template is None:
+                raise ValueError("the tokenizer has no chat template")
+            return self.chat_template
+        return chat_template
+
+    def apply_chat_template(
+        self,
+        conversation: Sequence[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        documents: list[dict[str, Any]] | None = None,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = False,
+        continue_final_message: bool | str = False,
+        tokenize: bool = True,
+        return_dict: bool = True,
+        **kwargs: Any,
+    ) -> Any:
+        """Render `conversation` (one conversation) as transformers would; `tokenize=True` gives
+        `{"input_ids": [...]}` (or the list, with `return_dict=False`)."""
+        if continue_final_message:
+            raise NotImplementedError("continue_final_message is not supported by LightTokenizer; use transformers")
+        if not conversation:
+            raise ValueError("Cannot apply chat template to an empty conversation. Provide at least one message.")
+        template = self.get_chat_template(chat_template, tools)
+        if tools is not None:
+            for tool in tools:
+                if not isinstance(tool, dict):
+                    raise ValueError("LightTokenizer takes tools as JSON schemas (dicts), not as functions")
+        if documents is not None:
+            for document in documents:
+                if not isinstance(document, dict):
+                    raise TypeError("Documents should be a list of dicts with 'title' and 'text' keys!")
+        messages = []
+        for message in conversation:
+            if not isinstance(message, dict):
+                raise TypeError(f"Chat messages should be dicts, but got {message!r}.")
+            message = {key: value for key, value in message.items() if value is not None}
+            reasoning = next((message[key] for key in _REASONING_FIELDS if message.get(key) is not None), None)
+            if reasoning is not None:
+                message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+            messages.append(message)
+        variables = {**self.special_tokens_map, **kwargs}
+        text = _compiled(template).render(messages=messages, tools=tools, documents=documents,
+                                          add_generation_prompt=add_generation_prompt, **variables)
+        if not tokenize:
+            return text
+        ids = self.encode(text, add_special_tokens=False)
+        return {"input_ids": ids} if return_dict else ids
+
+
+@dataclass(frozen=True)
+class _Splitter:
+    """Where a text may be cut so that encoding the pieces one by one gives the ids of the whole."""
+
+    added: re.Pattern[str]
+    """Matches the added tokens (kept as pieces by `pieces`)."""
+    lines: re.Pattern[str] | None = None
+    """Where to cut within a piece as well: around a newline that a non-whitespace character follows."""
+
+    def pieces(self, text: str) -> list[str]:
+        parts = self.added.split(text)
+        if self.lines is None:
+            return parts
+        lines = self.lines
+        return [line for part in parts for line in (lines.split(part) if "\n" in part else (part,))]
+
+
+_BEFORE_LAST_NEWLINE = re.compile(r"(?=\n\S)")
+r"""GPT-2's pattern splits a whitespace run before a word as `\s+(?!\S)` then the last character, so a
+piece may end just before that newline (at the end of a text, the same run is matched whole)."""
+_AFTER_NEWLINE = re.compile(r"(?<=\n)(?=\S)")
+r"""The Llama 3 / Qwen2 patterns end a pre-token at a newline (`\s*[\r\n]+`, punctuation then newlines)."""
+_LINE_SAFE_SPLITS = (
+    # Qwen2 / Qwen3 and Llama 3: no pre-token holds a newline followed by a non-whitespace character
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+)
+
+
+def _splitter(backend: Any) -> _Splitter | None:
+    """How to cut texts for `LightTokenizer.encode`'s piece cache, or None when no cut is known to be exact.
+
+    `tokenizers` cuts a text at added tokens first (leftmost-longest) and normalizes and pre-tokenizes
+    every other piece on its own, so cutting there is exact unless an added token strips its
+    neighbours' spaces or matches normalized text, or a step depends on a piece's place in the text
+    (Metaspace, a Prepend normalizer), or truncation or padding is on. Within a piece, the GPT-2
+    byte-level pattern and the Llama 3 / Qwen2 split patterns never join a newline to the
+    non-whitespace character after it, so with one of them (and no prefix space, no normalizer but
+    NFC) a piece is also cut at line starts. Both claims are checked on probe texts at load.
+    """
+    added = [token for token in backend.get_added_tokens_decoder().values() if token.content]
+    if not added or backend.truncation is not None or backend.padding is not None:
+        return None
+    if any(token.lstrip or token.rstrip or token.single_word or (token.normalized and backend.normalizer is not None) for token in added):
+        return None
+    pre, normalizer = repr(backend.pre_tokenizer), repr(backend.normalizer)
+    if "Metaspace" in pre or "Prepend" in normalizer:
+        return None
+    contents = sorted({token.content for token in added}, key=len, reverse=True)
+    added_pattern = re.compile("(" + "|".join(map(re.escape, contents)) + ")")
+    byte_level_gpt2 = pre == "ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)"
+    known_split = pre.startswith("Sequence(") and "use_regex=False" in pre and "add_prefix_space=True" not in pre and any(
+        f'Split(pattern=Regex("{pattern}"), behavior=Isolated, invert=False)' in pre for pattern in _LINE_SAFE_SPLITS)
+    candidates = [_Splitter(added_pattern)]
+    if normalizer in ("None", "NFC()") and (byte_level_gpt2 or known_split):
+        candidates.insert(0, _Splitter(added_pattern, lines=_BEFORE_LAST_NEWLINE if byte_level_gpt2 else _AFTER_NEWLINE))
+    for splitter in candidates:
+        if all(_splits_exactly(backend, splitter, probe.replace("<A>", contents[0]).replace("<Z>", contents[-1])) for probe in _SPLIT_PROBES):
+            return splitter
+    return None
+
+
+def _splits_exactly(backend: Any, splitter: _Splitter, text: str) -> bool:
+    pieces = [backend.encode(piece, add_special_tokens=False).ids for piece in splitter.pieces(text) if piece]
+    return [token for ids in pieces for token in ids] == backend.encode(text, add_special_tokens=False).ids
+
+
+def _clean_up_tokenization(text: str) -> str:
+    for before, after in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+                          (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+        text = text.replace(before, after)
+    return text
+
+
+@lru_cache(maxsize=64)
+def _compiled(template: str) -> Any:
+    """The template compiled in the environment transformers renders chat templates in."""
+    import jinja2
+    import jinja2.ext
+    import jinja2.nodes
+    import jinja2.utils
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationTag(jinja2.ext.Extension):
+        """`{% generation %}...{% endgeneration %}` (assistant-mask markers) renders its body."""
+
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller: Any) -> str:
+            return caller()
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False) -> str:
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(format: str) -> str:
+        return datetime.now().strftime(format)
+
+    class TemplateDict:
+        def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+            return dict(*args, **kwargs)
+
+        def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+            return dict.fromkeys(*args, **kwargs)
+
+    class TemplateNamespace(jinja2.utils.Namespace):
+        def __init__(*args: Any, **kwargs: Any) -> None:  # `self` in args: jinja's own signature trick
+            self, args = args[0], args[1:]
+            attrs = dict(*args, **kwargs)
+            for name in attrs:
+                TemplateNamespace._check_name(name)
+            jinja2.utils.Namespace.__init__(self, attrs)
+
+        def __setitem__(self, name: str, value: Any) -> None:
+            TemplateNamespace._check_name(name)
+            jinja2.utils.Namespace.__setitem__(self, name, value)
+
+        @staticmethod
+        def _check_name(name: Any) -> None:
+            if isinstance(name, str) and name.startswith("_"):
+                raise jinja2.exceptions.SecurityError(f"chat templates cannot store underscore-prefixed attributes on a namespace: {name!r}")
+
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, jinja2.ext.loopcontrols])
+    environment.filters["tojson"] = tojson
+    environment.globals["raise_exception"] = raise_exception
+    environment.globals["strftime_now"] = strftime_now
+    environment.globals["dict"] = TemplateDict()
+    environment.globals["namespace"] = TemplateNamespace
+    return environment.from_string(template)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise TokenizerLoadError(f"cannot read {path}: {error}") from None
+    return data if isinstance(data, dict) else {}
+
+
+def load_tokenizer(path: str | Path) -> LightTokenizer:
+    """The tokenizer in a local folder (`tokenizer.json` required), with its chat templates and EOS ids.
+
+    Raises `TokenizerLoadError` when the folder has no `tokenizer.json` or a file cannot be read.
+    """
+    from tokenizers import Tokenizer
+
+    folder = Path(path)
+    tokenizer_file = folder / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise TokenizerLoadError(f"{folder} has no tokenizer.json")
+    config = _read_json(folder / "tokenizer_config.json")
+    try:
+        backend = Tokenizer.from_file(str(tokenizer_file))
+    except Exception as error:  # the Rust side raises its own exception type
+        raise TokenizerLoadError(f"cannot load {tokenizer_file}: {error}") from None
+    backend.encode_special_tokens = bool(config.get("split_special_tokens", False))
+    templates: dict[str, str] = {}
+    if (folder / "chat_template.jinja").is_file():
+        templates["default"] = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    extra = folder / "additional_chat_templates"
+    if extra.is_dir():
+        for file in sorted(extra.glob("*.jinja")):
+            templates[file.name.removesuffix(".jinja")] = file.read_text(encoding="utf-8")
+    chat_template: str | dict[str, str] | None
+    if templates:
+        chat_template = templates["default"] if list(templates) == ["default"] else templates
+    else:
+        configured = config.get("chat_template")
+        if isinstance(configured, list):
+            configured = {entry["name"]: entry["template"] for entry in configured}
+        chat_template = configured
+    generation = _read_json(folder / "generation_config.json").get("eos_token_id")
+    generation_eos = [generation] if isinstance(generation, int) else [token for token in generation or [] if isinstance(token, int)]
+    return LightTokenizer(backend, config=config, chat_template=chat_template, generation_eos_ids=generation_eos, name_or_path=str(folder))

@@ -1,0 +1,112 @@
+"""One scripted trajectory through the three trainer paths: the same token ids, masks, log-probs and reward.
+
+The weather task and a multi-turn script (a tool call, then an answer, each token with its own
+log-prob) go through
+- TRL: `gym_bridge.trl.make_rollout(policy=ScriptedPolicy)` with the stand-in trainer of
+  `test_trl_rollout.py`, read from the rows it returns (`prompt_ids`, `completion_ids`, `env_mask`,
+  `logprobs`, `env_reward`);
+- verl: `GymBridgeAgentLoop` built by verl 0.9.1's `AgentLoopWorker` from a `gym-bridge data to-verl`
+  file, generating through verl's `LLMServerClient` against the scripted server stand-in, read from
+  its `AgentLoopOutput`;
+- NeMo RL's `/run`: `gym-bridge serve` against `gym-bridge serve-model` (scripted), read the way NeMo
+  RL reads the result (`tests/invariants.py::nemo_rl_token_view`, `reward`).
+The TRL and verl paths render with gym_bridge's template; on `/run` the model server renders each
+prompt and keeps the prefix from the token ids sent back. All must agree exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from gym_bridge.adapters.nemo_gym_server import AgentServerSettings, build_app
+from gym_bridge.adapters.trl import make_rollout
+from gym_bridge.adapters.trl_dataset import REGISTRY, load_dataset
+from gym_bridge.core.policy import Generation, ScriptedPolicy
+from gym_bridge.core.registry import get_environment
+from gym_bridge.server import build_app as build_model_app
+from tests.adapters.test_trl_rollout import Trainer
+from tests.http_server import app_in_thread
+from tests.invariants import nemo_rl_token_view
+from tests.scripted_model import ScriptedModel, by_turn
+
+WEATHER_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Seattle"}}\n</tool_call>'
+BUDGET = 256
+
+
+@pytest.fixture(scope="module")
+def script(smol_tokenizer):
+    def turn(text: str, first_logprob: float) -> Generation:
+        ids = smol_tokenizer.encode(text, add_special_tokens=False) + [smol_tokenizer.eos_token_id]
+        return Generation(token_ids=ids, logprobs=[round(first_logprob - 0.013 * i, 6) for i in range(len(ids))], finish_reason="stop")
+
+    return [turn(WEATHER_CALL, -0.05), turn("It is cold in Seattle today.", -0.4)]
+
+
+@pytest.fixture(scope="module")
+def row():
+    row = json.loads(get_environment("weather").example_data.read_text().splitlines()[0])
+    row["responses_create_params"].update(temperature=1.0, top_p=1.0, max_output_tokens=BUDGET)  # as NeMo RL stamps it
+    return row
+
+
+def via_trl(row, script, tokenizer) -> dict:
+    dataset = load_dataset([row])
+    session = f"{REGISTRY.get(dataset['task_key'][0]).position}-0"
+    rollout = make_rollout(policy=ScriptedPolicy({session: list(script)}))
+    out = rollout(list(dataset["prompt"]), Trainer(tokenizer, num_generations=1, max_completion_length=BUDGET))
+    return {"prompt_ids": out["prompt_ids"][0], "completion_ids": out["completion_ids"][0], "mask": out["env_mask"][0],
+            "logprobs": out["logprobs"][0], "reward": out["env_reward"][0]}
+
+
+def via_verl(row, script, tokenizer, config, tmp_path) -> dict:
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.protocol import DataProto
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    from gym_bridge.adapters.verl import GymBridgeDataset
+    from gym_bridge.adapters.verl_data import write_verl_parquet
+    from tests.adapters.test_verl_agent_loop import build_loop, sampling
+    from tests.adapters.verl_stand_in import ScriptedServerClient, ScriptedVerlServer
+
+    source = tmp_path / "row.jsonl"
+    source.write_text(json.dumps(row) + "\n")
+    data = write_verl_parquet([source], tmp_path / "row.parquet").output
+    batch = DataProto.from_single_dict(collate_fn([GymBridgeDataset(str(data), tokenizer, config.data)[0]]))
+    turns = by_turn(*script)
+    server = ScriptedVerlServer(tokenizer, lambda text: turns(text, None))
+    worker = AgentLoopWorker(config, ScriptedServerClient(config, server))
+    columns = {key: values[0] for key, values in batch.non_tensor_batch.items()}
+    output = asyncio.run(build_loop(worker).run(sampling(config), **columns))
+    return {"prompt_ids": output.prompt_ids, "completion_ids": output.response_ids, "mask": output.response_mask,
+            "logprobs": output.response_logprobs, "reward": output.reward_score}
+
+
+def via_run(row, script, tokenizer) -> dict:
+    model = ScriptedModel(tokenizer, by_turn(*script))
+    with app_in_thread(build_model_app(model, model_name="scripted")) as model_url:
+        settings = AgentServerSettings(envs=("weather",), model_base_urls=(model_url + "/v1",), model="scripted",
+                                       max_completion_tokens=BUDGET, max_retries=0)
+        with app_in_thread(build_app(settings)) as agent_url:
+            answer = httpx.post(agent_url + "/run", json=row, timeout=60)
+    assert answer.status_code == 200, answer.text
+    result = answer.json()
+    view = nemo_rl_token_view(result)
+    return {"prompt_ids": view["prompt_ids"], "completion_ids": view["completion_ids"], "mask": view["completion_mask"],
+            "logprobs": view["completion_logprobs"], "reward": None if result["instance_config"]["mask_sample"] else result["reward"]}
+
+
+def test_trl_verl_and_run_paths_agree(row, script, smol_tokenizer, verl_trainer_config, tmp_path):
+    trl = via_trl(row, script, smol_tokenizer)
+    verl = via_verl(row, script, smol_tokenizer, verl_trainer_config, tmp_path)
+    run = via_run(row, script, smol_tokenizer)
+    # the trajectory itself: two model turns around one tool output, reward 1
+    assert trl["reward"] == 1.0 and trl["mask"].count(0) > 0 and trl["completion_ids"][-1] == smol_tokenizer.eos_token_id
+    model_ids = [t for t, m in zip(trl["completion_ids"], trl["mask"]) if m]
+    assert model_ids == script[0].token_ids + script[1].token_ids
+    for name, other in (("verl", verl), ("/run", run)):
+        for key in ("prompt_ids", "completion_ids", "mask", "logprobs", "reward"):
+            assert other[key] == trl[key], f"{name} differs from TRL in {key}"

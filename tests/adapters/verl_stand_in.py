@@ -1,0 +1,105 @@
+"""What the verl tests stand in for: verl's vLLM server actor, and the worker's config.
+
+The agent loop talks to a real `verl.workers.rollout.llm_server.LLMServerClient` whose server
+acquisition (a Ray actor in verl) is replaced by `ScriptedVerlServer`. Its `generate` has the
+signature of `vLLMHttpServer.generate` (`verl/workers/rollout/vllm_rollout/vllm_async_server.py`)
+and answers like it: at most `max_tokens` ids, log-probs when `logprobs` is asked for, a
+`TokenOutput` with `stop_reason="completed"` and `global_steps` in `extra_fields`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from verl.workers.rollout.llm_server import LLMServerClient
+from verl.workers.rollout.replica import TokenOutput
+
+from gym_bridge.core.policy import Generation
+
+
+@dataclass
+class Call:
+    request_id: str
+    prompt_ids: list[int]
+    sampling_params: dict[str, Any]
+    token_ids: list[int]
+    log_probs: list[float] | None
+
+
+@dataclass
+class ScriptedVerlServer:
+    """`answer(prompt_text)` gives each call's Generation (or an exception to raise); calls are kept."""
+
+    tokenizer: Any
+    answer: Callable[[str], Generation | BaseException]
+    calls: list[Call] = field(default_factory=list)
+    acquired: list[str] = field(default_factory=list)
+    """The request ids the client asked the load balancer for (verl keeps one rollout on one server by it)."""
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        request_id: str,
+        image_data: Optional[list[Any]] = None,
+        video_data: Optional[list[Any]] = None,
+        audio_data: Optional[list[Any]] = None,
+        mm_processor_kwargs: Optional[dict[str, Any]] = None,
+        priority: int = 0,
+        kv_transfer_params: Optional[dict] = None,
+    ) -> TokenOutput:
+        generation = self.answer(self.tokenizer.decode(prompt_ids, skip_special_tokens=False))
+        if isinstance(generation, BaseException):
+            raise generation
+        max_tokens = sampling_params.pop("max_tokens")  # the real server pops it, too
+        ids = generation.token_ids[:max_tokens]
+        log_probs = generation.logprobs[:max_tokens] if sampling_params.pop("logprobs", False) else None
+        self.calls.append(Call(request_id, list(prompt_ids), dict(sampling_params, max_tokens=max_tokens), ids, log_probs))
+        return TokenOutput(token_ids=ids, log_probs=log_probs, stop_reason="completed", extra_fields={"global_steps": 3})
+
+
+class _Handle:
+    """What `LLMServerClient.generate` awaits: `server.generate.remote(...)`."""
+
+    def __init__(self, server: ScriptedVerlServer) -> None:
+        self.generate = type("RemoteMethod", (), {"remote": staticmethod(server.generate)})()
+
+
+class ScriptedServerClient(LLMServerClient):
+    """verl's real client (its `generate` runs as is) with the Ray load balancer replaced by one server."""
+
+    def __init__(self, config: Any, server: ScriptedVerlServer) -> None:
+        super().__init__(config, load_balancer_handle=None)
+        self.server = server
+
+    async def _acquire_server(self, request_id: str, **extra: Any) -> tuple[str, Any]:
+        self.server.acquired.append(request_id)
+        return "scripted-0", _Handle(self.server)
+
+    def _release_server(self, server_id: str, request_id: str | None = None) -> None:
+        pass
+
+
+def verl_config(model_path: str, agent_loop_config: str, **overrides: Any) -> Any:
+    """verl 0.9.1's own `ppo_trainer` config (hydra compose), with the rollout settings the tests need."""
+    import os
+
+    import verl
+    from hydra import compose, initialize_config_dir
+
+    values = {
+        "actor_rollout_ref.model.path": model_path,
+        "actor_rollout_ref.rollout.name": "vllm",
+        "actor_rollout_ref.rollout.prompt_length": 1024,
+        "actor_rollout_ref.rollout.response_length": 256,
+        "actor_rollout_ref.rollout.calculate_log_probs": True,
+        "actor_rollout_ref.rollout.agent.agent_loop_config_path": agent_loop_config,
+        "data.max_prompt_length": 1024,
+        "data.max_response_length": 256,
+        **overrides,
+    }
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return compose(config_name="ppo_trainer", overrides=[f"{key}={value}" for key, value in values.items()])
