@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gym_bridge.core.agent_loop import Limits
-from gym_bridge.core.engine import Engine, EngineConfig
+from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import Environment
 from gym_bridge.core.errors import DataError, GymBridgeError, MissingDependencyError, UnknownEnvironmentError
 from gym_bridge.core.policy import BackendError, ChatPolicy, ChatRequest, ChatTurn, SamplingParams
@@ -123,6 +123,7 @@ class AgentServer:
         self.env_classes: dict[str, type[Environment]] = {}
         for name in settings.envs:
             self.env_classes[name] = get_environment(name)  # raises UnknownEnvironmentError listing the known ones
+        ensure_ready(self.env_classes.values())  # a missing sandbox stops the server at start, not each /run
         self.policy: Any = policy if policy is not None else ModelServers(settings)
         self._engines: OrderedDict[SamplingParams, Engine] = OrderedDict()
         self._counter = itertools.count()

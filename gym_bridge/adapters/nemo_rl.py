@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 from gym_bridge.adapters.loop_thread import LoopThread
 from gym_bridge.adapters.verl_data import row_from_columns
 from gym_bridge.core.agent_loop import Limits
-from gym_bridge.core.engine import Engine, EngineConfig
+from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import FAILURE_KINDS, Environment
 from gym_bridge.core.items import final_text
 from gym_bridge.core.policy import BackendError, ChatRequest, ChatTurn
@@ -203,6 +203,7 @@ class GymBridgeEnvironment(_Interface):  # type: ignore[misc,valid-type]
         index = next(self._counter)
         task = parse_task(dict(row), index=index, source=f"nemo_rl sample {meta.get('idx', index)}")
         env_class: type[Environment] = resolve_tasks([task])[task.env_name]
+        ensure_ready([env_class])
         session_id = f"{index}-0"
         self.feed.open(session_id)
         rollout = asyncio.ensure_future(self.engine.rollout(task, 0, env_class=env_class))

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from gym_bridge.adapters.loop_thread import LoopThread
 from gym_bridge.adapters.trl_dataset import REGISTRY, example_data_paths, key_from_prompt, load_dataset
 from gym_bridge.core.agent_loop import Limits
-from gym_bridge.core.engine import Engine, EngineConfig
+from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import FAILURE_KINDS, Environment
 from gym_bridge.core.errors import DataError, GymBridgeError, MissingDependencyError
 from gym_bridge.core.parsers import get_reasoning_parser, get_tool_parser
@@ -222,7 +222,9 @@ class TRLRollout:
                 f"the rows loaded in this process; {NOT_A_TASK}"
             )
         task = parse_task(entry.row, index=entry.position, source=entry.source)
-        cached = state.tasks[key] = (task, resolve_tasks([task])[task.env_name])
+        env_class = resolve_tasks([task])[task.env_name]
+        ensure_ready([env_class])
+        cached = state.tasks[key] = (task, env_class)
         return cached
 
 

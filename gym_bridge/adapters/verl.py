@@ -17,7 +17,7 @@ from typing import Any
 from gym_bridge.adapters.trl import to_trl_batch
 from gym_bridge.adapters.verl_data import AGENT_LOOP_CONFIG, AGENT_NAME, ROW_COLUMN, check_verl_files, task_from_columns
 from gym_bridge.core.agent_loop import Limits
-from gym_bridge.core.engine import Engine, EngineConfig
+from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.errors import MissingDependencyError
 from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest, SamplingParams
 from gym_bridge.core.record import RolloutRecord
@@ -138,6 +138,7 @@ class GymBridgeAgentLoop(AgentLoopBase):
         index = int(kwargs.get("index", 0) or 0)
         task = task_from_columns(kwargs, index=index, source=f"verl row {index}")
         env_class = resolve_tasks([task])[task.env_name]
+        ensure_ready([env_class])
         eos = sorted(self.template.eos_token_ids)
         policy = VerlServerPolicy(self.server_manager, sampling_params, eos_token_ids=eos, prompt_length=self.prompt_length)
         per_turn = min(self.max_new_tokens_per_turn or self.response_length, self.response_length)

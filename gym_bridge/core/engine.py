@@ -207,7 +207,7 @@ class Engine:
         Routing and tool schemas are checked for all tasks before the first rollout starts.
         """
         env_classes = resolve_tasks(tasks)
-        _check_ready(env_classes.values())
+        ensure_ready(env_classes.values())
         done = set(skip)
         pending = {
             asyncio.ensure_future(self.rollout(task, repeat, env_class=env_classes[task.env_name]))
@@ -223,7 +223,7 @@ class Engine:
     async def run_groups(self, tasks: Sequence[Task], *, group_size: int) -> list[list[RolloutRecord]]:
         """All `group_size` repeats of each task, grouped and in task order."""
         env_classes = resolve_tasks(tasks)
-        _check_ready(env_classes.values())
+        ensure_ready(env_classes.values())
         groups = [
             asyncio.gather(*(self.rollout(task, repeat, env_class=env_classes[task.env_name]) for repeat in range(group_size)))
             for task in tasks
@@ -231,7 +231,11 @@ class Engine:
         return [list(group) for group in await asyncio.gather(*groups)]
 
 
-def _check_ready(env_classes: Iterable[type[Environment]]) -> None:
-    """Let each environment refuse the run before anything starts (a missing sandbox, ...)."""
+def ensure_ready(env_classes: Iterable[type[Environment]]) -> None:
+    """Let each environment refuse to run (a missing sandbox, a bad setting) before its rollouts start.
+
+    `check_ready` is meant to be cheap (the code environment caches its sandbox probe), so adapters
+    that start rollouts one at a time call this where they resolve a row's environment.
+    """
     for env_class in set(env_classes):
         env_class.check_ready()

@@ -406,3 +406,18 @@ def test_a_run_past_its_deadline_is_200_with_a_timeout(smol_tokenizer, weather_p
             assert httpx.get(agent_url + "/health").json()["in_flight"] == 0
     assert result["failure_kind"] == "timeout" and result["mask_sample"] is True
     assert elapsed < 2.5
+
+
+def test_an_environment_that_refuses_to_run_stops_the_server_at_start():
+    """A missing sandbox or a bad setting is one clear error when the server starts, not a failure per /run."""
+    from gym_bridge import configure, get_environment, register
+    from gym_bridge.core.errors import GymBridgeError
+
+    original = get_environment("llm_judge")
+    configure("llm_judge", judge_api="telepathy")
+    try:
+        settings = AgentServerSettings(envs=("llm_judge",), model_base_urls=("http://127.0.0.1:9/v1",), model="m")
+        with pytest.raises(GymBridgeError, match="judge_api must be completions, chat or responses"):
+            build_app(settings)
+    finally:
+        register(original)

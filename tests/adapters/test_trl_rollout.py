@@ -302,3 +302,28 @@ def test_parser_options_reach_the_template_and_unknown_names_fail_at_once(smol_t
         make_rollout(tool_parser="hermes3")
     state = make_rollout(policy=ScriptedPolicy({}), tool_parser="mistral", reasoning_parser="none").prepare(Trainer(smol_tokenizer))
     assert (state.engine.template.profile.tool_parser, state.engine.template.profile.reasoning_parser) == ("mistral", "none")
+
+
+@gym_bridge.register
+class Unready(gym_bridge.Environment):
+    name = "unready_for_trl_test"
+
+    @classmethod
+    def check_ready(cls):
+        raise GymBridgeError("unready_for_trl_test: install the frobnicator")
+
+    def verify(self, task, output):
+        return 1.0
+
+
+def test_an_environment_that_refuses_to_run_stops_the_first_batch(smol_tokenizer, turn):
+    """`check_ready` (a missing sandbox, a bad setting) is asked before the first rollout under TRL too."""
+    import datasets
+
+    row = {"prompt": "hi", "environment": "unready_for_trl_test"}
+    key = task_key(row)
+    dataset = datasets.Dataset.from_dict({"prompt": [f"[gym_bridge unready_for_trl_test {key}] hi"], "task_key": [key], "task_row": [json.dumps(row)]})
+    policy = ScriptedPolicy({"": [turn("hi")]})
+    with pytest.raises(GymBridgeError, match="install the frobnicator"):
+        make_rollout(policy=policy)(list(dataset["prompt"]) * 2, Trainer(smol_tokenizer, dataset=dataset))
+    assert policy.calls == [], "no rollout may start when an environment refuses"
