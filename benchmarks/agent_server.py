@@ -5,7 +5,9 @@
 Each weather rollout is two chat calls with token ids to `serve-model`'s app (a scripted model that
 answers at once) and one tool call: everything NeMo RL's multi-turn `/run` costs except generation,
 an upper bound on the server's overhead since both servers and the client share one process (uvicorn
-threads). Best of 2 runs per concurrency; the last line is JSON: `runs_per_s_c{C}`, `p50_ms_c{C}`, `p95_ms_c{C}`.
+threads). Every /run carries a distinct prompt (the row's question with its own number), as real data
+does. Three runs per concurrency: the last line is JSON with the medians `runs_per_s_c{C}`,
+`p50_ms_c{C}`, `p95_ms_c{C}` and `runs_per_s_c{C}_min`/`_max` over the runs.
 """
 
 from __future__ import annotations
@@ -36,14 +38,24 @@ from tests.scripted_model import ScriptedModel, by_turn  # noqa: E402
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Seattle"}}\n</tool_call>'
 
 
-async def measure(url: str, row: dict, *, rollouts: int, concurrency: int) -> tuple[float, list[float]]:
+def distinct(row: dict, index: int) -> dict:
+    """The row with its user question numbered: no two /run bodies render the same prompt."""
+    params = dict(row["responses_create_params"])
+    params["input"] = [
+        {**message, "content": f"{message['content']} (request {index})"} if message["role"] == "user" else message
+        for message in params["input"]
+    ]
+    return {**row, "responses_create_params": params, "_rowidx": index}
+
+
+async def measure(url: str, row: dict, *, rollouts: int, concurrency: int, offset: int = 0) -> tuple[float, list[float]]:
     slots = asyncio.Semaphore(concurrency)
     latencies: list[float] = []
 
     async def one(client: httpx.AsyncClient, index: int) -> None:
         async with slots:
             started = time.perf_counter()
-            answer = await client.post(url + "/run", json={**row, "_rowidx": index})
+            answer = await client.post(url + "/run", json=distinct(row, index))
             latencies.append(time.perf_counter() - started)
             result = answer.json()
             if answer.status_code != 200 or result["failure_kind"] is not None or result["reward"] != 1.0:
@@ -52,7 +64,7 @@ async def measure(url: str, row: dict, *, rollouts: int, concurrency: int) -> tu
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
         started = time.perf_counter()
-        await asyncio.gather(*(one(client, i) for i in range(rollouts)))
+        await asyncio.gather(*(one(client, offset + i) for i in range(rollouts)))
         wall = time.perf_counter() - started
     return rollouts / wall, latencies
 
@@ -79,16 +91,19 @@ def main() -> None:
         with app_in_thread(build_app(settings)) as agent_url:
             asyncio.run(measure(agent_url, row, rollouts=20, concurrency=4))  # warm up
             for concurrency in (int(c) for c in args.concurrency.split(",")):
-                best_rate, best_latencies = 0.0, []
-                for _ in range(2):
-                    rate, latencies = asyncio.run(measure(agent_url, row, rollouts=args.rollouts, concurrency=concurrency))
-                    if rate > best_rate:
-                        best_rate, best_latencies = rate, latencies
-                ordered = sorted(best_latencies)
-                results[f"runs_per_s_c{concurrency}"] = round(best_rate, 1)
-                results[f"p50_ms_c{concurrency}"] = round(1000 * statistics.median(ordered), 2)
-                results[f"p95_ms_c{concurrency}"] = round(1000 * ordered[int(0.95 * (len(ordered) - 1))], 2)
-                print(f"concurrency {concurrency}: {best_rate:.1f} /run per s, p50 {results[f'p50_ms_c{concurrency}']} ms", file=sys.stderr)
+                runs = [
+                    asyncio.run(measure(agent_url, row, rollouts=args.rollouts, concurrency=concurrency, offset=(run + 1) * args.rollouts))
+                    for run in range(3)
+                ]
+                rates = [rate for rate, _ in runs]
+                results[f"runs_per_s_c{concurrency}"] = round(statistics.median(rates), 1)
+                results[f"runs_per_s_c{concurrency}_min"] = round(min(rates), 1)
+                results[f"runs_per_s_c{concurrency}_max"] = round(max(rates), 1)
+                p50s = [statistics.median(latencies) for _, latencies in runs]
+                p95s = [sorted(latencies)[int(0.95 * (len(latencies) - 1))] for _, latencies in runs]
+                results[f"p50_ms_c{concurrency}"] = round(1000 * statistics.median(p50s), 2)
+                results[f"p95_ms_c{concurrency}"] = round(1000 * statistics.median(p95s), 2)
+                print(f"concurrency {concurrency}: {results[f'runs_per_s_c{concurrency}']:.1f} /run per s, p50 {results[f'p50_ms_c{concurrency}']} ms", file=sys.stderr)
     print(json.dumps(results))
 
 
