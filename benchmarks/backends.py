@@ -5,9 +5,9 @@ remote client adds per request.
 
 1. The embedded SmolLM2-135M-Instruct on the CPU, greedy, `--max-new-tokens` per request, prompts
    that ask for long answers. At concurrency C (1, 8, 32) the same C prompts run all at once (the
-   policy batches them into one `generate`) and one after the other, alternately, `--repeats`
-   times; generated tokens / wall seconds of the best run of each is its tokens/s (best-of, because
-   other load on a shared machine only ever slows a run down).
+   policy batches them into one `generate`) and C other prompts one after the other, alternately,
+   `--repeats` times, every prompt distinct; tokens/s is generated tokens / wall seconds, reported as
+   the median over the repeats with `_min`/`_max`.
 2. `gym-bridge serve-model` in a subprocess with the same model; one-token greedy requests go
    alternately through `RemotePolicy` (HTTP on loopback) and straight to an in-process policy.
    The median of the paired latency differences is what the client, HTTP and the server add per request.
@@ -41,8 +41,8 @@ TOPICS = ["the sea", "a city at night", "an old clock", "a mountain village", "a
 STYLES = ["a long story about", "a detailed essay on", "a long poem about", "a travel diary entry about"]
 
 
-def prompts(template: ChatTemplate, count: int) -> list[list[int]]:
-    texts = [f"Write {style} {topic}." for style in STYLES for topic in TOPICS][:count]
+def prompts(template: ChatTemplate, count: int, draft: int) -> list[list[int]]:
+    texts = [f"Write {style} {topic} (draft {draft})." for style in STYLES for topic in TOPICS][:count]
     return [template.prompt_ids([{"role": "user", "content": text}], None) for text in texts]
 
 
@@ -72,28 +72,31 @@ async def latencies_ms(policy, requests: list[GenerationRequest]) -> list[float]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--overhead-requests", type=int, default=30)
     args = parser.parse_args()
 
     policy = TransformersPolicy.from_pretrained(None, device="cpu", max_batch_size=max(CONCURRENCY))
     template = ChatTemplate(policy.tokenizer, eos_token_ids=sorted(policy.eos_token_ids))
     greedy = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)
-    all_prompts = prompts(template, max(CONCURRENCY))
+    all_prompts = prompts(template, max(CONCURRENCY), draft=0)
     results: dict[str, float] = {}
     asyncio.run(sequential(policy, [GenerationRequest(prompt_ids=all_prompts[0], sampling=greedy)]))  # warm-up
     for concurrency in CONCURRENCY:
-        requests = [GenerationRequest(prompt_ids=prompt, sampling=greedy) for prompt in all_prompts[:concurrency]]
-        best_b = best_s = 0.0
-        for _ in range(args.repeats):
-            tokens_b, wall_b = asyncio.run(batched(policy, requests))
-            tokens_s, wall_s = asyncio.run(sequential(policy, requests))
-            best_b, best_s = max(best_b, tokens_b / wall_b), max(best_s, tokens_s / wall_s)
+        rates_b, rates_s = [], []
+        for repeat in range(args.repeats):
+            drafts = (prompts(template, concurrency, draft=1 + 2 * repeat), prompts(template, concurrency, draft=2 + 2 * repeat))
+            tokens_b, wall_b = asyncio.run(batched(policy, [GenerationRequest(prompt_ids=p, sampling=greedy) for p in drafts[0]]))
+            tokens_s, wall_s = asyncio.run(sequential(policy, [GenerationRequest(prompt_ids=p, sampling=greedy) for p in drafts[1]]))
+            rates_b.append(tokens_b / wall_b)
+            rates_s.append(tokens_s / wall_s)
             print(f"c={concurrency}: batched {tokens_b} tokens in {wall_b:.2f} s, one at a time {tokens_s} tokens in {wall_s:.2f} s",
                   file=sys.stderr)
-        results[f"batched_tokens_per_s_c{concurrency}"] = round(best_b, 1)
-        results[f"sequential_tokens_per_s_c{concurrency}"] = round(best_s, 1)
-        results[f"batch_speedup_c{concurrency}"] = round(best_b / best_s, 2)
+        for name, rates in (("batched", rates_b), ("sequential", rates_s)):
+            results[f"{name}_tokens_per_s_c{concurrency}"] = round(statistics.median(rates), 1)
+            results[f"{name}_tokens_per_s_c{concurrency}_min"] = round(min(rates), 1)
+            results[f"{name}_tokens_per_s_c{concurrency}_max"] = round(max(rates), 1)
+        results[f"batch_speedup_c{concurrency}"] = round(statistics.median(rates_b) / statistics.median(rates_s), 2)
 
     one_token = SamplingParams(temperature=0.0, max_new_tokens=1)
     requests = [GenerationRequest(prompt_ids=all_prompts[i % len(all_prompts)], sampling=one_token)
