@@ -178,11 +178,10 @@ class Sandbox:
             command, options["cwd"] = harness, run_dir
         else:
             command = bwrap_command(run_dir, self.python, self.limits) + harness
-            if as_root:
-                uid = sandbox_uid(os.getpid(), slot)
-                options.update(user=uid, group=uid, extra_groups=[])
         started_s = time.perf_counter()
         try:
+            if as_root:
+                command = drop_privileges(sandbox_uid(os.getpid(), slot)) + command
             process = await asyncio.create_subprocess_exec(
                 *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, **options
             )
@@ -245,6 +244,18 @@ class Sandbox:
             for future in (feeding, limit, reading):
                 future.cancel()
         return _Captured(bytes(kept["stdout"]), bytes(kept["stderr"]), timed_out=timed_out and not truncated, truncated=truncated)
+
+
+def drop_privileges(uid: int) -> list[str]:
+    """The command prefix that runs what follows as `uid`, with no supplementary groups.
+
+    util-linux's `setpriv` rather than `create_subprocess_exec(user=, group=, extra_groups=)`:
+    uvloop's event loop (the one `gym-bridge eval` runs on) does not accept those arguments.
+    """
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        raise FileNotFoundError("setpriv (util-linux) is needed to run the sandbox as root: apt-get install util-linux")
+    return [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
 
 
 def bwrap_command(run_dir: Path, python: str, limits: SandboxLimits) -> list[str]:

@@ -337,3 +337,21 @@ def test_a_cancelled_verify_kills_its_sandbox() -> None:
     asyncio.run(cancel_midway())
     time.sleep(0.2)
     assert _no_sandbox_processes_left()
+
+
+@needs_sandbox
+def test_the_sandbox_runs_on_uvloop_as_gym_bridge_eval_does() -> None:
+    """`gym-bridge eval` runs on uvloop, whose subprocess API has no user=/group= (the privilege drop)."""
+    uvloop = pytest.importorskip("uvloop")
+    task = parse_task(SUM_ROW, index=0, default_env="code")
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        result = runner.run(FastCode().verify(task, answer("n = int(input())\nprint(sum(map(int, input().split())))")))
+    assert result.reward == 1.0 and result.metrics["sandbox"] == "bwrap", result.metrics
+
+
+@needs_sandbox
+def test_solutions_run_without_root_and_without_groups() -> None:
+    row = stdin_row([""], ["ok"])
+    code = "import os\nprint('ok' if os.getuid() != 0 and os.getgid() != 0 and os.getgroups() in ([], [os.getgid()]) else ('root', os.getuid(), os.getgroups()))"
+    result = score(row, code)
+    assert result.reward == 1.0, result.metrics
