@@ -4,6 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
@@ -13,7 +14,9 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 
-# torch is pinned to the CPU build first so nothing later pulls a CUDA build.
+# torch is pinned to the CPU build first so nothing later pulls a CUDA build: from PyTorch's CPU index where
+# it can be reached (PyPI's Linux torch is the CUDA build), else the default index (a machine whose pip is
+# configured with a local CPU wheel, like this repository's CI).
 # bubblewrap sandboxes the code environment: installed with apt when missing and we are root.
 # verl 0.9.1 (the `verl` extra, for its agent-loop tests) pins transformers<5.11: it is installed with
 # its other requirements but not that pin, so the suite runs on the transformers the other extras resolve to.
@@ -23,8 +26,10 @@ $(STAMP): pyproject.toml | $(PY)
 			DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap || \
 			{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap; }; \
 		else echo "note: install bubblewrap (bwrap) for the code environment's sandbox"; fi; }
-	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e '.[test,environments]'
+	@if $(PY) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=5)" >/dev/null 2>&1; then \
+		echo "torch: the CPU build from $(TORCH_CPU_INDEX)"; $(PIP) install --quiet torch==2.13.0 --index-url $(TORCH_CPU_INDEX); \
+	else $(PIP) install --quiet torch==2.13.0; fi
+	$(PIP) install --quiet -e '.[test,environments,bench]'
 	$(PIP) install --quiet --no-deps verl==0.9.1
 	$(PY) -c "from importlib.metadata import requires; print('\\n'.join(r for r in requires('verl') if 'extra ==' not in r and not r.startswith('transformers')))" > $(VENV)/verl-requires.txt
 	$(PIP) install --quiet -r $(VENV)/verl-requires.txt cachetools fastapi uvicorn
@@ -34,8 +39,8 @@ $(STAMP): pyproject.toml | $(PY)
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/gym-bridge eval --env weather --env multi_step --env math --limit 4 --num-repeats 4 \
-		--max-new-tokens 128 --temperature 0.7 --seed 0 --output out/demo.jsonl
+	$(VENV)/bin/gym-bridge eval --env arithmetic --env weather --env multi_step --limit 8 --num-repeats 4 \
+		--max-new-tokens 96 --temperature 0.7 --seed 0 --output out/demo.jsonl
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -42,9 +42,20 @@ EXIT_CODES_HELP = """exit codes:
        see `isolate_tools`); finished rollouts are kept: rerun with --resume"""
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help that keeps the epilog's layout and shows each option's default where it has one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        empty = action.default is None or action.default is False or action.default == [] or action.default == argparse.SUPPRESS
+        if empty or "default" in text or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+
+
 def _eval_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="run environments on a model and score the rollouts",
-                       epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EXIT_CODES_HELP, formatter_class=_HelpFormatter)
     p.add_argument("--env", action="append", default=[], metavar="NAME", help="environment (repeatable); uses its example data unless --data is given")
     p.add_argument("--data", action="append", default=[], metavar="FILE.jsonl", help="task rows (repeatable)")
     p.add_argument("--model", default=None, help="local model folder (default: the embedded SmolLM2-135M-Instruct); "
@@ -57,16 +68,16 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-completion-tokens", type=int, default=2048, help="tokens after the prompt per rollout at most (all turns)")
     p.add_argument("--max-tool-output-chars", type=int, default=100_000,
                    help="characters of one tool output the model reads at most (beyond: a truncation note)")
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature; 0 is greedy")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling")
+    p.add_argument("--top-k", type=int, default=0, help="top-k sampling; 0 is off")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: none, a different sample each run)")
     p.add_argument("--deadline-s", type=float, default=600.0, help="wall time per rollout")
     p.add_argument("--output", default="gym_bridge_eval.jsonl", help="rollout records (JSONL)")
     p.add_argument("--resume", action="store_true", help="keep finished rollouts in --output and run the rest")
     p.add_argument("--max-failure-fraction", type=float, default=0.1,
                    help=f"exit with code {EXIT_TOO_MANY_FAILED} when more rollouts than this fraction failed")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--base-url", action="append", default=[], metavar="URL",
                    help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 (repeatable or comma-separated: "
                         "rollouts are spread over the servers, each rollout stays on one)")
@@ -291,7 +302,9 @@ async def _eval_locked(args: argparse.Namespace) -> int:
     if not args.no_progress:
         from tqdm import tqdm
 
-        progress = tqdm(total=len(tasks) * args.num_repeats, desc="rollouts", unit="rollout", file=sys.stderr)
+        # smoothing=0: the ETA uses the run's average rate, which suits rollouts that finish in batches
+        progress = tqdm(total=len(tasks) * args.num_repeats, desc="rollouts", unit="rollout", file=sys.stderr, smoothing=0)
+        ticker = asyncio.ensure_future(_tick(progress))
     scored = {"count": 0, "reward": 0.0}
 
     def on_record(row: dict) -> None:  # type: ignore[type-arg]
@@ -308,6 +321,7 @@ async def _eval_locked(args: argparse.Namespace) -> int:
         result = await run_eval(engine, tasks, output=args.output, num_repeats=args.num_repeats, resume=args.resume, on_record=on_record)
     finally:
         if progress is not None:
+            ticker.cancel()
             progress.close()
         await _close(policy)
     summary = result.summary
@@ -320,12 +334,20 @@ async def _eval_locked(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def _tick(progress: Any, every_s: float = 1.0) -> None:
+    """Redraw the bar every second, so its clock moves while the first batch is still generating."""
+    while True:
+        await asyncio.sleep(every_s)
+        progress.refresh()
+
+
 async def _verify(args: argparse.Namespace) -> int:
     from gym_bridge.core.metrics import format_table
-    from gym_bridge.evaluate import rescore_file
+    from gym_bridge.evaluate import metrics_path_for, rescore_file
 
     summary = await rescore_file(args.data, output=args.output)
     print(format_table(summary))
+    print(f"records: {args.output}\nmetrics: {metrics_path_for(args.output)}")
     return 0
 
 

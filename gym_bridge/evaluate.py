@@ -88,14 +88,16 @@ async def run_eval(
     with locked_output(output):
         skip = prepare_resume(output, tasks) if resume else set()
         started, cpu_started = time.perf_counter(), time.process_time()
+        this_run: list[dict[str, Any]] = []
         with RolloutWriter(output, append=resume) as writer:
             async for record in engine.stream(tasks, repeats=num_repeats, skip=skip):
                 row = record.to_dict()
                 writer.write(row)
+                this_run.append(row)
                 if on_record is not None:
                     on_record(row)
         wall_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
-        summary = summarize(read_records(output), wall_s=wall_s)
+        summary = summarize(read_records(output), wall_s=wall_s, this_run=this_run)
         summary["cpu_s"] = round(cpu_s, 3)  # this process's CPU time over the run: what generation costs the client
         metrics_path = metrics_path_for(output)
         metrics_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")

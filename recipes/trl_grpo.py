@@ -12,11 +12,13 @@
 
 The YAML config has five parts:
   model      a local folder or hub id (null: the embedded SmolLM2-135M-Instruct)
-  datasets   a list of {path: FILE.jsonl} or {env: NAME} (its example data), each with a `weight`
+  datasets   a list of {path: FILE.jsonl}, {env: NAME} (its example data) or
+             {env: NAME, prepare: {split, size, seed}} (rows from its generator), each with a `weight`
   dataset    options of gym_bridge.trl.load_dataset (num_rows, seed, limit)
   grpo       GRPOConfig fields, `report_to`, `use_vllm` and `vllm_mode` included
   gym_bridge gym_bridge.trl.make_rollout options (max_turns, deadline_s, ...), plus `records_dir`
-             to write every rollout record as JSONL (one file per rank)
+             (default `rollouts`, under grpo.output_dir; null: none): every rollout record as
+             JSONL, one file per rank, in a new `run-N` folder per run
   peft       optional LoRA settings (peft.LoraConfig fields; needs `pip install peft`)
 
 The rollout function runs each task's environment and tools itself and enforces
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +46,8 @@ def parse_args() -> argparse.Namespace:
 
 
 def load_config(path: str, overrides: list[str]) -> dict[str, Any]:
-    """The YAML config with `section.key=value` overrides applied."""
+    """The YAML config with `section.key=value` overrides applied (a number indexes a list:
+    `datasets.0.weight=2`)."""
     import yaml
 
     config = yaml.safe_load(Path(path).read_text()) or {}
@@ -52,23 +56,41 @@ def load_config(path: str, overrides: list[str]) -> dict[str, Any]:
         if not sep:
             raise SystemExit(f"--set expects KEY=VALUE, got {override!r}")
         *parents, leaf = dotted.split(".")
-        node = config
+        node: Any = config
         for part in parents:
-            if not isinstance(node.get(part), dict):
+            if isinstance(node, list):
+                if not part.isdigit() or int(part) >= len(node):
+                    raise SystemExit(f"--set {dotted}: {part!r} is not an index of a list of {len(node)}")
+                node = node[int(part)]
+                continue
+            if not isinstance(node.get(part), (dict, list)):
                 node[part] = {}
             node = node[part]
-        node[leaf] = yaml.safe_load(raw)
+        if isinstance(node, list):
+            if not leaf.isdigit() or int(leaf) >= len(node):
+                raise SystemExit(f"--set {dotted}: {leaf!r} is not an index of a list of {len(node)}")
+            node[int(leaf)] = yaml.safe_load(raw)
+        else:
+            node[leaf] = yaml.safe_load(raw)
     return config
 
 
-def dataset_sources(entries: list[dict[str, Any]], config_dir: Path) -> tuple[list[Path], list[float] | None]:
+def dataset_sources(entries: list[dict[str, Any]], config_dir: Path, work_dir: Path) -> tuple[list[Path], list[float] | None]:
     """Paths and weights of the `datasets` entries (None when no entry has a weight: the files are
-    concatenated as they are); relative paths are relative to the config, then to the cwd."""
+    concatenated as they are); relative paths are relative to the config, then to the cwd.
+    `{env: NAME, prepare: {split, size, seed}}` generates rows with the environment's
+    `prepare_rows` into `work_dir`."""
     import gym_bridge
+    from gym_bridge.data import prepare, write_rows
 
     paths, weights = [], []
     for entry in entries:
-        if "env" in entry:
+        if "prepare" in entry:
+            options = dict(entry["prepare"])
+            rows = prepare(entry["env"], **options)
+            name = f"{entry['env']}.{options.get('split', 'train')}.seed{options.get('seed', 0)}.jsonl"
+            path = write_rows(rows, work_dir / name)
+        elif "env" in entry:
             [path] = gym_bridge.trl.example_data_paths([entry["env"]])
         else:
             path = Path(entry["path"])
@@ -79,10 +101,35 @@ def dataset_sources(entries: list[dict[str, Any]], config_dir: Path) -> tuple[li
     return paths, weights if any("weight" in entry for entry in entries) else None
 
 
+def run_directory(records_root: Path) -> Path:
+    """`records_root/run-N` for the first N not taken: a run never overwrites an earlier run's
+    records. Every rank of one launch agrees on N through the launch's TORCHELASTIC_RUN_ID or,
+    without one, because rank 0 creates the folder before the others look (they take the newest)."""
+    records_root.mkdir(parents=True, exist_ok=True)
+    launch = os.environ.get("TORCHELASTIC_RUN_ID")
+    if launch and launch != "none":
+        path = records_root / f"run-{launch}"
+        path.mkdir(exist_ok=True)
+        return path
+    taken = sorted(int(p.name.removeprefix("run-")) for p in records_root.glob("run-*") if p.name.removeprefix("run-").isdigit())
+    if int(os.environ.get("RANK", "0")) != 0 and taken:
+        return records_root / f"run-{taken[-1]}"
+    number = (taken[-1] + 1) if taken else 1
+    while True:
+        try:
+            (records_root / f"run-{number}").mkdir()
+            return records_root / f"run-{number}"
+        except FileExistsError:
+            number += 1
+
+
 def main() -> None:
     args = parse_args()
     config = load_config(args.config, args.set)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL 1.16
+    # TRL 1.16 still calls transformers 5's deprecated gradient_checkpointing* methods around generation;
+    # the names are TRL's to change, and the warning tells a user of this recipe nothing they can act on.
+    warnings.filterwarnings("ignore", message=r"`(is_)?gradient_checkpointing\w*` is deprecated", category=FutureWarning)
 
     import gym_bridge
     from gym_bridge.core.rollout_file import RolloutWriter
@@ -94,16 +141,20 @@ def main() -> None:
 
         model = str(embedded_model_path())
 
-    paths, weights = dataset_sources(config.get("datasets") or [], Path(args.config).parent)
+    grpo_args = GRPOConfig(**(config.get("grpo") or {}))
+    output_dir = Path(grpo_args.output_dir)
+    paths, weights = dataset_sources(config.get("datasets") or [], Path(args.config).parent, output_dir / "data")
     train_dataset = gym_bridge.trl.load_dataset(paths, weights=weights, **(config.get("dataset") or {}))
 
-    grpo_args = GRPOConfig(**(config.get("grpo") or {}))
     rollout_options = dict(config.get("gym_bridge") or {})
-    records_dir = rollout_options.pop("records_dir", None)
+    records_dir = rollout_options.pop("records_dir", "rollouts")
     writer = None
     if records_dir is not None:
         rank = int(os.environ.get("RANK", "0"))
-        writer = RolloutWriter(Path(records_dir) / f"rollouts.rank{rank}.jsonl", append=False)
+        run_dir = run_directory(output_dir / records_dir)
+        writer = RolloutWriter(run_dir / f"rollouts.rank{rank}.jsonl", append=False)
+        if rank == 0:
+            print(f"gym_bridge: rollout records go to {run_dir}", flush=True)
 
         def write_records(records: list[Any]) -> None:
             for record in records:
@@ -136,7 +187,6 @@ def main() -> None:
     if writer is not None:
         writer.close()
     if trainer.accelerator.is_main_process:
-        output_dir = Path(grpo_args.output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
     if config.get("save_model", False):

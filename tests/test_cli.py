@@ -43,9 +43,22 @@ def test_eval_on_the_embedded_model_then_verify(tmp_path, capsys):
     for name in ("weather", "multi_step", "math", "ALL", "mean_reward", "pass@1"):
         assert name in printed
 
+    assert "pass@k: share of tasks" in printed  # the table explains its columns
+
     rescored = tmp_path / "rescored.jsonl"
     assert main(["verify", "--data", str(output), "--output", str(rescored)]) == 0
     assert [r["reward"] for r in read_records(rescored)] == [r["reward"] for r in records]
+    assert f"records: {rescored}" in capsys.readouterr().out  # verify says where it wrote
+
+
+def test_eval_help_shows_the_defaults(capsys):
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for default in ("rollouts in flight at once (default: 32)", "0 is greedy (default: 0.7)", "0 is off (default: 0)",
+                    "(default: gym_bridge_eval.jsonl)", "model calls per rollout at most (default: 8)"):
+        assert default in text
+    assert "(default: None)" not in text and "(default: [])" not in text
 
 
 def test_unknown_environment_and_bad_rows_fail_before_generation(tmp_path, capsys):

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from gym_bridge.core.metrics import format_table
+
 from gym_bridge.cli import _limit_module_paths, build_parser, main
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.errors import DataError, UnknownEnvironmentError
@@ -142,6 +144,20 @@ def test_rows_round_trip_through_records_and_resume(tmp_path, smol_template, tur
     asyncio.run(run_eval(engine, tasks, output=output))
     assert {record["task_index"]: input_row(record) for record in read_records(output)} == dict(enumerate(rows))
     assert prepare_resume(output, tasks) == {(0, 0), (1, 0), (2, 0)}
+
+
+def test_throughput_after_a_resume_counts_only_this_runs_rollouts(tmp_path, smol_template, turn):
+    rows = [{"prompt": "x", "environment": "tests.failing_env:AlwaysRight", "expected_answer": "4", "id": i} for i in range(4)]
+    tasks = select_tasks(data_paths=[write_rows(tmp_path / "rows.jsonl", rows)])
+    engine = Engine(ScriptedPolicy({"": [turn("4")]}), smol_template, EngineConfig())
+    output = tmp_path / "out.jsonl"
+    first = asyncio.run(run_eval(engine, tasks[:3], output=output))
+    assert first.summary["throughput"]["rollouts"] == 3
+    resumed = asyncio.run(run_eval(engine, tasks, output=output, resume=True))
+    assert resumed.summary["rollouts"] == 4 and resumed.summary["throughput"]["rollouts"] == 1
+    per_rollout = first.summary["tokens"]["model"] / 3
+    assert resumed.summary["throughput"]["model_tokens"] == per_rollout
+    assert "this run's 1 rollouts" in format_table(resumed.summary)
 
 
 # -- item 8: one writer per --output ---------------------------------------------------------

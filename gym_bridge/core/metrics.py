@@ -56,8 +56,12 @@ def _block(rows: list[Mapping[str, Any]], *, pass_threshold: float) -> dict[str,
     }
 
 
-def summarize(records: Iterable[Any], *, wall_s: float | None = None, pass_threshold: float = 1.0) -> dict[str, Any]:
-    """Overall and per-environment metrics of records (RolloutRecords or their dicts)."""
+def summarize(records: Iterable[Any], *, wall_s: float | None = None, pass_threshold: float = 1.0,
+              this_run: Iterable[Any] | None = None) -> dict[str, Any]:
+    """Overall and per-environment metrics of records (RolloutRecords or their dicts).
+
+    Throughput counts `this_run` (default: all records) over `wall_s`: after a resume, only what
+    this run generated."""
     rows = _rows(records)
     summary = _block(rows, pass_threshold=pass_threshold)
     by_env: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
@@ -65,10 +69,14 @@ def summarize(records: Iterable[Any], *, wall_s: float | None = None, pass_thres
         by_env[str(row.get("env"))].append(row)
     summary["per_env"] = {env: _block(env_rows, pass_threshold=pass_threshold) for env, env_rows in sorted(by_env.items())}
     if wall_s is not None and wall_s > 0:
+        ran = rows if this_run is None else _rows(this_run)
+        model_tokens = _block(ran, pass_threshold=pass_threshold)["tokens"]["model"] if ran else 0
         summary["wall_s"] = round(wall_s, 3)
         summary["throughput"] = {
-            "rollouts_per_s": len(rows) / wall_s,
-            "model_tokens_per_s": summary["tokens"]["model"] / wall_s,
+            "rollouts": len(ran),
+            "model_tokens": model_tokens,
+            "rollouts_per_s": len(ran) / wall_s,
+            "model_tokens_per_s": model_tokens / wall_s,
         }
     return summary
 
@@ -99,8 +107,14 @@ def format_table(summary: Mapping[str, Any]) -> str:
         extras.append(f"tool-call syntax: {summary.get('parse_errors', 0)} calls could not be parsed, "
                       f"{summary.get('unparsed_tool_calls', 0)} turns held an unparsed tool call (see --tool-parser)")
     if "throughput" in summary:
+        throughput = summary["throughput"]
+        resumed = throughput.get("rollouts", summary["rollouts"]) != summary["rollouts"]
         extras.append(
-            f"wall {summary['wall_s']:.1f} s, {summary['throughput']['rollouts_per_s']:.2f} rollouts/s, "
-            f"{summary['throughput']['model_tokens_per_s']:.1f} model tokens/s"
+            f"wall {summary['wall_s']:.1f} s, {throughput['rollouts_per_s']:.2f} rollouts/s, "
+            f"{throughput['model_tokens_per_s']:.1f} model tokens/s"
+            + (f" (this run's {throughput['rollouts']} rollouts; the rest were kept from the earlier run)" if resumed else "")
         )
+    if pass_keys:
+        extras.append("pass@k: share of tasks with at least one of their first k rollouts at full reward "
+                      "(mean_reward and pass@1 differ when rewards are partial)")
     return "\n".join([text, *extras])

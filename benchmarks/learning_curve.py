@@ -1,0 +1,173 @@
+"""Does the CPU demo learn? Held-out reward of the embedded model before and after GRPO, per seed.
+
+    .venv/bin/python benchmarks/learning_curve.py [--seeds 0,1,2] [--steps 40] [--eval-size 128]
+
+1. `--eval-size` held-out `arithmetic` problems (the environment's `validation` split, which shares
+   no problem with `train`) are answered greedily by the embedded SmolLM2-135M-Instruct:
+   `gym-bridge eval --temperature 0`, as a user would run it. Reward (1 right, 0.1 another boxed
+   integer, 0 else) and accuracy (the `correct` component) are averaged over the problems.
+2. For each seed, `python recipes/trl_grpo.py --config recipes/configs/trl_grpo_cpu_demo.yaml`
+   trains `--steps` GRPO steps on train problems drawn with that seed (`--set` overrides only for the
+   seed, the step count and the output folder), saving the model; the peak resident memory of its
+   whole process tree is sampled every 0.2 s.
+3. The trained model answers the same held-out problems the same way.
+
+The last line is JSON: `reward_before`, `reward_after`, `accuracy_before`, `accuracy_after` (medians
+over seeds with `_min`/`_max`), `steps`, `minutes` (training wall time per seed, median),
+`peak_rss_gb` (the largest over seeds) and `per_seed`. `--plot` writes a PNG of the training reward
+per step (each seed, and the mean over seeds smoothed over 5 steps) with the held-out rewards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+PYTHON = sys.executable
+GYM_BRIDGE = [str(Path(PYTHON).parent / "gym-bridge")]
+CONFIG = ROOT / "recipes" / "configs" / "trl_grpo_cpu_demo.yaml"
+RSS_LIMIT_GB = 4.0
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", default="0,1,2", help="training seeds, comma-separated")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--eval-size", type=int, default=128)
+    parser.add_argument("--eval-seed", type=int, default=1000, help="seed of the held-out problems")
+    parser.add_argument("--config", default=str(CONFIG))
+    parser.add_argument("--output", default=str(ROOT / "out" / "learning_curve"))
+    parser.add_argument("--plot", default=str(ROOT / "docs" / "learning_curve.png"))
+    return parser.parse_args()
+
+
+def run(command: list[str], log: Path) -> float:
+    """Run `command` (output to `log`); its process tree's peak RSS in GB. Raises on failure."""
+    import psutil
+
+    with log.open("w") as out:
+        process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        peak = [0]
+
+        def sample() -> None:
+            root = psutil.Process(process.pid)
+            while process.poll() is None:
+                try:
+                    tree = [root, *root.children(recursive=True)]
+                    peak[0] = max(peak[0], sum(p.memory_info().rss for p in tree if p.is_running()))
+                except psutil.Error:
+                    pass
+                time.sleep(0.2)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        code = process.wait()
+        sampler.join()
+    if code != 0:
+        raise SystemExit(f"{' '.join(command)} failed with exit code {code}; see {log}")
+    return peak[0] / 2**30
+
+
+def held_out_scores(model: str | None, data: Path, out_dir: Path, name: str) -> dict[str, float]:
+    """Greedy answers of `model` (None: the embedded one) to the held-out rows: mean reward and accuracy."""
+    records = out_dir / f"eval_{name}.jsonl"
+    records.unlink(missing_ok=True)
+    command = [*GYM_BRIDGE, "eval", "--data", str(data), "--temperature", "0", "--max-new-tokens", "32",
+               "--concurrency", "64", "--output", str(records)]
+    if model is not None:
+        command += ["--model", model]
+    run(command, out_dir / f"eval_{name}.log")
+    rows = [json.loads(line) for line in records.read_text().splitlines()]
+    return {
+        "reward": statistics.fmean(row["reward"] for row in rows),
+        "accuracy": statistics.fmean(row["reward_components"].get("correct", 0.0) for row in rows),
+    }
+
+
+def spread(values: list[float], name: str) -> dict[str, float]:
+    return {name: round(statistics.median(values), 4), f"{name}_min": round(min(values), 4), f"{name}_max": round(max(values), 4)}
+
+
+def plot(path: Path, curves: dict[int, list[float]], before: float, after: dict[int, float], steps: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4), dpi=110)
+    for seed, rewards in curves.items():
+        axis.plot(range(1, len(rewards) + 1), rewards, alpha=0.35, linewidth=1, label=f"train reward, seed {seed}")
+    mean = [statistics.fmean(values) for values in zip(*curves.values())]
+    smooth = [statistics.fmean(mean[max(0, i - 4):i + 1]) for i in range(len(mean))]
+    axis.plot(range(1, len(smooth) + 1), smooth, color="black", linewidth=2, label="train reward, mean over seeds (5-step average)")
+    axis.axhline(before, color="tab:red", linestyle="--", label=f"held-out reward before: {before:.3f}")
+    axis.scatter([steps] * len(after), list(after.values()), color="tab:green", zorder=3,
+                 label=f"held-out reward after (per seed): {', '.join(f'{v:.3f}' for v in after.values())}")
+    axis.set_xlabel("GRPO step (16 completions: 4 problems x 4)")
+    axis.set_ylabel("reward")
+    axis.set_title("Embedded SmolLM2-135M-Instruct, GRPO on 2 CPU cores (arithmetic)")
+    axis.legend(fontsize=7, loc="lower right")
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+
+
+def main() -> None:
+    args = parse_args()
+    seeds = [int(seed) for seed in args.seeds.split(",")]
+    out_dir = Path(args.output)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    held_out = out_dir / "held_out.jsonl"
+    subprocess.run([*GYM_BRIDGE, "data", "prepare", "arithmetic", "--split", "validation", "--size", str(args.eval_size),
+                    "--seed", str(args.eval_seed), "--output", str(held_out)], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    before = held_out_scores(None, held_out, out_dir, "before")
+    print(f"before: reward {before['reward']:.3f}, accuracy {before['accuracy']:.3f}", file=sys.stderr, flush=True)
+
+    per_seed = []
+    curves: dict[int, list[float]] = {}
+    for seed in seeds:
+        run_dir = out_dir / f"seed-{seed}"
+        started = time.perf_counter()
+        peak_gb = run([
+            PYTHON, "recipes/trl_grpo.py", "--config", args.config,
+            "--set", f"grpo.seed={seed}", "--set", f"dataset.seed={seed}", "--set", f"datasets.0.prepare.seed={seed}",
+            "--set", f"grpo.max_steps={args.steps}", "--set", f"grpo.output_dir={run_dir}", "--set", "save_model=true",
+        ], out_dir / f"train_seed{seed}.log")
+        minutes = (time.perf_counter() - started) / 60
+        history = json.loads((run_dir / "log_history.json").read_text())
+        curves[seed] = [entry["reward"] for entry in history if "reward" in entry]
+        after = held_out_scores(str(run_dir), held_out, out_dir, f"after_seed{seed}")
+        per_seed.append({"seed": seed, "reward_after": round(after["reward"], 4), "accuracy_after": round(after["accuracy"], 4),
+                         "minutes": round(minutes, 2), "peak_rss_gb": round(peak_gb, 2), "train_reward_first5": round(statistics.fmean(curves[seed][:5]), 4),
+                         "train_reward_last5": round(statistics.fmean(curves[seed][-5:]), 4)})
+        print(f"seed {seed}: {per_seed[-1]}", file=sys.stderr, flush=True)
+
+    if args.plot:
+        plot(Path(args.plot), curves, before["reward"], {s["seed"]: s["reward_after"] for s in per_seed}, args.steps)
+    result = {
+        "reward_before": round(before["reward"], 4), "accuracy_before": round(before["accuracy"], 4),
+        **spread([s["reward_after"] for s in per_seed], "reward_after"),
+        **spread([s["accuracy_after"] for s in per_seed], "accuracy_after"),
+        "steps": args.steps, "minutes": round(statistics.median(s["minutes"] for s in per_seed), 2),
+        "peak_rss_gb": max(s["peak_rss_gb"] for s in per_seed), "rss_limit_gb": RSS_LIMIT_GB,
+        "held_out_problems": args.eval_size, "seeds": seeds, "per_seed": per_seed,
+        "cpu_count": os.cpu_count(), "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
+    }
+    print(json.dumps(result))
+    if result["peak_rss_gb"] >= RSS_LIMIT_GB:
+        raise SystemExit(f"peak RSS {result['peak_rss_gb']} GB is over the {RSS_LIMIT_GB} GB bound")
+
+
+if __name__ == "__main__":
+    main()
