@@ -10,6 +10,11 @@ verifiers, and record building. This is what a trainer pays on top of generation
                (four `get_synonym_value`, one `extract_synonym_values`), then an answer;
 - us_per_tool_call: (five-call time per rollout - single-turn time per rollout) / 5.
 
+Every prompt is distinct (each row's user message carries its own number), as in real data, so
+nothing comes from the engine's prompt cache; the `cached_` figures reuse the 8 example prompts of
+each environment for all rollouts, for comparison. CPU time per rollout (`cpu_us_per_*`) is shown
+too: where other processes load the machine, it moves less than the rates.
+
 The process is pinned to one CPU core. Run: `.venv/bin/python benchmarks/engine_overhead.py`.
 The last line printed is JSON.
 """
@@ -25,7 +30,7 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from gym_bridge import Engine, EngineConfig, Generation, Limits, ScriptedPolicy, get_environment, load_tasks  # noqa: E402
+from gym_bridge import Engine, EngineConfig, Generation, Limits, ScriptedPolicy, get_environment, load_tasks, parse_task  # noqa: E402
 from gym_bridge.core.template import ChatTemplate  # noqa: E402
 from gym_bridge.policies.embedded import load_embedded_tokenizer  # noqa: E402
 
@@ -39,10 +44,24 @@ def scripted(tokenizer, texts: list[str]) -> list[Generation]:
 
 
 def replicate(tasks, count):
-    """`count` tasks cycling through `tasks`, each with its own index (a distinct rollout)."""
+    """`count` tasks cycling through `tasks`, each with its own index but the same prompt as every
+    `len(tasks)`-th other one (what the cached figures measure)."""
     from dataclasses import replace
 
     return [replace(tasks[i % len(tasks)], index=i) for i in range(count)]
+
+
+def distinct(path, count):
+    """`count` tasks from the rows of `path`, each user message numbered: no two prompts alike, as in real data."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    tasks = []
+    for i in range(count):
+        row = json.loads(json.dumps(rows[i % len(rows)]))
+        messages = row["responses_create_params"]["input"]
+        last_user = max(position for position, message in enumerate(messages) if message["role"] == "user")
+        messages[last_user]["content"] += f" (case {i})"
+        tasks.append(parse_task(row, index=i, source=f"{path.name}:{i + 1}"))
+    return tasks
 
 
 async def timed_run(engine: Engine, tasks) -> tuple[float, list]:
@@ -77,27 +96,42 @@ def main() -> None:
     def engine(script):
         return Engine(ScriptedPolicy({"": script}, record_calls=False), template, config)
 
-    asyncio.run(timed_run(engine(single_script), replicate(weather, 200)))  # warm caches and code paths
-    asyncio.run(timed_run(engine(multi_script), replicate(multi_step, 200)))
+    weather_path, multi_path = get_environment("weather").example_data, get_environment("multi_step").example_data
+    asyncio.run(timed_run(engine(single_script), distinct(weather_path, 200)))  # warm code paths (not prompts: all differ)
+    asyncio.run(timed_run(engine(multi_script), distinct(multi_path, 200)))
 
-    single_s, single_records = asyncio.run(timed_run(engine(single_script), replicate(weather, args.rollouts)))
-    multi_s, multi_records = asyncio.run(timed_run(engine(multi_script), replicate(multi_step, args.rollouts)))
+    results = {}
+    for label, make in (("", distinct), ("cached_", None)):
+        single_tasks = distinct(weather_path, args.rollouts) if make else replicate(weather, args.rollouts)
+        multi_tasks = distinct(multi_path, args.rollouts) if make else replicate(multi_step, args.rollouts)
+        single_s, single_cpu, single_records = timed(engine(single_script), single_tasks)
+        multi_s, multi_cpu, multi_records = timed(engine(multi_script), multi_tasks)
+        failures = [r.failure_reason for r in single_records + multi_records if r.failed]
+        if failures:
+            raise SystemExit(f"{len(failures)} rollouts failed, first: {failures[0]}")
+        assert all(r.tool_calls == 5 and r.turns == 6 for r in multi_records), "five-call rollouts did not make five calls"
+        if make:
+            prompts = {tuple(r.tokens.prompt_ids) for r in single_records}
+            assert len(prompts) == len(single_records), "distinct rows rendered the same prompt"
+        print(f"{label or 'distinct_'}single-turn: {len(single_records)} rollouts in {single_s:.3f} s (cpu {single_cpu:.3f} s)")
+        print(f"{label or 'distinct_'}five-call:   {len(multi_records)} rollouts in {multi_s:.3f} s (cpu {multi_cpu:.3f} s)")
+        results.update({
+            f"{label}single_turn_rollouts_per_s": round(len(single_records) / single_s, 1),
+            f"{label}multi_turn_rollouts_per_s": round(len(multi_records) / multi_s, 1),
+            f"{label}us_per_tool_call": round((multi_s / len(multi_records) - single_s / len(single_records)) / 5 * 1e6, 1),
+            f"{label}cpu_us_per_single_turn_rollout": round(single_cpu / len(single_records) * 1e6, 1),
+            f"{label}cpu_us_per_five_call_rollout": round(multi_cpu / len(multi_records) * 1e6, 1),
+        })
+    results["rollouts"] = args.rollouts
+    results["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
+    print(json.dumps(results))
 
-    failures = [r.failure_reason for r in single_records + multi_records if r.failed]
-    if failures:
-        raise SystemExit(f"{len(failures)} rollouts failed, first: {failures[0]}")
-    assert all(r.tool_calls == 5 and r.turns == 6 for r in multi_records), "five-call rollouts did not make five calls"
 
-    single_per_s = len(single_records) / single_s
-    multi_per_s = len(multi_records) / multi_s
-    us_per_tool_call = (multi_s / len(multi_records) - single_s / len(single_records)) / 5 * 1e6
-    print(f"single-turn: {len(single_records)} rollouts in {single_s:.3f} s")
-    print(f"five-call:   {len(multi_records)} rollouts in {multi_s:.3f} s")
-    print(json.dumps({
-        "single_turn_rollouts_per_s": round(single_per_s, 1),
-        "multi_turn_rollouts_per_s": round(multi_per_s, 1),
-        "us_per_tool_call": round(us_per_tool_call, 1),
-    }))
+def timed(engine: Engine, tasks) -> tuple[float, float, list]:
+    """Wall seconds, this process's CPU seconds and the records of one run."""
+    cpu = time.process_time()
+    wall, records = asyncio.run(timed_run(engine, tasks))
+    return wall, time.process_time() - cpu, records
 
 
 if __name__ == "__main__":

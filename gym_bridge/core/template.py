@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Protocol, Seq
 
 from gym_bridge.core.errors import TemplateError
 from gym_bridge.core.items import ChatMessage
+from gym_bridge.core.piece_encoder import PieceEncoder
 from gym_bridge.core.parsers import get_reasoning_parser, get_tool_parser, tool_parser_candidates
 from gym_bridge.core.parsers.call import ParsedCall, ParsedTurn
 from gym_bridge.core.template_profile import (
@@ -58,9 +59,6 @@ _SAMPLES = (' {"a": [1, 2]}\n\tb ', "<x> & 'q' \u00e9\\n\n")
 """Contents that tell whether a template passes text through untouched, JSON-escaped or trimmed."""
 _TRANSFORMS: tuple[Callable[[str], str] | None, ...] = (None, lambda text: json.dumps(text, ensure_ascii=False)[1:-1], str.strip)
 _UNSET: Any = object()
-GIL_FREE_ENCODE_CHARS = 8192
-"""Texts at least this long are encoded with the fast tokenizer's batch call, which lets other
-threads (the event loop) run while it works; the single-text call holds the GIL throughout."""
 
 
 
@@ -167,8 +165,8 @@ class ChatTemplate:
         self._empty_tools: Any = _UNSET
         self._probe_head: str | None = None
         backend = getattr(tokenizer, "_tokenizer", None)
-        self._fast_encode = getattr(backend, "encode", None) if backend is not None and hasattr(backend, "encode_batch") else None
-        self._fast_encode_batch = getattr(backend, "encode_batch", None) if self._fast_encode is not None else None
+        fast = backend is not None and hasattr(backend, "encode_batch")
+        self._pieces = PieceEncoder(backend) if fast else None
 
     def with_options(self, *, tool_parser: str | None = None, reasoning_parser: str | None = None,
                      chat_template_kwargs: Mapping[str, Any] | None = None) -> ChatTemplate:
@@ -416,11 +414,11 @@ class ChatTemplate:
         return after
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of `text` without special tokens added (the fast backend when there is one)."""
-        if self._fast_encode is not None:
-            if len(text) >= GIL_FREE_ENCODE_CHARS and self._fast_encode_batch is not None:
-                return self._fast_encode_batch([text], add_special_tokens=False)[0].ids  # releases the GIL meanwhile
-            return self._fast_encode(text, add_special_tokens=False).ids
+        """Token ids of `text` without special tokens added. With a `tokenizers` backend, the pieces
+        every prompt shares (system message, tool list, markup) are tokenized once (exact: see
+        `gym_bridge.core.piece_encoder`); long new texts go in a call that releases the GIL."""
+        if self._pieces is not None:
+            return self._pieces.encode(text)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def closing_text(self, last_token_id: int | None) -> str:

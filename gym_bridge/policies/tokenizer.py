@@ -12,27 +12,19 @@ the equality on every template in ../shared/templates).
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
 from gym_bridge.core.errors import GymBridgeError
+from gym_bridge.core.piece_encoder import PieceEncoder
 
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 GENERIC_TOKENIZER_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
 """Classes for which transformers itself uses `tokenizer.json` as it is; model-specific classes
 (`Qwen2Tokenizer`, `LlamaTokenizerFast`, ...) may rebuild parts of the pipeline in code."""
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
-MAX_CACHED_PIECES = 16_384
-_SPLIT_PROBES = (
-    "<A>system\nBe brief.\n\n# Tools\n<tools>\n{\"a\": [1, 2]}\n</tools><Z>\n<A>user\nHi!\n  indented\n\tTab\r\nCRLF<Z>",
-    " lead and trail \n.\nx\n\n\nY 12 3456.7\n\u00e9\u4f60\n\u0301mark<A><A> a  b\n\n c<Z>\n",
-)
-
-
 class TokenizerLoadError(GymBridgeError):
     """A tokenizer folder cannot be used without transformers (no `tokenizer.json`, unreadable files)."""
 
@@ -44,8 +36,7 @@ class LightTokenizer:
                  generation_eos_ids: Sequence[int] = (), name_or_path: str = "") -> None:
         self.backend_tokenizer = backend
         """The `tokenizers.Tokenizer`."""
-        self._splitter = _splitter(backend)
-        self._piece_ids: dict[str, list[int]] = {}
+        self._pieces = PieceEncoder(backend)
         self.name_or_path = name_or_path
         self.tokenizer_class = str(config.get("tokenizer_class") or "")
         self.chat_template = chat_template
@@ -77,24 +68,12 @@ class LightTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """The ids of `text`. Without special tokens added, the text is cut where `tokenizers` itself would
-        cut it (at added tokens, and at line starts for the common byte-level patterns; see `_splitter`)
+        cut it (at added tokens, and at line starts for the common byte-level patterns; see `gym_bridge.core.piece_encoder`)
         and the ids of each piece are kept for reuse: the lines of a chat prompt's system and tool
         block, the same in every rollout, are tokenized once."""
-        if add_special_tokens or self._splitter is None:
-            return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
-        ids: list[int] = []
-        cache = self._piece_ids
-        for piece in self._splitter.pieces(text):
-            if not piece:
-                continue
-            known = cache.get(piece)
-            if known is None:
-                known = self.backend_tokenizer.encode(piece, add_special_tokens=False).ids
-                if len(cache) >= MAX_CACHED_PIECES:
-                    cache.clear()
-                cache[piece] = known
-            ids += known
-        return ids
+        if add_special_tokens:
+            return self.backend_tokenizer.encode(text, add_special_tokens=True).ids
+        return self._pieces.encode(text)
 
     def decode(self, token_ids: int | Sequence[int], skip_special_tokens: bool = False) -> str:
         ids = [token_ids] if isinstance(token_ids, int) else list(token_ids)
@@ -181,73 +160,6 @@ class LightTokenizer:
             return text
         ids = self.encode(text, add_special_tokens=False)
         return {"input_ids": ids} if return_dict else ids
-
-
-@dataclass(frozen=True)
-class _Splitter:
-    """Where a text may be cut so that encoding the pieces one by one gives the ids of the whole."""
-
-    added: re.Pattern[str]
-    """Matches the added tokens (kept as pieces by `pieces`)."""
-    lines: re.Pattern[str] | None = None
-    """Where to cut within a piece as well: around a newline that a non-whitespace character follows."""
-
-    def pieces(self, text: str) -> list[str]:
-        parts = self.added.split(text)
-        if self.lines is None:
-            return parts
-        lines = self.lines
-        return [line for part in parts for line in (lines.split(part) if "\n" in part else (part,))]
-
-
-_BEFORE_LAST_NEWLINE = re.compile(r"(?=\n\S)")
-r"""GPT-2's pattern splits a whitespace run before a word as `\s+(?!\S)` then the last character, so a
-piece may end just before that newline (at the end of a text, the same run is matched whole)."""
-_AFTER_NEWLINE = re.compile(r"(?<=\n)(?=\S)")
-r"""The Llama 3 / Qwen2 patterns end a pre-token at a newline (`\s*[\r\n]+`, punctuation then newlines)."""
-_LINE_SAFE_SPLITS = (
-    # Qwen2 / Qwen3 and Llama 3: no pre-token holds a newline followed by a non-whitespace character
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-)
-
-
-def _splitter(backend: Any) -> _Splitter | None:
-    """How to cut texts for `LightTokenizer.encode`'s piece cache, or None when no cut is known to be exact.
-
-    `tokenizers` cuts a text at added tokens first (leftmost-longest) and normalizes and pre-tokenizes
-    every other piece on its own, so cutting there is exact unless an added token strips its
-    neighbours' spaces or matches normalized text, or a step depends on a piece's place in the text
-    (Metaspace, a Prepend normalizer), or truncation or padding is on. Within a piece, the GPT-2
-    byte-level pattern and the Llama 3 / Qwen2 split patterns never join a newline to the
-    non-whitespace character after it, so with one of them (and no prefix space, no normalizer but
-    NFC) a piece is also cut at line starts. Both claims are checked on probe texts at load.
-    """
-    added = [token for token in backend.get_added_tokens_decoder().values() if token.content]
-    if not added or backend.truncation is not None or backend.padding is not None:
-        return None
-    if any(token.lstrip or token.rstrip or token.single_word or (token.normalized and backend.normalizer is not None) for token in added):
-        return None
-    pre, normalizer = repr(backend.pre_tokenizer), repr(backend.normalizer)
-    if "Metaspace" in pre or "Prepend" in normalizer:
-        return None
-    contents = sorted({token.content for token in added}, key=len, reverse=True)
-    added_pattern = re.compile("(" + "|".join(map(re.escape, contents)) + ")")
-    byte_level_gpt2 = pre == "ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)"
-    known_split = pre.startswith("Sequence(") and "use_regex=False" in pre and "add_prefix_space=True" not in pre and any(
-        f'Split(pattern=Regex("{pattern}"), behavior=Isolated, invert=False)' in pre for pattern in _LINE_SAFE_SPLITS)
-    candidates = [_Splitter(added_pattern)]
-    if normalizer in ("None", "NFC()") and (byte_level_gpt2 or known_split):
-        candidates.insert(0, _Splitter(added_pattern, lines=_BEFORE_LAST_NEWLINE if byte_level_gpt2 else _AFTER_NEWLINE))
-    for splitter in candidates:
-        if all(_splits_exactly(backend, splitter, probe.replace("<A>", contents[0]).replace("<Z>", contents[-1])) for probe in _SPLIT_PROBES):
-            return splitter
-    return None
-
-
-def _splits_exactly(backend: Any, splitter: _Splitter, text: str) -> bool:
-    pieces = [backend.encode(piece, add_special_tokens=False).ids for piece in splitter.pieces(text) if piece]
-    return [token for ids in pieces for token in ids] == backend.encode(text, add_special_tokens=False).ids
 
 
 def _clean_up_tokenization(text: str) -> str:

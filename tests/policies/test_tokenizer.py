@@ -13,7 +13,9 @@ from tokenizers import Regex, normalizers, pre_tokenizers
 from gym_bridge.core.task import load_tasks
 from gym_bridge.core.template import ChatTemplate, ToolOutput
 from gym_bridge.policies.embedded import embedded_model_path
-from gym_bridge.policies.tokenizer import _AFTER_NEWLINE, _BEFORE_LAST_NEWLINE, _splitter, _Splitter, load_tokenizer
+from gym_bridge.core.piece_encoder import _AFTER_NEWLINE, _BEFORE_LAST_NEWLINE, _Splitter
+from gym_bridge.core.piece_encoder import splitter_for
+from gym_bridge.policies.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED_TEMPLATES = ROOT.parent / "shared" / "templates"
@@ -119,11 +121,11 @@ def test_special_tokens_and_eos_ids_are_read_from_the_folder(light, smol_tokeniz
 
 def test_prompts_are_cut_only_where_tokenizers_itself_cuts(light):
     backend = light.backend_tokenizer
-    assert light._splitter is not None and light._splitter.lines is _BEFORE_LAST_NEWLINE  # GPT-2 byte-level pattern
+    assert light._pieces.splitter is not None and light._pieces.splitter.lines is _BEFORE_LAST_NEWLINE  # GPT-2 byte-level pattern
     # cutting after the newline instead would not be exact for this pattern: "\n\n#" is "\n" + "\n" + "#"
     # inside a text but "\n\n" at the end of a piece
     text = "Be brief.\n\n# Tools"
-    wrong = _Splitter(light._splitter.added, lines=_AFTER_NEWLINE)
+    wrong = _Splitter(light._pieces.splitter.added, lines=_AFTER_NEWLINE)
     assert [t for piece in wrong.pieces(text) for t in backend.encode(piece, add_special_tokens=False).ids] != backend.encode(
         text, add_special_tokens=False).ids
 
@@ -136,7 +138,7 @@ def test_a_qwen2_style_pre_tokenizer_is_cut_after_newlines_and_a_metaspace_one_o
     qwen.normalizer = normalizers.NFC()
     qwen.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
                                                   pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    splitter = _splitter(qwen)
+    splitter = splitter_for(qwen)
     assert splitter is not None and splitter.lines is _AFTER_NEWLINE
     for text in _corpus():
         pieces = [qwen.encode(piece, add_special_tokens=False).ids for piece in splitter.pieces(text) if piece]
@@ -144,4 +146,17 @@ def test_a_qwen2_style_pre_tokenizer_is_cut_after_newlines_and_a_metaspace_one_o
 
     metaspace = Tokenizer.from_str(light.backend_tokenizer.to_str())
     metaspace.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
-    assert _splitter(metaspace) is None  # "first" prepends to the first piece only: no cut is exact
+    assert splitter_for(metaspace) is None  # "first" prepends to the first piece only: no cut is exact
+
+
+def test_the_chat_templates_piece_cache_gives_the_ids_of_a_whole_encode(smol_tokenizer):
+    """ChatTemplate.encode (every prompt and delta of the engine) caches pieces the same way."""
+    from gym_bridge.core.template import ChatTemplate
+
+    template = ChatTemplate(smol_tokenizer)
+    assert template._pieces is not None and template._pieces.splitter is not None
+    long_text = "\n".join(_corpus()[:3]) * 3  # over the batch-call threshold
+    for text in [*_corpus(), long_text]:
+        expected = smol_tokenizer.encode(text, add_special_tokens=False)
+        assert template.encode(text) == expected, text[:200]
+        assert template.encode(text) == expected, text[:200]  # again, from the cache

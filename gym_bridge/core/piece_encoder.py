@@ -1,0 +1,123 @@
+"""Exact, cached tokenization of chat prompts: a text is cut where `tokenizers` itself cuts it and
+the ids of each piece are kept, so the lines every prompt of a dataset shares (the system message,
+the tool list, the template's markup) are tokenized once, while the ids equal those of encoding the
+whole text (checked on probe texts when the encoder is built)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+MAX_CACHED_PIECES = 16_384
+MAX_CACHED_PIECE_CHARS = 4096
+"""Longer pieces (a big tool output) are encoded but not kept."""
+GIL_FREE_CHARS = 8192
+"""New text of at least this many characters is encoded in a call that releases the GIL."""
+_SPLIT_PROBES = (
+    "<A>system\nBe brief.\n\n# Tools\n<tools>\n{\"a\": [1, 2]}\n</tools><Z>\n<A>user\nHi!\n  indented\n\tTab\r\nCRLF<Z>",
+    " lead and trail \n.\nx\n\n\nY 12 3456.7\n\u00e9\u4f60\n\u0301mark<A><A> a  b\n\n c<Z>\n",
+)
+
+
+class PieceEncoder:
+    """`encode(text)` with `add_special_tokens=False` through a `tokenizers.Tokenizer`, piece by piece
+    where that is exact (see `splitter_for`), else in one call."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.splitter = splitter_for(backend)
+        self._piece_ids: dict[str, list[int]] = {}
+
+    def encode(self, text: str) -> list[int]:
+        """The ids of `text`; new pieces of `GIL_FREE_CHARS` or more in all are encoded in one batch
+        call, which releases the GIL (other rollouts go on meanwhile)."""
+        if self.splitter is None:
+            if len(text) >= GIL_FREE_CHARS:
+                return self.backend.encode_batch([text], add_special_tokens=False)[0].ids
+            return self.backend.encode(text, add_special_tokens=False).ids
+        cache = self._piece_ids
+        pieces = [piece for piece in self.splitter.pieces(text) if piece]
+        new = [piece for piece in dict.fromkeys(pieces) if piece not in cache]
+        fresh: dict[str, list[int]] = {}
+        if new:
+            if sum(map(len, new)) >= GIL_FREE_CHARS:
+                encoded = [encoding.ids for encoding in self.backend.encode_batch(new, add_special_tokens=False)]
+            else:
+                encoded = [self.backend.encode(piece, add_special_tokens=False).ids for piece in new]
+            fresh = dict(zip(new, encoded))
+            if len(cache) + len(new) > MAX_CACHED_PIECES:
+                cache.clear()
+            cache.update((piece, ids) for piece, ids in fresh.items() if len(piece) <= MAX_CACHED_PIECE_CHARS)
+        ids: list[int] = []
+        for piece in pieces:
+            known = cache.get(piece)
+            ids += known if known is not None else fresh[piece]
+        return ids
+
+
+@dataclass(frozen=True)
+class _Splitter:
+    """Where a text may be cut so that encoding the pieces one by one gives the ids of the whole."""
+
+    added: re.Pattern[str]
+    """Matches the added tokens (kept as pieces by `pieces`)."""
+    lines: re.Pattern[str] | None = None
+    """Where to cut within a piece as well: around a newline that a non-whitespace character follows."""
+
+    def pieces(self, text: str) -> list[str]:
+        parts = self.added.split(text)
+        if self.lines is None:
+            return parts
+        lines = self.lines
+        return [line for part in parts for line in (lines.split(part) if "\n" in part else (part,))]
+
+
+_BEFORE_LAST_NEWLINE = re.compile(r"(?=\n\S)")
+r"""GPT-2's pattern splits a whitespace run before a word as `\s+(?!\S)` then the last character, so a
+piece may end just before that newline (at the end of a text, the same run is matched whole)."""
+_AFTER_NEWLINE = re.compile(r"(?<=\n)(?=\S)")
+r"""The Llama 3 / Qwen2 patterns end a pre-token at a newline (`\s*[\r\n]+`, punctuation then newlines)."""
+_LINE_SAFE_SPLITS = (
+    # Qwen2 / Qwen3 and Llama 3: no pre-token holds a newline followed by a non-whitespace character
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+)
+
+
+def splitter_for(backend: Any) -> _Splitter | None:
+    """How to cut texts for `PieceEncoder`, or None when no cut is known to be exact.
+
+    `tokenizers` cuts a text at added tokens first (leftmost-longest) and normalizes and pre-tokenizes
+    every other piece on its own, so cutting there is exact unless an added token strips its
+    neighbours' spaces or matches normalized text, or a step depends on a piece's place in the text
+    (Metaspace, a Prepend normalizer), or truncation or padding is on. Within a piece, the GPT-2
+    byte-level pattern and the Llama 3 / Qwen2 split patterns never join a newline to the
+    non-whitespace character after it, so with one of them (and no prefix space, no normalizer but
+    NFC) a piece is also cut at line starts. Both claims are checked on probe texts at load.
+    """
+    added = [token for token in backend.get_added_tokens_decoder().values() if token.content]
+    if not added or backend.truncation is not None or backend.padding is not None:
+        return None
+    if any(token.lstrip or token.rstrip or token.single_word or (token.normalized and backend.normalizer is not None) for token in added):
+        return None
+    pre, normalizer = repr(backend.pre_tokenizer), repr(backend.normalizer)
+    if "Metaspace" in pre or "Prepend" in normalizer:
+        return None
+    contents = sorted({token.content for token in added}, key=len, reverse=True)
+    added_pattern = re.compile("(" + "|".join(map(re.escape, contents)) + ")")
+    byte_level_gpt2 = pre == "ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)"
+    known_split = pre.startswith("Sequence(") and "use_regex=False" in pre and "add_prefix_space=True" not in pre and any(
+        f'Split(pattern=Regex("{pattern}"), behavior=Isolated, invert=False)' in pre for pattern in _LINE_SAFE_SPLITS)
+    candidates = [_Splitter(added_pattern)]
+    if normalizer in ("None", "NFC()") and (byte_level_gpt2 or known_split):
+        candidates.insert(0, _Splitter(added_pattern, lines=_BEFORE_LAST_NEWLINE if byte_level_gpt2 else _AFTER_NEWLINE))
+    for splitter in candidates:
+        if all(_splits_exactly(backend, splitter, probe.replace("<A>", contents[0]).replace("<Z>", contents[-1])) for probe in _SPLIT_PROBES):
+            return splitter
+    return None
+
+
+def _splits_exactly(backend: Any, splitter: _Splitter, text: str) -> bool:
+    pieces = [backend.encode(piece, add_special_tokens=False).ids for piece in splitter.pieces(text) if piece]
+    return [token for ids in pieces for token in ids] == backend.encode(text, add_special_tokens=False).ids
