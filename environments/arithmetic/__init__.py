@@ -60,7 +60,7 @@ def problem_split(a: int, op: str, b: int) -> str:
     return "validation" if digest[0] % VALIDATION_SHARE == 0 else "train"
 
 
-def make_row(a: int, op: str, b: int, *, worked_examples: int = 2, system: bool = True) -> dict[str, Any]:
+def make_row(a: int, op: str, b: int, *, worked_examples: int = 1, system: bool = True) -> dict[str, Any]:
     """A row asking for `a op b`, after `worked_examples` of WORKED_EXAMPLES as earlier turns."""
     symbol = "×" if op == "*" else op
     question = f"What is {a} {symbol} {b}?"
@@ -91,7 +91,7 @@ class ArithmeticEnvironment(Environment):
         return problems
 
     @classmethod
-    def prepare_rows(cls, *, split: str, size: int, seed: int, worked_examples: int = 2, system: bool = True) -> list[dict[str, Any]]:
+    def prepare_rows(cls, *, split: str, size: int, seed: int, worked_examples: int = 1, system: bool = True) -> list[dict[str, Any]]:
         """`size` distinct problems of `split` (`train` or `validation`): sums and differences of
         numbers up to 50, products of a one-digit and a number up to 12."""
         if split not in ("train", "validation"):

@@ -229,15 +229,15 @@ def test_recipe_trains_the_embedded_model_on_the_cpu(tmp_path):
     command = [
         sys.executable, "recipes/trl_grpo.py", "--config", "recipes/configs/trl_grpo_cpu_demo.yaml",
         "--set", f"datasets=[{{path: {data}, weight: 3}}, {{env: weather, weight: 1}}]", "--set", "dataset.num_rows=16",
-        "--set", "grpo.max_steps=3", "--set", "grpo.max_completion_length=64",
-        "--set", f"grpo.output_dir={output}", "--set", f"gym_bridge.records_dir={output / 'rollouts'}",
+        "--set", "grpo.max_steps=3", "--set", "grpo.max_completion_length=64", "--set", "gym_bridge.max_turns=3",
+        "--set", "grpo.per_device_train_batch_size=8", "--set", "grpo.num_generations=4", "--set", f"grpo.output_dir={output}",
     ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=3000)
     assert done.returncode == 0, done.stderr[-4000:]
     steps = [entry for entry in json.loads((output / "log_history.json").read_text()) if "loss" in entry]
     assert len(steps) == 3 and all("rewards/env_reward/mean" in entry and "gym_bridge/failed" in entry for entry in steps)
-    records = [json.loads(line) for line in (output / "rollouts" / "rollouts.rank0.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (output / "rollouts" / "run-1" / "rollouts.rank0.jsonl").read_text().splitlines()]
     rewards = [record["reward"] for record in records if not record["mask_sample"]]
     assert len(records) == 3 * 8 and len(set(rewards)) > 1, "the environment rewards did not vary"
     logged = [entry["rewards/env_reward/mean"] for entry in steps] + [entry["rewards/env_reward/std"] for entry in steps]

@@ -1,0 +1,50 @@
+"""recipes/trl_grpo.py's own logic, without training: config overrides, generated datasets, a new
+records folder per run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def recipe():
+    spec = importlib.util.spec_from_file_location("trl_grpo_recipe", REPO / "recipes" / "trl_grpo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_overrides_reach_nested_keys_and_list_items(recipe, tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("datasets:\n  - {env: arithmetic, prepare: {split: train, size: 10, seed: 0}}\ngrpo: {max_steps: 5}\n")
+    loaded = recipe.load_config(str(config), ["datasets.0.prepare.seed=7", "grpo.max_steps=2", "gym_bridge.max_turns=1"])
+    assert loaded["datasets"][0]["prepare"]["seed"] == 7 and loaded["grpo"]["max_steps"] == 2 and loaded["gym_bridge"] == {"max_turns": 1}
+    with pytest.raises(SystemExit, match="not an index of a list of 1"):
+        recipe.load_config(str(config), ["datasets.3.weight=2"])
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        recipe.load_config(str(config), ["grpo.max_steps"])
+
+
+def test_a_prepare_entry_generates_its_rows_under_the_output_dir(recipe, tmp_path):
+    paths, weights = recipe.dataset_sources([{"env": "arithmetic", "prepare": {"split": "train", "size": 12, "seed": 3}}],
+                                            tmp_path, tmp_path / "out" / "data")
+    assert weights is None and paths == [tmp_path / "out" / "data" / "arithmetic.train.seed3.jsonl"]
+    rows = [json.loads(line) for line in paths[0].read_text().splitlines()]
+    assert len(rows) == 12 and all(row["agent_ref"]["name"] == "arithmetic" for row in rows)
+
+
+def test_every_run_gets_its_own_records_folder(recipe, tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.setenv("RANK", "0")
+    first, second = recipe.run_directory(tmp_path / "rollouts"), recipe.run_directory(tmp_path / "rollouts")
+    assert (first.name, second.name) == ("run-1", "run-2") and first.is_dir() and second.is_dir()
+    monkeypatch.setenv("RANK", "1")
+    assert recipe.run_directory(tmp_path / "rollouts") == second  # other ranks join rank 0's newest run
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
+    assert recipe.run_directory(tmp_path / "rollouts").name == "run-abc"  # torchrun: every rank agrees on the id
