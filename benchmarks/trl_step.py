@@ -36,8 +36,12 @@ model calls and tool calls per rollout actually made. The embedded 135M model ra
 call, so with it this case is mostly single-turn (the turns and calls per rollout say so); give
 --model a tool-calling model for a real multi-turn measurement.
 
-    .venv/bin/python benchmarks/trl_step.py            # 3 rounds x 3 steps per arm + 3 multi-turn steps: about 12 min on 2 quiet cores
-    .venv/bin/python benchmarks/trl_step.py --quick    # smoke run: 16-token completions, 2 rounds x 2 steps: about 1.5 min
+    .venv/bin/python benchmarks/trl_step.py          # 3 rounds x 3 steps per arm, then 1 + 2 multi-turn steps: about 15 min
+    .venv/bin/python benchmarks/trl_step.py --quick  # smoke run: 16-token completions, 2 rounds x 2 steps, 1 + 1 multi-turn steps
+                                                     # of 64 tokens: 5.2 min at load average 3 on 2 cores
+
+A multi-turn step costs several single-turn ones: its prompts (system prompt, two tool schemas)
+are about ten times longer, and the forward and backward passes run over them.
 """
 
 from __future__ import annotations
@@ -60,9 +64,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps-per-round", type=int, default=3, help="the first of each round is warm-up")
     parser.add_argument("--threads", type=int, default=1, help="torch/OpenMP threads (0: torch's default)")
-    parser.add_argument("--multi-turn-steps", type=int, default=3, help="measured steps of the multi-turn case (0: skip it)")
+    parser.add_argument("--multi-turn-steps", type=int, default=2, help="measured steps of the multi-turn case (0: skip it)")
     parser.add_argument("--multi-turn-max-turns", type=int, default=6)
-    parser.add_argument("--multi-turn-length", type=int, default=256, help="max_completion_length of the multi-turn case")
+    parser.add_argument("--multi-turn-length", type=int, default=128, help="max_completion_length of the multi-turn case")
     parser.add_argument("--quick", action="store_true", help="smoke run: 16-token completions, 2 rounds of 2 steps, 1 multi-turn step")
     options = parser.parse_args()
     if options.quick:
@@ -115,6 +119,12 @@ def build_trainer(kind: str, model_path: str, prompts: list[str], options: argpa
         dataset = gym_bridge.trl.load_dataset(rows)
         trainer = GRPOTrainer(model=model, reward_funcs=gym_bridge.trl.env_reward, args=args, train_dataset=dataset,
                               processing_class=tokenizer, rollout_func=rollout)
+        if not multi_turn:
+            # the template's own end of turn, for reading the template; generation still stops only at the relocated EOS
+            # (the model's and tokenizer's), which the fixed-length check below confirms
+            end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")  # the embedded model's; --model: pass its own here
+            if isinstance(end_of_turn, int) and end_of_turn != tokenizer.unk_token_id:
+                trainer.eos_token_ids = [*trainer.eos_token_ids, end_of_turn]
         rollout.prepare(trainer)
     trainer.records = records if multi_turn else []  # the multi-turn case's rollout records
     trainer.generation_s = []  # wall seconds of each `_generate` call
