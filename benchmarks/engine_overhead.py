@@ -14,8 +14,9 @@ Headline keys (`single_turn_rollouts_per_s`, `multi_turn_rollouts_per_s`, ...): 
 its own prompt, as in real data (the row's user message gets a request number never used before
 in the process), so each first prompt is rendered and tokenized afresh; as in real data, the rows
 of one environment share their system prompt and tool listing, whose ids the template keeps (see
-`ChatTemplate.encode`). Tool results and answers are the same in every rollout, but tool deltas
-are tokenized afresh each time (nothing is kept for them). `cached_*` keys: the old setup, the example files' 8 rows
+`ChatTemplate.encode`). The scripted tool calls, and so the tool results, are the same in every
+rollout, and the template keeps the ids of those pieces too: the five-call figures and
+`us_per_tool_call` are a lower bound on what distinct tool outputs cost. `cached_*` keys: the old setup, the example files' 8 rows
 reused for every rollout, where the template's per-prompt cache answers almost every first prompt.
 `cpu_us_per_*` is the process's CPU time (process_time) per rollout: unlike the wall
 clock it barely moves when other processes load the machine.
