@@ -5,18 +5,24 @@ embedded model's tokenizer and chat template (prompt rendering, tool deltas, dec
 parsing, argument validation, the bundled `weather` and `multi_step` environments' tools and
 verifiers, and record building. This is what a trainer pays on top of generation.
 
-- single-turn: 2,000 `weather` rollouts whose one model turn answers without a tool call;
-- five-call:   2,000 `multi_step` rollouts of six model turns: five tool calls
+- single-turn: `weather` rollouts whose one model turn answers without a tool call;
+- five-call:   `multi_step` rollouts of six model turns: five tool calls
                (four `get_synonym_value`, one `extract_synonym_values`), then an answer;
 - us_per_tool_call: (five-call time per rollout - single-turn time per rollout) / 5.
 
-Every prompt is distinct (each row's user message carries its own number), as in real data, so
-nothing comes from the engine's prompt cache; the `cached_` figures reuse the 8 example prompts of
-each environment for all rollouts, for comparison. CPU time per rollout (`cpu_us_per_*`) is shown
-too: where other processes load the machine, it moves less than the rates.
+Headline keys (`single_turn_rollouts_per_s`, `multi_turn_rollouts_per_s`, ...): every rollout has
+its own prompt, as in real data (the row's user message gets a request number never used before
+in the process), so each first prompt is rendered and tokenized afresh; as in real data, the rows
+of one environment share their system prompt and tool listing, whose ids the template keeps (see
+`ChatTemplate.encode`). The scripted tool calls, and so the tool results, are the same in every
+rollout, and the template keeps the ids of those pieces too: the five-call figures and
+`us_per_tool_call` are a lower bound on what distinct tool outputs cost. `cached_*` keys: the old setup, the example files' 8 rows
+reused for every rollout, where the template's per-prompt cache answers almost every first prompt.
+`cpu_us_per_*` is the process's CPU time (process_time) per rollout: unlike the wall
+clock it barely moves when other processes load the machine.
 
-The process is pinned to one CPU core. Run: `.venv/bin/python benchmarks/engine_overhead.py`.
-The last line printed is JSON.
+The process is pinned to one CPU core. Run: `.venv/bin/python benchmarks/engine_overhead.py`
+(about a minute). The last line printed is JSON.
 """
 
 from __future__ import annotations
@@ -26,11 +32,12 @@ import asyncio
 import json
 import os
 import time
+from dataclasses import replace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from gym_bridge import Engine, EngineConfig, Generation, Limits, ScriptedPolicy, get_environment, load_tasks, parse_task  # noqa: E402
+from gym_bridge import Engine, EngineConfig, Generation, Limits, ScriptedPolicy, get_environment, load_tasks  # noqa: E402
 from gym_bridge.core.template import ChatTemplate  # noqa: E402
 from gym_bridge.policies.embedded import load_embedded_tokenizer  # noqa: E402
 
@@ -44,94 +51,110 @@ def scripted(tokenizer, texts: list[str]) -> list[Generation]:
 
 
 def replicate(tasks, count):
-    """`count` tasks cycling through `tasks`, each with its own index but the same prompt as every
-    `len(tasks)`-th other one (what the cached figures measure)."""
-    from dataclasses import replace
-
+    """`count` tasks cycling through `tasks`, each with its own index but the same prompts (cache hits)."""
     return [replace(tasks[i % len(tasks)], index=i) for i in range(count)]
 
 
-def distinct(path, count):
-    """`count` tasks from the rows of `path`, each user message numbered: no two prompts alike, as in real data."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    tasks = []
+def distinct(tasks, count, start: int = 0):
+    """`count` tasks cycling through `tasks`, each with its own prompt: the user message ends in a
+    request number (`start`, `start + 1`, ...; the benchmark never reuses one)."""
+    out = []
     for i in range(count):
-        row = json.loads(json.dumps(rows[i % len(rows)]))
-        messages = row["responses_create_params"]["input"]
-        last_user = max(position for position, message in enumerate(messages) if message["role"] == "user")
-        messages[last_user]["content"] += f" (case {i})"
-        tasks.append(parse_task(row, index=i, source=f"{path.name}:{i + 1}"))
-    return tasks
+        task = tasks[i % len(tasks)]
+        *head, last = task.messages
+        out.append(replace(task, index=i, messages=(*head, {**last, "content": f"{last['content']} (request {start + i})"})))
+    return out
 
 
-async def timed_run(engine: Engine, tasks) -> tuple[float, list]:
-    started = time.perf_counter()
-    records = [record async for record in engine.stream(tasks)]
-    return time.perf_counter() - started, records
+async def _stream(engine: Engine, tasks) -> list:
+    return [record async for record in engine.stream(tasks)]
+
+
+def timed_run(engine: Engine, tasks) -> tuple[float, float, list]:
+    """Wall seconds, CPU seconds and the records of one engine run over `tasks`."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    records = asyncio.run(_stream(engine, tasks))
+    return time.perf_counter() - wall, time.process_time() - cpu, records
+
+
+class Bench:
+    """The template, the scripts and the tasks of both cases."""
+
+    def __init__(self, concurrency: int = 256) -> None:
+        self.tokenizer = load_embedded_tokenizer()
+        self.template = ChatTemplate(self.tokenizer)
+        self.config = EngineConfig(max_concurrency=concurrency, limits=Limits(max_turns=8, max_completion_tokens=4096))
+        self.weather = load_tasks(get_environment("weather").example_data)
+        self.multi_step = load_tasks(get_environment("multi_step").example_data)
+        self.single_script = scripted(self.tokenizer, ["It is cold there, so wear a coat."])
+        calls = [
+            f'<tool_call>\n{{"name": "get_synonym_value", "arguments": {{"synonym": "{word}"}}}}\n</tool_call>'
+            for word in ("Warm", "Hot", "Blazing", "Toasty")
+        ]
+        calls.append('<tool_call>\n{"name": "extract_synonym_values", "arguments": {"synonym_values": [407, 299, 711, 631]}}\n</tool_call>')
+        self.multi_script = scripted(self.tokenizer, [*calls, "I submitted the values."])
+        self.requests = 0
+
+    def engine(self, script) -> Engine:
+        return Engine(ScriptedPolicy({"": script}, record_calls=False), self.template, self.config)
+
+    def run(self, case: str, count: int, *, prompts: str = "distinct") -> tuple[float, float, list]:
+        """One timed run of `count` rollouts of `case` ("single" or "multi") with distinct or cached prompts."""
+        tasks, script = (self.weather, self.single_script) if case == "single" else (self.multi_step, self.multi_script)
+        if prompts == "distinct":
+            rows = distinct(tasks, count, self.requests)
+            self.requests += count
+        else:
+            rows = replicate(tasks, count)
+        return timed_run(self.engine(script), rows)
+
+
+def check(records, case: str) -> None:
+    failures = [r.failure_reason for r in records if r.failed]
+    if failures:
+        raise SystemExit(f"{len(failures)} rollouts failed, first: {failures[0]}")
+    if case == "multi":
+        assert all(r.tool_calls == 5 and r.turns == 6 for r in records), "five-call rollouts did not make five calls"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--rollouts", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per case; the median is reported")
     parser.add_argument("--all-cores", action="store_true", help="do not pin to one core")
     args = parser.parse_args()
     if not args.all_cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
 
-    tokenizer = load_embedded_tokenizer()
-    template = ChatTemplate(tokenizer)
-    config = EngineConfig(max_concurrency=args.concurrency, limits=Limits(max_turns=8, max_completion_tokens=4096))
+    bench = Bench(args.concurrency)
+    for case in ("single", "multi"):  # warm code paths and the template's delta plans (distinct prompts: no cache help)
+        bench.run(case, 200, prompts="distinct")
 
-    weather = load_tasks(get_environment("weather").example_data)
-    single_script = scripted(tokenizer, ["It is cold there, so wear a coat."])
-    multi_step = load_tasks(get_environment("multi_step").example_data)
-    calls = [
-        f'<tool_call>\n{{"name": "get_synonym_value", "arguments": {{"synonym": "{word}"}}}}\n</tool_call>'
-        for word in ("Warm", "Hot", "Blazing", "Toasty")
-    ]
-    calls.append('<tool_call>\n{"name": "extract_synonym_values", "arguments": {"synonym_values": [407, 299, 711, 631]}}\n</tool_call>')
-    multi_script = scripted(tokenizer, [*calls, "I submitted the values."])
-
-    def engine(script):
-        return Engine(ScriptedPolicy({"": script}, record_calls=False), template, config)
-
-    weather_path, multi_path = get_environment("weather").example_data, get_environment("multi_step").example_data
-    asyncio.run(timed_run(engine(single_script), distinct(weather_path, 200)))  # warm code paths (not prompts: all differ)
-    asyncio.run(timed_run(engine(multi_script), distinct(multi_path, 200)))
-
-    results = {}
-    for label, make in (("", distinct), ("cached_", None)):
-        single_tasks = distinct(weather_path, args.rollouts) if make else replicate(weather, args.rollouts)
-        multi_tasks = distinct(multi_path, args.rollouts) if make else replicate(multi_step, args.rollouts)
-        single_s, single_cpu, single_records = timed(engine(single_script), single_tasks)
-        multi_s, multi_cpu, multi_records = timed(engine(multi_script), multi_tasks)
-        failures = [r.failure_reason for r in single_records + multi_records if r.failed]
-        if failures:
-            raise SystemExit(f"{len(failures)} rollouts failed, first: {failures[0]}")
-        assert all(r.tool_calls == 5 and r.turns == 6 for r in multi_records), "five-call rollouts did not make five calls"
-        if make:
-            prompts = {tuple(r.tokens.prompt_ids) for r in single_records}
-            assert len(prompts) == len(single_records), "distinct rows rendered the same prompt"
-        print(f"{label or 'distinct_'}single-turn: {len(single_records)} rollouts in {single_s:.3f} s (cpu {single_cpu:.3f} s)")
-        print(f"{label or 'distinct_'}five-call:   {len(multi_records)} rollouts in {multi_s:.3f} s (cpu {multi_cpu:.3f} s)")
-        results.update({
-            f"{label}single_turn_rollouts_per_s": round(len(single_records) / single_s, 1),
-            f"{label}multi_turn_rollouts_per_s": round(len(multi_records) / multi_s, 1),
-            f"{label}us_per_tool_call": round((multi_s / len(multi_records) - single_s / len(single_records)) / 5 * 1e6, 1),
-            f"{label}cpu_us_per_single_turn_rollout": round(single_cpu / len(single_records) * 1e6, 1),
-            f"{label}cpu_us_per_five_call_rollout": round(multi_cpu / len(multi_records) * 1e6, 1),
-        })
-    results["rollouts"] = args.rollouts
-    results["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
-    print(json.dumps(results))
-
-
-def timed(engine: Engine, tasks) -> tuple[float, float, list]:
-    """Wall seconds, this process's CPU seconds and the records of one run."""
-    cpu = time.process_time()
-    wall, records = asyncio.run(timed_run(engine, tasks))
-    return wall, time.process_time() - cpu, records
+    result: dict[str, float] = {}
+    per_rollout: dict[str, float] = {}
+    for prompts, prefix in (("distinct", ""), ("cached", "cached_")):
+        for case, name in (("single", "single_turn"), ("multi", "multi_turn")):
+            runs = []
+            for _ in range(args.repeats):
+                bench.template._prompt_cache.clear()  # every run starts cold; `cached` fills it within the run
+                wall_s, cpu_s, records = bench.run(case, args.rollouts, prompts=prompts)
+                check(records, case)
+                runs.append((wall_s, cpu_s))
+            walls = sorted(wall for wall, _ in runs)
+            wall_s = walls[len(walls) // 2]
+            cpu_s = sorted(cpu for _, cpu in runs)[len(runs) // 2]
+            per_rollout[prefix + case] = wall_s / args.rollouts
+            result[f"{prefix}{name}_rollouts_per_s"] = round(args.rollouts / wall_s, 1)
+            result[f"{prefix}{name}_rollouts_per_s_min_max"] = [round(args.rollouts / walls[-1], 1), round(args.rollouts / walls[0], 1)]
+            cpu_name = "single_turn" if case == "single" else "five_call"
+            result[f"{prefix}cpu_us_per_{cpu_name}_rollout"] = round(cpu_s / args.rollouts * 1e6, 1)
+            print(f"{prefix or 'distinct '}{name}: {args.rollouts} rollouts, median {wall_s:.3f} s wall, {cpu_s:.3f} s cpu")
+        result[f"{prefix}us_per_tool_call"] = round((per_rollout[prefix + "multi"] - per_rollout[prefix + "single"]) / 5 * 1e6, 1)
+    result["rollouts"] = args.rollouts
+    result["repeats"] = args.repeats
+    result["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":
