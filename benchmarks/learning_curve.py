@@ -3,17 +3,18 @@
     .venv/bin/python benchmarks/learning_curve.py [--seeds 0,1,2] [--steps 40] [--eval-size 128]
 
 1. `--eval-size` held-out `arithmetic` problems (the environment's `validation` split, which shares
-   no problem with `train`) are answered greedily by the embedded SmolLM2-135M-Instruct:
-   `gym-bridge eval --temperature 0`, as a user would run it. Reward (1 right, 0.1 another boxed
-   integer, 0 else) and accuracy (the `correct` component) are averaged over the problems.
+   no problem with `train`) are answered by the embedded SmolLM2-135M-Instruct with `gym-bridge eval`,
+   as a user would run it: `--samples` answers per problem at the recipe's training temperature
+   (seed 0), and one greedy answer. Reward (1 right, 0.1 another boxed integer, 0 else) and accuracy
+   (the `correct` component) are averaged: `reward`/`accuracy` sampled, `greedy_*` greedy.
 2. For each seed, `python recipes/trl_grpo.py --config recipes/configs/trl_grpo_cpu_demo.yaml`
    trains `--steps` GRPO steps on train problems drawn with that seed (`--set` overrides only for the
    seed, the step count and the output folder), saving the model; the peak resident memory of its
    whole process tree is sampled every 0.2 s.
 3. The trained model answers the same held-out problems the same way.
 
-The last line is JSON: `reward_before`, `reward_after`, `accuracy_before`, `accuracy_after` (medians
-over seeds with `_min`/`_max`), `steps`, `minutes` (training wall time per seed, median),
+The last line is JSON: `reward_before`, `reward_after`, `accuracy_before`, `accuracy_after` and the
+`greedy_` ones (after: medians over seeds with `_min`/`_max`), `steps`, `minutes` (training wall time per seed, median),
 `peak_rss_gb` (the largest over seeds) and `per_seed`. `--plot` writes a PNG of the training reward
 per step (each seed, and the mean over seeds smoothed over 5 steps) with the held-out rewards.
 """
@@ -21,6 +22,7 @@ per step (each seed, and the mean over seeds smoothed over 5 steps) with the hel
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -42,8 +44,9 @@ RSS_LIMIT_GB = 4.0
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", default="0,1,2", help="training seeds, comma-separated")
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--eval-size", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--eval-size", type=int, default=64, help="held-out problems")
+    parser.add_argument("--samples", type=int, default=4, help="sampled answers per held-out problem")
     parser.add_argument("--eval-seed", type=int, default=1000, help="seed of the held-out problems")
     parser.add_argument("--config", default=str(CONFIG))
     parser.add_argument("--output", default=str(ROOT / "out" / "learning_curve"))
@@ -78,20 +81,23 @@ def run(command: list[str], log: Path) -> float:
     return peak[0] / 2**30
 
 
-def held_out_scores(model: str | None, data: Path, out_dir: Path, name: str) -> dict[str, float]:
-    """Greedy answers of `model` (None: the embedded one) to the held-out rows: mean reward and accuracy."""
-    records = out_dir / f"eval_{name}.jsonl"
-    records.unlink(missing_ok=True)
-    command = [*GYM_BRIDGE, "eval", "--data", str(data), "--temperature", "0", "--max-new-tokens", "32",
-               "--concurrency", "64", "--output", str(records)]
-    if model is not None:
-        command += ["--model", model]
-    run(command, out_dir / f"eval_{name}.log")
-    rows = [json.loads(line) for line in records.read_text().splitlines()]
-    return {
-        "reward": statistics.fmean(row["reward"] for row in rows),
-        "accuracy": statistics.fmean(row["reward_components"].get("correct", 0.0) for row in rows),
-    }
+def held_out_scores(model: str | None, data: Path, out_dir: Path, name: str, *, samples: int, temperature: float) -> dict[str, float]:
+    """`model`'s answers (None: the embedded model) to the held-out rows, `samples` per problem at
+    the training temperature (seeded), and one greedy answer each: mean reward and accuracy."""
+    scores = {}
+    for label, extra in (("", ["--temperature", str(temperature), "--num-repeats", str(samples), "--seed", "0"]),
+                         ("greedy_", ["--temperature", "0"])):
+        records = out_dir / f"eval_{label}{name}.jsonl"
+        records.unlink(missing_ok=True)
+        command = [*GYM_BRIDGE, "eval", "--data", str(data), *extra, "--max-new-tokens", "32", "--concurrency", "32",
+                   "--no-progress", "--output", str(records)]
+        if model is not None:
+            command += ["--model", model]
+        run(command, out_dir / f"eval_{label}{name}.log")
+        rows = [json.loads(line) for line in records.read_text().splitlines()]
+        scores[f"{label}reward"] = statistics.fmean(row["reward"] for row in rows)
+        scores[f"{label}accuracy"] = statistics.fmean(row["reward_components"].get("correct", 0.0) for row in rows)
+    return scores
 
 
 def spread(values: list[float], name: str) -> dict[str, float]:
@@ -131,8 +137,12 @@ def main() -> None:
     held_out = out_dir / "held_out.jsonl"
     subprocess.run([*GYM_BRIDGE, "data", "prepare", "arithmetic", "--split", "validation", "--size", str(args.eval_size),
                     "--seed", str(args.eval_seed), "--output", str(held_out)], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-    before = held_out_scores(None, held_out, out_dir, "before")
-    print(f"before: reward {before['reward']:.3f}, accuracy {before['accuracy']:.3f}", file=sys.stderr, flush=True)
+    import yaml
+
+    temperature = float(yaml.safe_load(Path(args.config).read_text())["grpo"]["temperature"])
+    evaluate = functools.partial(held_out_scores, data=held_out, out_dir=out_dir, samples=args.samples, temperature=temperature)
+    before = evaluate(None, name="before")
+    print(f"before: {before}", file=sys.stderr, flush=True)
 
     per_seed = []
     curves: dict[int, list[float]] = {}
@@ -147,8 +157,8 @@ def main() -> None:
         minutes = (time.perf_counter() - started) / 60
         history = json.loads((run_dir / "log_history.json").read_text())
         curves[seed] = [entry["reward"] for entry in history if "reward" in entry]
-        after = held_out_scores(str(run_dir), held_out, out_dir, f"after_seed{seed}")
-        per_seed.append({"seed": seed, "reward_after": round(after["reward"], 4), "accuracy_after": round(after["accuracy"], 4),
+        after = evaluate(str(run_dir), name=f"after_seed{seed}")
+        per_seed.append({"seed": seed, **{f"{key}_after": round(value, 4) for key, value in after.items()},
                          "minutes": round(minutes, 2), "peak_rss_gb": round(peak_gb, 2), "train_reward_first5": round(statistics.fmean(curves[seed][:5]), 4),
                          "train_reward_last5": round(statistics.fmean(curves[seed][-5:]), 4)})
         print(f"seed {seed}: {per_seed[-1]}", file=sys.stderr, flush=True)
@@ -156,9 +166,8 @@ def main() -> None:
     if args.plot:
         plot(Path(args.plot), curves, before["reward"], {s["seed"]: s["reward_after"] for s in per_seed}, args.steps)
     result = {
-        "reward_before": round(before["reward"], 4), "accuracy_before": round(before["accuracy"], 4),
-        **spread([s["reward_after"] for s in per_seed], "reward_after"),
-        **spread([s["accuracy_after"] for s in per_seed], "accuracy_after"),
+        **{f"{key}_before": round(value, 4) for key, value in before.items()},
+        **{k: v for key in before for k, v in spread([s[f"{key}_after"] for s in per_seed], f"{key}_after").items()},
         "steps": args.steps, "minutes": round(statistics.median(s["minutes"] for s in per_seed), 2),
         "peak_rss_gb": max(s["peak_rss_gb"] for s in per_seed), "rss_limit_gb": RSS_LIMIT_GB,
         "held_out_problems": args.eval_size, "seeds": seeds, "per_seed": per_seed,
