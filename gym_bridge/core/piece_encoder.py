@@ -26,12 +26,20 @@ class PieceEncoder:
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
-        self.splitter = splitter_for(backend)
+        self._vocab_size = -1
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """Cut points and cache for the tokenizer's current added tokens (a token added later changes both)."""
+        self._vocab_size = self.backend.get_vocab_size(with_added_tokens=True)
+        self.splitter = splitter_for(self.backend)
         self._piece_ids: dict[str, list[int]] = {}
 
     def encode(self, text: str) -> list[int]:
         """The ids of `text`; new pieces of `GIL_FREE_CHARS` or more in all are encoded in one batch
         call, which releases the GIL (other rollouts go on meanwhile)."""
+        if self.backend.get_vocab_size(with_added_tokens=True) != self._vocab_size:
+            self._refresh()
         if self.splitter is None:
             if len(text) >= GIL_FREE_CHARS:
                 return self.backend.encode_batch([text], add_special_tokens=False)[0].ids
