@@ -104,7 +104,7 @@ def spread(values: list[float], name: str) -> dict[str, float]:
     return {name: round(statistics.median(values), 4), f"{name}_min": round(min(values), 4), f"{name}_max": round(max(values), 4)}
 
 
-def plot(path: Path, curves: dict[int, list[float]], before: float, after: dict[int, float], steps: int) -> None:
+def plot(path: Path, curves: dict[int, list[float]], before: float, after: dict[int, float], steps: int, grpo: dict) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -119,7 +119,9 @@ def plot(path: Path, curves: dict[int, list[float]], before: float, after: dict[
     axis.axhline(before, color="tab:red", linestyle="--", label=f"held-out reward before: {before:.3f}")
     axis.scatter([steps] * len(after), list(after.values()), color="tab:green", zorder=3,
                  label=f"held-out reward after (per seed): {', '.join(f'{v:.3f}' for v in after.values())}")
-    axis.set_xlabel("GRPO step (16 completions: 4 problems x 4)")
+    completions = grpo["per_device_train_batch_size"] * grpo.get("gradient_accumulation_steps", 1)
+    groups = grpo["num_generations"]
+    axis.set_xlabel(f"GRPO step ({completions} completions: {completions // groups} problems x {groups})")
     axis.set_ylabel("reward")
     axis.set_title("Embedded SmolLM2-135M-Instruct, GRPO on 2 CPU cores (arithmetic)")
     axis.legend(fontsize=7, loc="lower right")
@@ -139,7 +141,8 @@ def main() -> None:
                     "--seed", str(args.eval_seed), "--output", str(held_out)], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     import yaml
 
-    temperature = float(yaml.safe_load(Path(args.config).read_text())["grpo"]["temperature"])
+    grpo = yaml.safe_load(Path(args.config).read_text())["grpo"]
+    temperature = float(grpo["temperature"])
     evaluate = functools.partial(held_out_scores, data=held_out, out_dir=out_dir, samples=args.samples, temperature=temperature)
     before = evaluate(None, name="before")
     print(f"before: {before}", file=sys.stderr, flush=True)
@@ -164,7 +167,7 @@ def main() -> None:
         print(f"seed {seed}: {per_seed[-1]}", file=sys.stderr, flush=True)
 
     if args.plot:
-        plot(Path(args.plot), curves, before["reward"], {s["seed"]: s["reward_after"] for s in per_seed}, args.steps)
+        plot(Path(args.plot), curves, before["reward"], {s["seed"]: s["reward_after"] for s in per_seed}, args.steps, grpo)
     result = {
         **{f"{key}_before": round(value, 4) for key, value in before.items()},
         **{k: v for key in before for k, v in spread([s[f"{key}_after"] for s in per_seed], f"{key}_after").items()},
