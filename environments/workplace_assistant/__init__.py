@@ -171,6 +171,11 @@ class WorkplaceAssistantEnvironment(Environment):
     def _staff(self) -> list[str]:
         return [row[0] for row in self.db.execute("SELECT email_address FROM directory")]
 
+    def _delete(self, table: str, id_column: str, record_id: str, what: str) -> dict[str, str]:
+        self._one(table, id_column, record_id, what)
+        self.db.execute(f"DELETE FROM {table} WHERE {id_column} = ?", (record_id.strip(),))
+        return {id_column: record_id.strip(), "status": "deleted"}
+
     def _insert(self, table: str, record: dict[str, Any]) -> None:
         columns = ", ".join(f'"{column}"' for column in record)
         self.db.execute(f"INSERT INTO {table} ({columns}) VALUES ({', '.join('?' * len(record))})", list(record.values()))
@@ -248,9 +253,7 @@ class WorkplaceAssistantEnvironment(Environment):
         Args:
             email_id: The email's 8-digit id.
         """
-        self._one("emails", "email_id", email_id, "email")
-        self.db.execute("DELETE FROM emails WHERE email_id = ?", (email_id.strip(),))
-        return {"email_id": email_id.strip(), "status": "deleted"}
+        return self._delete("emails", "email_id", email_id, "email")
 
     @tool
     def email_forward_email(self, email_id: str, recipient: str) -> dict[str, str]:
@@ -343,9 +346,7 @@ class WorkplaceAssistantEnvironment(Environment):
         Args:
             event_id: The event's 8-digit id.
         """
-        self._one("calendar_events", "event_id", event_id, "event")
-        self.db.execute("DELETE FROM calendar_events WHERE event_id = ?", (event_id.strip(),))
-        return {"event_id": event_id.strip(), "status": "deleted"}
+        return self._delete("calendar_events", "event_id", event_id, "event")
 
     @tool
     def calendar_update_event(self, event_id: str, field: str, new_value: str) -> dict[str, str]:
@@ -535,9 +536,7 @@ class WorkplaceAssistantEnvironment(Environment):
         Args:
             task_id: The task's 8-digit id.
         """
-        self._one("project_tasks", "task_id", task_id, "task")
-        self.db.execute("DELETE FROM project_tasks WHERE task_id = ?", (task_id.strip(),))
-        return {"task_id": task_id.strip(), "status": "deleted"}
+        return self._delete("project_tasks", "task_id", task_id, "task")
 
     @tool
     def project_management_update_task(self, task_id: str, field: str, new_value: str) -> dict[str, str]:
@@ -661,9 +660,7 @@ class WorkplaceAssistantEnvironment(Environment):
         Args:
             customer_id: The customer's 8-digit id.
         """
-        self._one("customers", "customer_id", customer_id, "customer")
-        self.db.execute("DELETE FROM customers WHERE customer_id = ?", (customer_id.strip(),))
-        return {"customer_id": customer_id.strip(), "status": "deleted"}
+        return self._delete("customers", "customer_id", customer_id, "customer")
 
     # --- verification --------------------------------------------------------------------------
 
