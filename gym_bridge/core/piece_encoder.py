@@ -12,6 +12,10 @@ from typing import Any
 MAX_CACHED_PIECES = 16_384
 MAX_CACHED_PIECE_CHARS = 4096
 """Longer pieces (a big tool output) are encoded but not kept."""
+MAX_CACHED_PARTS = 256
+MAX_CACHED_PART_CHARS = 65_536
+"""Whole texts between added tokens (a system message with its tool list, often shared by every row
+of a dataset) are kept too, up to this size, so they are looked up once instead of line by line."""
 GIL_FREE_CHARS = 8192
 """New text of at least this many characters is encoded in a call that releases the GIL."""
 _SPLIT_PROBES = (
@@ -34,6 +38,7 @@ class PieceEncoder:
         self._vocab_size = self.backend.get_vocab_size(with_added_tokens=True)
         self.splitter = splitter_for(self.backend)
         self._piece_ids: dict[str, list[int]] = {}
+        self._part_ids: dict[str, list[int]] = {}
 
     def encode(self, text: str) -> list[int]:
         """The ids of `text`; new pieces of `GIL_FREE_CHARS` or more in all are encoded in one batch
@@ -44,8 +49,32 @@ class PieceEncoder:
             if len(text) >= GIL_FREE_CHARS:
                 return self.backend.encode_batch([text], add_special_tokens=False)[0].ids
             return self.backend.encode(text, add_special_tokens=False).ids
+        parts = self.splitter.added.split(text)
+        part_ids = self._part_ids
+        if self.splitter.lines is None:
+            return self._encode_pieces([part for part in parts if part])
+        known_parts = [part_ids.get(part) for part in parts]
+        if all(ids is not None for ids in known_parts):
+            return [token for ids in known_parts for token in ids]  # type: ignore[union-attr]
+        new_parts = {part: [piece for piece in self.splitter.pieces_of_part(part) if piece]
+                     for part, ids in zip(parts, known_parts) if ids is None and part}
+        encoded = iter(self._encode_pieces([piece for pieces in new_parts.values() for piece in pieces], per_piece=True))
+        fresh = {part: [token for _ in pieces for token in next(encoded)] for part, pieces in new_parts.items()}
+        if len(part_ids) + len(fresh) > MAX_CACHED_PARTS:
+            part_ids.clear()
+        part_ids.update((part, ids) for part, ids in fresh.items() if len(part) <= MAX_CACHED_PART_CHARS)
+        ids: list[int] = []
+        for part, known in zip(parts, known_parts):
+            if known is not None:
+                ids += known
+            elif part:
+                ids += fresh[part]
+        return ids
+
+    def _encode_pieces(self, pieces: list[str], *, per_piece: bool = False) -> Any:
+        """The ids of `pieces` joined (or, `per_piece`, a list of each piece's ids), new pieces encoded
+        in one GIL-releasing batch call when they are long, and kept when short."""
         cache = self._piece_ids
-        pieces = [piece for piece in self.splitter.pieces(text) if piece]
         new = [piece for piece in dict.fromkeys(pieces) if piece not in cache]
         fresh: dict[str, list[int]] = {}
         if new:
@@ -57,11 +86,10 @@ class PieceEncoder:
             if len(cache) + len(new) > MAX_CACHED_PIECES:
                 cache.clear()
             cache.update((piece, ids) for piece, ids in fresh.items() if len(piece) <= MAX_CACHED_PIECE_CHARS)
-        ids: list[int] = []
-        for piece in pieces:
-            known = cache.get(piece)
-            ids += known if known is not None else fresh[piece]
-        return ids
+        each = [fresh[piece] if piece in fresh else cache[piece] for piece in pieces]
+        if per_piece:
+            return each
+        return [token for ids in each for token in ids]
 
 
 @dataclass(frozen=True)
@@ -77,8 +105,11 @@ class _Splitter:
         parts = self.added.split(text)
         if self.lines is None:
             return parts
-        lines = self.lines
-        return [line for part in parts for line in (lines.split(part) if "\n" in part else (part,))]
+        return [line for part in parts for line in self.pieces_of_part(part)]
+
+    def pieces_of_part(self, part: str) -> list[str]:
+        """The pieces of a text that holds no added token."""
+        return self.lines.split(part) if self.lines is not None and "\n" in part else [part]
 
 
 _BEFORE_LAST_NEWLINE = re.compile(r"(?=\n\S)")

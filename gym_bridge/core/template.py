@@ -13,6 +13,9 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Protocol, Sequence
 
+import orjson
+
+from gym_bridge.core.chat_render import render_chat
 from gym_bridge.core.errors import TemplateError
 from gym_bridge.core.items import ChatMessage
 from gym_bridge.core.piece_encoder import PieceEncoder
@@ -73,6 +76,23 @@ class Tokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+_APPLY_ARGUMENTS = frozenset({
+    "chat_template", "documents", "continue_final_message", "tokenize", "return_dict", "return_assistant_tokens_mask",
+    "sanitize_control_tokens", "padding", "truncation", "max_length", "return_tensors", "tokenizer_kwargs", "tools",
+    "add_generation_prompt", "conversation",
+})
+"""`apply_chat_template` parameters that are not template variables: with one of them in
+`chat_template_kwargs`, the tokenizer renders every call."""
+
+
+def _cache_key(value: Any) -> bytes:
+    """A canonical serialization of JSON-like `value` (dict keys sorted; other objects by `str`)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=str)
+    except TypeError:  # what orjson refuses (an integer beyond 64 bits, ...)
+        return json.dumps(value, sort_keys=True, default=str).encode()
 
 
 def to_chat_tool(schema: dict[str, Any]) -> dict[str, Any]:
@@ -158,11 +178,13 @@ class ChatTemplate:
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self._parser_names = (tool_parser, reasoning_parser)
         self._instruction_parser = tool_parser or tool_parser_candidates(self.template_text)[0]
-        self._prompt_cache: dict[str, list[int]] = {}
+        self._prompt_cache: dict[bytes, list[int]] = {}
+        self._tool_listings: dict[bytes, str] = {}
         self._plans: dict[tuple[tuple[str, str], ...], _DeltaPlan] = {}
         self._profile: TemplateProfile | None = None
         self._report: TemplateReport | None = None
         self._empty_tools: Any = _UNSET
+        self._direct: Any = _UNSET
         self._probe_head: str | None = None
         backend = getattr(tokenizer, "_tokenizer", None)
         fast = backend is not None and hasattr(backend, "encode_batch")
@@ -195,6 +217,13 @@ class ChatTemplate:
     # -- rendering -------------------------------------------------------------------------
 
     def _apply(self, messages: list[ChatMessage], kwargs: dict[str, Any]) -> str:
+        direct = self._direct_template()
+        if direct is not None:
+            try:
+                return render_chat(direct, messages, tools=kwargs.get("tools"), add_generation_prompt=kwargs["add_generation_prompt"],
+                                   variables={**self.tokenizer.special_tokens_map, **self.chat_template_kwargs})
+            except Exception:  # noqa: BLE001 - the tokenizer's own rendering below raises (or answers) as before
+                pass
         try:
             text = self.tokenizer.apply_chat_template(messages, **self.chat_template_kwargs, **kwargs)
         except Exception as error:  # jinja's TemplateError, TypeError, UndefinedError, the template's raise_exception
@@ -207,6 +236,28 @@ class ChatTemplate:
         if not isinstance(text, str):
             raise TemplateError(f"apply_chat_template(tokenize=False) returned {type(text).__name__}, expected str")
         return text
+
+    def _direct_template(self) -> str | None:
+        """The template text when `render_chat` gives the tokenizer's own rendering of it (checked once,
+        on probe conversations with and without tools), else None: the tokenizer renders every call."""
+        if self._direct is _UNSET:
+            self._direct = None
+            template = self.tokenizer.chat_template
+            if isinstance(template, str) and isinstance(getattr(self.tokenizer, "special_tokens_map", None), Mapping) \
+                    and not set(self.chat_template_kwargs) & _APPLY_ARGUMENTS:
+                tool = to_chat_tool({"name": "probe_tool", "description": "A probe.", "parameters": {
+                    "type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}})
+                variables = {**self.tokenizer.special_tokens_map, **self.chat_template_kwargs}
+                try:
+                    same = all(
+                        render_chat(template, [PROBE_USER], tools=tools, add_generation_prompt=prompt, variables=variables)
+                        == self.tokenizer.apply_chat_template([PROBE_USER], tokenize=False, add_generation_prompt=prompt,
+                                                              **({"tools": tools} if tools else {}), **self.chat_template_kwargs)
+                        for tools in (None, [tool]) for prompt in (True, False))
+                except Exception:  # noqa: BLE001 - a template that needs more than the probe: the tokenizer renders
+                    same = False
+                self._direct = template if same else None
+        return self._direct
 
     def _no_tools(self) -> Any:
         """What `tools` is when there are none: None, or [] for templates that iterate `tools` unconditionally."""
@@ -230,7 +281,13 @@ class ChatTemplate:
         messages = list(messages)
         if not tools or self.tool_format != "hermes_system":
             return messages
-        listing = "\n".join(json.dumps(to_chat_tool(schema)) for schema in tools)
+        key = _cache_key(tools)
+        listing = self._tool_listings.get(key)
+        if listing is None:
+            listing = "\n".join(json.dumps(to_chat_tool(schema)) for schema in tools)
+            if len(self._tool_listings) >= 1024:
+                self._tool_listings.clear()
+            self._tool_listings[key] = listing
         if self._instruction_parser == "hermes":
             block = HERMES_TOOL_INSTRUCTIONS.format(tools=listing)
         else:
@@ -245,7 +302,7 @@ class ChatTemplate:
 
     def prompt_ids(self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]] | None) -> list[int]:
         """The first prompt's token ids (tools included), cached per distinct prompt."""
-        key = json.dumps([messages, tools], sort_keys=True, default=str)
+        key = _cache_key([messages, tools])
         cached = self._prompt_cache.get(key)
         if cached is None:
             cached = self.encode(self.prompt_text(messages, tools))

@@ -12,11 +12,10 @@ the equality on every template in ../shared/templates).
 from __future__ import annotations
 
 import json
-from datetime import datetime
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
+from gym_bridge.core.chat_render import render_chat
 from gym_bridge.core.errors import GymBridgeError
 from gym_bridge.core.piece_encoder import PieceEncoder
 
@@ -24,7 +23,6 @@ SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_
 GENERIC_TOKENIZER_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
 """Classes for which transformers itself uses `tokenizer.json` as it is; model-specific classes
 (`Qwen2Tokenizer`, `LlamaTokenizerFast`, ...) may rebuild parts of the pipeline in code."""
-_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 class TokenizerLoadError(GymBridgeError):
     """A tokenizer folder cannot be used without transformers (no `tokenizer.json`, unreadable files)."""
 
@@ -144,18 +142,8 @@ class LightTokenizer:
             for document in documents:
                 if not isinstance(document, dict):
                     raise TypeError("Documents should be a list of dicts with 'title' and 'text' keys!")
-        messages = []
-        for message in conversation:
-            if not isinstance(message, dict):
-                raise TypeError(f"Chat messages should be dicts, but got {message!r}.")
-            message = {key: value for key, value in message.items() if value is not None}
-            reasoning = next((message[key] for key in _REASONING_FIELDS if message.get(key) is not None), None)
-            if reasoning is not None:
-                message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
-            messages.append(message)
-        variables = {**self.special_tokens_map, **kwargs}
-        text = _compiled(template).render(messages=messages, tools=tools, documents=documents,
-                                          add_generation_prompt=add_generation_prompt, **variables)
+        text = render_chat(template, conversation, tools=tools, documents=documents, add_generation_prompt=add_generation_prompt,
+                           variables={**self.special_tokens_map, **kwargs})
         if not tokenize:
             return text
         ids = self.encode(text, add_special_tokens=False)
@@ -167,70 +155,6 @@ def _clean_up_tokenization(text: str) -> str:
                           (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
         text = text.replace(before, after)
     return text
-
-
-@lru_cache(maxsize=64)
-def _compiled(template: str) -> Any:
-    """The template compiled in the environment transformers renders chat templates in."""
-    import jinja2
-    import jinja2.ext
-    import jinja2.nodes
-    import jinja2.utils
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    class GenerationTag(jinja2.ext.Extension):
-        """`{% generation %}...{% endgeneration %}` (assistant-mask markers) renders its body."""
-
-        tags = {"generation"}
-
-        def parse(self, parser: Any) -> Any:
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
-
-        def _body(self, caller: Any) -> str:
-            return caller()
-
-    def raise_exception(message: str) -> None:
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False) -> str:
-        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    def strftime_now(format: str) -> str:
-        return datetime.now().strftime(format)
-
-    class TemplateDict:
-        def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
-            return dict(*args, **kwargs)
-
-        def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
-            return dict.fromkeys(*args, **kwargs)
-
-    class TemplateNamespace(jinja2.utils.Namespace):
-        def __init__(*args: Any, **kwargs: Any) -> None:  # `self` in args: jinja's own signature trick
-            self, args = args[0], args[1:]
-            attrs = dict(*args, **kwargs)
-            for name in attrs:
-                TemplateNamespace._check_name(name)
-            jinja2.utils.Namespace.__init__(self, attrs)
-
-        def __setitem__(self, name: str, value: Any) -> None:
-            TemplateNamespace._check_name(name)
-            jinja2.utils.Namespace.__setitem__(self, name, value)
-
-        @staticmethod
-        def _check_name(name: Any) -> None:
-            if isinstance(name, str) and name.startswith("_"):
-                raise jinja2.exceptions.SecurityError(f"chat templates cannot store underscore-prefixed attributes on a namespace: {name!r}")
-
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, jinja2.ext.loopcontrols])
-    environment.filters["tojson"] = tojson
-    environment.globals["raise_exception"] = raise_exception
-    environment.globals["strftime_now"] = strftime_now
-    environment.globals["dict"] = TemplateDict()
-    environment.globals["namespace"] = TemplateNamespace
-    return environment.from_string(template)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
