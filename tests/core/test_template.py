@@ -161,3 +161,29 @@ def test_parser_override_and_unknown_names(smol_template):
     assert engine.template.profile.tool_parser == "mistral" and smol_template.profile.tool_parser == "hermes"
     with pytest.raises(UnknownParserError, match="known tool parsers: hermes, llama3_json"):
         Engine(ScriptedPolicy({}), smol_template, EngineConfig(tool_parser="nope"))
+
+
+class ShoutingTokenizer(TemplatedTokenizer):
+    """A tokenizer whose own rendering is not its template's jinja rendering (upper-cased)."""
+
+    special_tokens_map = {"eos_token": "<|im_end|>"}
+
+    def apply_chat_template(self, conversation, **kwargs):
+        return super().apply_chat_template(conversation, **kwargs).upper()
+
+
+def test_direct_rendering_only_where_it_gives_the_tokenizers_own_text(smol_tokenizer, smol_template):
+    """`ChatTemplate` renders with gym_bridge's jinja renderer (no per-call transformers conversion) only
+    when that equals the tokenizer's `apply_chat_template` on probes; otherwise every call goes to the tokenizer."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Oslo?"}]
+    assert smol_template._direct_template() == smol_tokenizer.chat_template
+    for tools in (None, TOOLS):
+        rendered = smol_template.render(messages, tools=tools, add_generation_prompt=True)
+        expected_messages = smol_template._with_tool_system(messages, tools)
+        assert rendered == smol_tokenizer.apply_chat_template(expected_messages, tokenize=False, add_generation_prompt=True)
+
+    shouting = ChatTemplate(ShoutingTokenizer(smol_tokenizer, smol_tokenizer.chat_template))
+    assert shouting._direct_template() is None
+    assert shouting.render(messages, tools=None, add_generation_prompt=True).startswith("<|IM_START|>SYSTEM\nBE BRIEF.")
+    with_argument = ChatTemplate(smol_tokenizer, chat_template_kwargs={"documents": []})
+    assert with_argument._direct_template() is None  # an apply_chat_template parameter, not a template variable
