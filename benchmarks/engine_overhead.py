@@ -21,7 +21,9 @@ reused for every rollout, where the template's per-prompt cache answers almost e
 `cpu_us_per_*` is the process's CPU time (process_time) per rollout: unlike the wall
 clock it barely moves when other processes load the machine.
 
-The process is pinned to one CPU core. Run: `.venv/bin/python benchmarks/engine_overhead.py`
+After loading, the objects alive are frozen out of garbage collection, as `gym-bridge eval` does
+(`freeze_startup_objects`); `--no-gc-freeze` measures the collector as it is inside a trainer's
+process, where the records of a run also stay alive. The process is pinned to one CPU core. Run: `.venv/bin/python benchmarks/engine_overhead.py`
 (about a minute). The last line printed is JSON.
 """
 
@@ -38,6 +40,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from gym_bridge import Engine, EngineConfig, Generation, Limits, ScriptedPolicy, get_environment, load_tasks  # noqa: E402
+from gym_bridge.core.engine import freeze_startup_objects  # noqa: E402
 from gym_bridge.core.template import ChatTemplate  # noqa: E402
 from gym_bridge.policies.embedded import load_embedded_tokenizer  # noqa: E402
 
@@ -123,6 +126,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3, help="runs per case; the median is reported")
     parser.add_argument("--all-cores", action="store_true", help="do not pin to one core")
+    parser.add_argument("--no-gc-freeze", action="store_true",
+                        help="leave the garbage collector as it is (as inside a trainer) instead of freezing the "
+                             "objects alive after loading, as `gym-bridge eval` does")
     args = parser.parse_args()
     if not args.all_cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
@@ -130,6 +136,8 @@ def main() -> None:
     bench = Bench(args.concurrency)
     for case in ("single", "multi"):  # warm code paths and the template's delta plans (distinct prompts: no cache help)
         bench.run(case, 200, prompts="distinct")
+    if not args.no_gc_freeze:
+        freeze_startup_objects()
 
     result: dict[str, float] = {}
     per_rollout: dict[str, float] = {}
@@ -153,6 +161,7 @@ def main() -> None:
         result[f"{prefix}us_per_tool_call"] = round((per_rollout[prefix + "multi"] - per_rollout[prefix + "single"]) / 5 * 1e6, 1)
     result["rollouts"] = args.rollouts
     result["repeats"] = args.repeats
+    result["gc_freeze"] = not args.no_gc_freeze
     result["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
     print(json.dumps(result))
 

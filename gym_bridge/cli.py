@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import sys
 from pathlib import Path
@@ -271,7 +272,7 @@ async def _eval(args: argparse.Namespace) -> int:
 
 async def _eval_locked(args: argparse.Namespace) -> int:
     from gym_bridge.core.agent_loop import Limits
-    from gym_bridge.core.engine import Engine, EngineConfig
+    from gym_bridge.core.engine import Engine, EngineConfig, freeze_startup_objects
     from gym_bridge.core.policy import SamplingParams
     from gym_bridge.core.metrics import format_table
     from gym_bridge.core.template import ChatTemplate
@@ -317,9 +318,11 @@ async def _eval_locked(args: argparse.Namespace) -> int:
                                  failed=progress.n + 1 - scored["count"], refresh=False)
             progress.update(1)
 
+    freeze_startup_objects()
     try:
         result = await run_eval(engine, tasks, output=args.output, num_repeats=args.num_repeats, resume=args.resume, on_record=on_record)
     finally:
+        gc.unfreeze()
         if progress is not None:
             ticker.cancel()
             progress.close()

@@ -10,6 +10,7 @@ its siblings go on. Repeats of a task form a group and `run_groups` keeps them t
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -239,3 +240,12 @@ def ensure_ready(env_classes: Iterable[type[Environment]]) -> None:
     """
     for env_class in set(env_classes):
         env_class.check_ready()
+
+
+def freeze_startup_objects() -> None:
+    """Collect garbage once, then exempt every object alive now (imported modules, the tokenizer, the
+    model) from later garbage collections, which otherwise rescan them while rollouts allocate. Called
+    by `gym-bridge eval` after loading and before the rollouts (`gc.unfreeze()` after them); not inside a
+    trainer's process, whose collector is the trainer's business."""
+    gc.collect()
+    gc.freeze()
