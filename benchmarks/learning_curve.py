@@ -50,7 +50,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--eval-seed", type=int, default=1000, help="seed of the held-out problems")
     parser.add_argument("--config", default=str(CONFIG))
     parser.add_argument("--output", default=str(ROOT / "out" / "learning_curve"))
-    parser.add_argument("--plot", default=str(ROOT / "docs" / "learning_curve.png"))
+    parser.add_argument("--plot", default=str(ROOT / "docs" / "learning_curve.png"), help="PNG to write ('' for none)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="more recipe overrides for training (repeatable), e.g. grpo.learning_rate=1e-5")
     return parser.parse_args()
 
 
@@ -156,6 +158,7 @@ def main() -> None:
             PYTHON, "recipes/trl_grpo.py", "--config", args.config,
             "--set", f"grpo.seed={seed}", "--set", f"dataset.seed={seed}", "--set", f"datasets.0.prepare.seed={seed}",
             "--set", f"grpo.max_steps={args.steps}", "--set", f"grpo.output_dir={run_dir}", "--set", "save_model=true",
+            *[argument for override in args.set for argument in ("--set", override)],
         ], out_dir / f"train_seed{seed}.log")
         minutes = (time.perf_counter() - started) / 60
         history = json.loads((run_dir / "log_history.json").read_text())
