@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -45,12 +46,26 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+_FLOAT = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+"""Exponent floats without a dot (`1e-5`, `3E4`); PyYAML's own resolver covers the rest."""
+
+
+def read_yaml(text: str) -> Any:
+    """YAML with YAML 1.2's floats: `1e-5` is a number (PyYAML alone reads it as a string, which
+    then fails deep inside the learning-rate scheduler)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
+    return yaml.load(text, Loader=Loader)
+
+
 def load_config(path: str, overrides: list[str]) -> dict[str, Any]:
     """The YAML config with `section.key=value` overrides applied (a number indexes a list:
     `datasets.0.weight=2`)."""
-    import yaml
-
-    config = yaml.safe_load(Path(path).read_text()) or {}
+    config = read_yaml(Path(path).read_text()) or {}
     for override in overrides:
         dotted, sep, raw = override.partition("=")
         if not sep:
@@ -69,9 +84,9 @@ def load_config(path: str, overrides: list[str]) -> dict[str, Any]:
         if isinstance(node, list):
             if not leaf.isdigit() or int(leaf) >= len(node):
                 raise SystemExit(f"--set {dotted}: {leaf!r} is not an index of a list of {len(node)}")
-            node[int(leaf)] = yaml.safe_load(raw)
+            node[int(leaf)] = read_yaml(raw)
         else:
-            node[leaf] = yaml.safe_load(raw)
+            node[leaf] = read_yaml(raw)
     return config
 
 

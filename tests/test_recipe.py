@@ -31,6 +31,14 @@ def test_overrides_reach_nested_keys_and_list_items(recipe, tmp_path):
         recipe.load_config(str(config), ["grpo.max_steps"])
 
 
+def test_exponent_floats_are_numbers_in_the_file_and_in_overrides(recipe, tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("grpo: {learning_rate: 1e-5, beta: 4E-2, output_dir: run1e5, tag: '1e-5'}\n")
+    loaded = recipe.load_config(str(config), ["grpo.max_grad_norm=5e-1", "grpo.weight_decay=.5e-2"])
+    assert loaded["grpo"] == {"learning_rate": 1e-5, "beta": 0.04, "output_dir": "run1e5", "tag": "1e-5",
+                              "max_grad_norm": 0.5, "weight_decay": 0.005}
+
+
 def test_a_prepare_entry_generates_its_rows_under_the_output_dir(recipe, tmp_path):
     paths, weights = recipe.dataset_sources([{"env": "arithmetic", "prepare": {"split": "train", "size": 12, "seed": 3}}],
                                             tmp_path, tmp_path / "out" / "data")
