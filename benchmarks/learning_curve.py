@@ -1,6 +1,6 @@
 """Does the CPU demo learn? Held-out reward of the embedded model before and after GRPO, per seed.
 
-    .venv/bin/python benchmarks/learning_curve.py [--seeds 0,1,2] [--steps 40] [--eval-size 128]
+    .venv/bin/python benchmarks/learning_curve.py [--seeds 0,1,2] [--steps 30] [--eval-size 64] [--jobs 2] [--reuse]
 
 1. `--eval-size` held-out `arithmetic` problems (the environment's `validation` split, which shares
    no problem with `train`) are answered by the embedded SmolLM2-135M-Instruct with `gym-bridge eval`,
@@ -10,7 +10,8 @@
 2. For each seed, `python recipes/trl_grpo.py --config recipes/configs/trl_grpo_cpu_demo.yaml`
    trains `--steps` GRPO steps on train problems drawn with that seed (`--set` overrides only for the
    seed, the step count and the output folder), saving the model; the peak resident memory of its
-   whole process tree is sampled every 0.2 s.
+   whole process tree is sampled every 0.2 s. `--jobs 2` trains two seeds at once with one core each
+   (`threads` in `per_seed`); `--reuse` keeps a seed's model trained earlier with the same settings.
 3. The trained model answers the same held-out problems the same way.
 
 The last line is JSON: `reward_before`, `reward_after`, `accuracy_before`, `accuracy_after` and the
@@ -22,7 +23,9 @@ per step (each seed, and the mean over seeds smoothed over 5 steps) with the hel
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import functools
+import importlib.util
 import json
 import os
 import statistics
@@ -31,6 +34,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -51,17 +55,23 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--config", default=str(CONFIG))
     parser.add_argument("--output", default=str(ROOT / "out" / "learning_curve"))
     parser.add_argument("--plot", default=str(ROOT / "docs" / "learning_curve.png"), help="PNG to write ('' for none)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="seeds trained at once, the cores shared out among them (minutes are then per job's share)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep a seed's model when its folder holds one trained with the same settings")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="more recipe overrides for training (repeatable), e.g. grpo.learning_rate=1e-5")
     return parser.parse_args()
 
 
-def run(command: list[str], log: Path) -> float:
-    """Run `command` (output to `log`); its process tree's peak RSS in GB. Raises on failure."""
+def run(command: list[str], log: Path, threads: int | None = None) -> float:
+    """Run `command` (output to `log`; `threads`: its torch/OpenMP threads); its process tree's
+    peak RSS in GB. Raises on failure."""
     import psutil
 
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     with log.open("w") as out:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
         peak = [0]
 
         def sample() -> None:
@@ -133,6 +143,53 @@ def plot(path: Path, curves: dict[int, list[float]], before: float, after: dict[
     figure.savefig(path)
 
 
+def training_settings(command: list[str]) -> dict[str, Any]:
+    """The recipe config a training command runs with, its output folder left out: what decides
+    whether a model trained earlier can be reused."""
+    spec = importlib.util.spec_from_file_location("trl_grpo_recipe", ROOT / "recipes" / "trl_grpo.py")
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    config = recipe.load_config(command[command.index("--config") + 1],
+                                [command[i + 1] for i, argument in enumerate(command) if argument == "--set"])
+    config["grpo"].pop("output_dir")
+    return config
+
+
+def train_seeds(args: argparse.Namespace, seeds: list[int], out_dir: Path) -> dict[int, dict[str, Any]]:
+    """Train every seed (`--jobs` at a time, the cores shared out among them); per seed its
+    `minutes`, `peak_rss_gb` and `threads`. With `--reuse`, a seed whose folder holds a model trained
+    with the same command is not trained again: its recorded figures are used."""
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    results: dict[int, dict[str, Any]] = {}
+
+    def train(seed: int) -> None:
+        run_dir = out_dir / f"seed-{seed}"
+        command = [
+            PYTHON, "recipes/trl_grpo.py", "--config", args.config,
+            "--set", f"grpo.seed={seed}", "--set", f"dataset.seed={seed}", "--set", f"datasets.0.prepare.seed={seed}",
+            "--set", f"grpo.max_steps={args.steps}", "--set", f"grpo.output_dir={run_dir}", "--set", "save_model=true",
+            *[argument for override in args.set for argument in ("--set", override)],
+        ]
+        stats_file = run_dir / "train_stats.json"
+        settings = training_settings(command)
+        if args.reuse and stats_file.exists():
+            recorded = json.loads(stats_file.read_text())
+            if recorded["settings"] == settings:
+                print(f"seed {seed}: reusing the model trained in {run_dir}", file=sys.stderr, flush=True)
+                results[seed] = recorded["stats"]
+                return
+        started = time.perf_counter()
+        peak_gb = run(command, out_dir / f"train_seed{seed}.log", threads=threads)
+        stats = {"minutes": round((time.perf_counter() - started) / 60, 2), "peak_rss_gb": round(peak_gb, 2), "threads": threads}
+        stats_file.write_text(json.dumps({"settings": settings, "stats": stats}))
+        results[seed] = stats
+
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        for future in [pool.submit(train, seed) for seed in seeds]:
+            future.result()
+    return results
+
+
 def main() -> None:
     args = parse_args()
     seeds = [int(seed) for seed in args.seeds.split(",")]
@@ -149,23 +206,16 @@ def main() -> None:
     before = evaluate(None, name="before")
     print(f"before: {before}", file=sys.stderr, flush=True)
 
+    trained = train_seeds(args, seeds, out_dir)
     per_seed = []
     curves: dict[int, list[float]] = {}
     for seed in seeds:
-        run_dir = out_dir / f"seed-{seed}"
-        started = time.perf_counter()
-        peak_gb = run([
-            PYTHON, "recipes/trl_grpo.py", "--config", args.config,
-            "--set", f"grpo.seed={seed}", "--set", f"dataset.seed={seed}", "--set", f"datasets.0.prepare.seed={seed}",
-            "--set", f"grpo.max_steps={args.steps}", "--set", f"grpo.output_dir={run_dir}", "--set", "save_model=true",
-            *[argument for override in args.set for argument in ("--set", override)],
-        ], out_dir / f"train_seed{seed}.log")
-        minutes = (time.perf_counter() - started) / 60
+        run_dir, stats = out_dir / f"seed-{seed}", trained[seed]
         history = json.loads((run_dir / "log_history.json").read_text())
         curves[seed] = [entry["reward"] for entry in history if "reward" in entry]
         after = evaluate(str(run_dir), name=f"after_seed{seed}")
-        per_seed.append({"seed": seed, **{f"{key}_after": round(value, 4) for key, value in after.items()},
-                         "minutes": round(minutes, 2), "peak_rss_gb": round(peak_gb, 2), "train_reward_first5": round(statistics.fmean(curves[seed][:5]), 4),
+        per_seed.append({"seed": seed, **{f"{key}_after": round(value, 4) for key, value in after.items()}, **stats,
+                         "train_reward_first5": round(statistics.fmean(curves[seed][:5]), 4),
                          "train_reward_last5": round(statistics.fmean(curves[seed][-5:]), 4)})
         print(f"seed {seed}: {per_seed[-1]}", file=sys.stderr, flush=True)
 
@@ -176,7 +226,7 @@ def main() -> None:
         **{k: v for key in before for k, v in spread([s[f"{key}_after"] for s in per_seed], f"{key}_after").items()},
         "steps": args.steps, "minutes": round(statistics.median(s["minutes"] for s in per_seed), 2),
         "peak_rss_gb": max(s["peak_rss_gb"] for s in per_seed), "rss_limit_gb": RSS_LIMIT_GB,
-        "held_out_problems": args.eval_size, "seeds": seeds, "per_seed": per_seed,
+        "held_out_problems": args.eval_size, "seeds": seeds, "jobs": args.jobs, "per_seed": per_seed,
         "cpu_count": os.cpu_count(), "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
     }
     print(json.dumps(result))
