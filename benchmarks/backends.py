@@ -1,7 +1,7 @@
 """Generation backends: batched vs one-at-a-time throughput of the transformers policy, and what the
 remote client adds per request.
 
-    .venv/bin/python benchmarks/backends.py [--max-new-tokens 32] [--repeats 2] [--overhead-requests 30]
+    .venv/bin/python benchmarks/backends.py [--max-new-tokens 32] [--repeats 3] [--overhead-requests 30]
 
 1. The embedded SmolLM2-135M-Instruct on the CPU, greedy, `--max-new-tokens` per request, prompts
    that ask for long answers. At concurrency C (1, 8, 32) the same C prompts run all at once (the
