@@ -208,9 +208,18 @@ def test_network_call_does_not_reach_the_host() -> None:
     assert (outside.reward, outside.metrics["failure"]) == (0.0, "runtime_error")
 
 
+def host_folder_outside_tmp() -> Path:
+    """A folder the host can write that is not under /tmp (which the sandbox replaces with its own):
+    the environment's package, unless this checkout itself lives under /tmp."""
+    for folder in (Path(code_env.__file__).parent, Path.home(), Path("/var/tmp")):
+        if not folder.resolve().is_relative_to("/tmp") and os.access(folder, os.W_OK):
+            return folder
+    pytest.skip("no writable folder outside /tmp on this host")
+
+
 @needs_sandbox
 def test_writes_outside_the_private_tmp_fail_and_leave_the_host_untouched() -> None:
-    target = Path(code_env.__file__).parent / f"escape_{uuid.uuid4().hex}.txt"
+    target = host_folder_outside_tmp() / f"escape_{uuid.uuid4().hex}.txt"
     program = f"import os\nos.makedirs({str(target.parent)!r}, exist_ok=True)\nopen({str(target)!r}, 'w').write('x')\nprint('escaped')"
     result = score(stdin_row([""], ["escaped"]), program)
     assert (result.reward, result.metrics["failure"]) == (0.0, "runtime_error")
@@ -225,12 +234,16 @@ def test_writes_outside_the_private_tmp_fail_and_leave_the_host_untouched() -> N
 
 @needs_sandbox
 def test_secret_files_of_the_host_are_not_readable(tmp_path: Path) -> None:
-    secret = tmp_path / "secret.txt"
-    secret.write_text("hunter2")
-    secret.chmod(0o600)
-    for path in (secret, Path(code_env.__file__), Path.home() / ".bash_history"):
-        result = score(stdin_row([""], ["hunter2"]), f"print(open({str(path)!r}).read())")
-        assert (result.reward, result.metrics["failure"]) == (0.0, "runtime_error"), path
+    secrets = [tmp_path / "secret.txt", host_folder_outside_tmp() / f"secret_{uuid.uuid4().hex}.txt"]
+    try:
+        for secret in secrets:
+            secret.write_text("hunter2")
+            secret.chmod(0o600)
+        for path in (*secrets, Path(code_env.__file__), Path.home() / ".bash_history"):
+            result = score(stdin_row([""], ["hunter2"]), f"print(open({str(path)!r}).read())")
+            assert (result.reward, result.metrics["failure"]) == (0.0, "runtime_error"), path
+    finally:
+        secrets[1].unlink(missing_ok=True)
     processes = score(stdin_row([""], ["1"]), "import os\nprint(len([p for p in os.listdir('/proc') if p.isdigit()]) > 3)")
     assert processes.reward == 0.0  # host processes are invisible: only the sandbox's own few
 
