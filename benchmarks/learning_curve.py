@@ -143,14 +143,19 @@ def plot(path: Path, curves: dict[int, list[float]], before: float, after: dict[
     figure.savefig(path)
 
 
-def training_settings(command: list[str]) -> dict[str, Any]:
-    """The recipe config a training command runs with, its output folder left out: what decides
-    whether a model trained earlier can be reused."""
+def recipe_config(config: str, overrides: list[str]) -> dict[str, Any]:
+    """The config `recipes/trl_grpo.py --config CONFIG --set ...` runs with, read by the recipe itself."""
     spec = importlib.util.spec_from_file_location("trl_grpo_recipe", ROOT / "recipes" / "trl_grpo.py")
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)
-    config = recipe.load_config(command[command.index("--config") + 1],
-                                [command[i + 1] for i, argument in enumerate(command) if argument == "--set"])
+    return recipe.load_config(config, overrides)
+
+
+def training_settings(command: list[str]) -> dict[str, Any]:
+    """The recipe config a training command runs with, its output folder left out: what decides
+    whether a model trained earlier can be reused."""
+    config = recipe_config(command[command.index("--config") + 1],
+                           [command[i + 1] for i, argument in enumerate(command) if argument == "--set"])
     config["grpo"].pop("output_dir")
     return config
 
@@ -198,9 +203,7 @@ def main() -> None:
     held_out = out_dir / "held_out.jsonl"
     subprocess.run([*GYM_BRIDGE, "data", "prepare", "arithmetic", "--split", "validation", "--size", str(args.eval_size),
                     "--seed", str(args.eval_seed), "--output", str(held_out)], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-    import yaml
-
-    grpo = yaml.safe_load(Path(args.config).read_text())["grpo"]
+    grpo = recipe_config(args.config, args.set)["grpo"]  # with --set, as training will run
     temperature = float(grpo["temperature"])
     evaluate = functools.partial(held_out_scores, data=held_out, out_dir=out_dir, samples=args.samples, temperature=temperature)
     before = evaluate(None, name="before")

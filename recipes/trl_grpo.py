@@ -37,6 +37,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -46,20 +48,17 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-_FLOAT = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
-"""Exponent floats without a dot (`1e-5`, `3E4`); PyYAML's own resolver covers the rest."""
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's exponent floats (`1e-5`, `3E4`): PyYAML alone reads them
+    as strings, which then fail deep inside the learning-rate scheduler."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"), list("-+0123456789."))
 
 
 def read_yaml(text: str) -> Any:
-    """YAML with YAML 1.2's floats: `1e-5` is a number (PyYAML alone reads it as a string, which
-    then fails deep inside the learning-rate scheduler)."""
-    import yaml
-
-    class Loader(yaml.SafeLoader):
-        pass
-
-    Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
-    return yaml.load(text, Loader=Loader)
+    return yaml.load(text, Loader=_Loader)
 
 
 def load_config(path: str, overrides: list[str]) -> dict[str, Any]:
