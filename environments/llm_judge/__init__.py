@@ -11,10 +11,11 @@ model; `judge_model`, `judge_base_url`, `judge_api` pick another, or `judge` tak
 from __future__ import annotations
 
 import asyncio
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
+
+import regex
 
 from gym_bridge import Environment, GymBridgeError, HelperModel, Item, Task, VerifyResult, final_text
 
@@ -48,7 +49,8 @@ class LLMJudgeEnvironment(Environment):
     aliases = ("equivalence_llm_judge", "equivalence_llm_judge_simple_agent")
     description = "Answer a question in free form; reward 1 if an LLM judge finds the answer equivalent to the expected one in both orders."
     example_data = Path(__file__).parent / "data" / "example.jsonl"
-    settings = ("judge", "judge_model", "judge_base_url", "judge_api", "judge_tokenizer", "judge_max_new_tokens", "response_extract_regex")
+    settings = ("judge", "judge_model", "judge_base_url", "judge_api", "judge_tokenizer", "judge_max_new_tokens",
+                "judge_request_timeout_s", "judge_max_retries", "response_extract_regex", "regex_timeout_s")
     verify_timeout_s: ClassVar[float] = 600.0
     judge: ClassVar[HelperModel | None] = None
     """The judge itself; when None it is built from the settings below."""
@@ -60,9 +62,15 @@ class LLMJudgeEnvironment(Environment):
     """With `judge_base_url`: `completions` (token ids, needs `judge_tokenizer`), `chat` or `responses`."""
     judge_tokenizer: ClassVar[str | None] = None
     judge_max_new_tokens: ClassVar[int] = 256
+    judge_request_timeout_s: ClassVar[float] = 60.0
+    """With `judge_base_url`: the bound on one attempt of one judge call."""
+    judge_max_retries: ClassVar[int] = 2
+    """With `judge_base_url`: attempts after the first (transport errors, timeouts, 5xx, 429)."""
     response_extract_regex: ClassVar[str | None] = None
     """Judge only the last match in the model's answer (its first non-empty group); rows can
     override it with `template_metadata.output_regex`."""
+    regex_timeout_s: ClassVar[float] = 1.0
+    """CPU seconds the answer regex may run (in a worker thread) before the sample is masked."""
 
     @classmethod
     def check_ready(cls) -> None:
@@ -78,7 +86,10 @@ class LLMJudgeEnvironment(Environment):
             return cls.judge
         from gym_bridge.policies.helper import load_helper_model
 
-        return await asyncio.to_thread(load_helper_model, cls.judge_model, base_url=cls.judge_base_url, api=cls.judge_api, tokenizer=cls.judge_tokenizer)
+        return await asyncio.to_thread(
+            load_helper_model, cls.judge_model, base_url=cls.judge_base_url, api=cls.judge_api, tokenizer=cls.judge_tokenizer,
+            request_timeout_s=cls.judge_request_timeout_s, max_retries=cls.judge_max_retries,
+        )
 
     async def verify(self, task: Task, output: list[Item]) -> VerifyResult:
         expected = task.get("expected_answer")
@@ -87,7 +98,11 @@ class LLMJudgeEnvironment(Environment):
         if expected is None or str(expected).strip() == "":
             return VerifyResult(reward=0.0, mask_sample=True, failure_kind="verifier", failure_reason=f"{task.source}: expected_answer: missing")
         pattern = (task.get("template_metadata") or {}).get("output_regex") or self.response_extract_regex
-        answer = extract_answer(final_text(output), pattern)
+        try:
+            answer = await asyncio.to_thread(extract_answer, final_text(output), pattern, timeout_s=self.regex_timeout_s)
+        except TimeoutError:
+            reason = f"the answer regex {pattern!r} ran past regex_timeout_s ({self.regex_timeout_s:g} s) on the model's answer"
+            return VerifyResult(reward=0.0, mask_sample=True, failure_kind="verifier", failure_reason=reason)
         metrics: dict[str, Any] = {"extracted_answer": answer, "verdicts": []}
         if not answer:
             return VerifyResult(reward=0.0, reward_components={"equivalent": 0.0}, metrics=metrics)
@@ -122,14 +137,19 @@ def parse_verdict(reply: str) -> bool:
     return equal_at > not_equal_at
 
 
-def extract_answer(text: str, pattern: str | None) -> str:
-    """`text` stripped, or with `pattern` its last match (first non-empty group); '' when nothing matches."""
+def extract_answer(text: str, pattern: str | None, *, timeout_s: float = 1.0) -> str:
+    """`text` stripped, or with `pattern` its last match (first non-empty group); '' when nothing matches.
+
+    The pattern comes from data and the text from the policy, so a nested quantifier can backtrack
+    for minutes: matching uses the `regex` package, which gives up after `timeout_s` of CPU time
+    (raising TimeoutError) and releases the GIL while it matches, so it can run in a worker thread.
+    """
     text = text.strip()
     if not pattern or not text:
         return text
     try:
-        matches = list(re.finditer(pattern, text, flags=re.MULTILINE | re.DOTALL))
-    except re.error:
+        matches = list(regex.finditer(pattern, text, flags=regex.MULTILINE | regex.DOTALL, timeout=timeout_s, concurrent=True))
+    except regex.error:
         return text
     if not matches:
         return ""

@@ -73,7 +73,8 @@ class UserSimEnvironment(Environment):
     example_data = Path(__file__).parent / "data" / "example.jsonl"
     inline_sync_tools = True  # submit_request only records its arguments
     agent_loop = UserSimulationLoop()
-    settings = ("simulator", "user", "user_model", "user_base_url", "user_api", "user_tokenizer", "max_user_turns")
+    settings = ("simulator", "user", "user_model", "user_base_url", "user_api", "user_tokenizer", "user_request_timeout_s",
+                "user_max_retries", "max_user_turns")
     simulator: ClassVar[str | None] = None
     """`scripted` or `policy` for every row; None lets each row choose (`user_sim.simulator`, default scripted)."""
     user: ClassVar[HelperModel | None] = None
@@ -82,6 +83,9 @@ class UserSimEnvironment(Environment):
     user_base_url: ClassVar[str | None] = None
     user_api: ClassVar[str] = "completions"
     user_tokenizer: ClassVar[str | None] = None
+    user_request_timeout_s: ClassVar[float] = 60.0
+    """With `user_base_url`: the bound on one attempt of one user reply."""
+    user_max_retries: ClassVar[int] = 2
     max_user_turns: ClassVar[int] = 6
     """User replies at most (a row's `user_sim.max_user_turns` may lower it); then the user leaves."""
 
@@ -171,7 +175,10 @@ class UserSimEnvironment(Environment):
             return self.user
         from gym_bridge.policies.helper import load_helper_model
 
-        return await asyncio.to_thread(load_helper_model, self.user_model, base_url=self.user_base_url, api=self.user_api, tokenizer=self.user_tokenizer)
+        return await asyncio.to_thread(
+            load_helper_model, self.user_model, base_url=self.user_base_url, api=self.user_api, tokenizer=self.user_tokenizer,
+            request_timeout_s=self.user_request_timeout_s, max_retries=self.user_max_retries,
+        )
 
     def verify(self, task: Task, output: list[Item]) -> VerifyResult:
         expected = {str(key): str(value) for key, value in (task.get("expected_request") or {}).items()}

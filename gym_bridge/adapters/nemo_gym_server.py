@@ -50,7 +50,7 @@ class AgentServerSettings:
     max_completion_tokens: int = 16384
     """Model and environment tokens after the prompt, over all turns of one rollout."""
     deadline_s: float = 600.0
-    """Wall time of one rollout (the `/run` request's deadline; verify adds its own timeout)."""
+    """Wall time of one rollout, verify included (the `/run` request's deadline)."""
     max_concurrency: int = 1024
     """Rollouts in flight at once; more `/run` requests wait for a slot."""
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES

@@ -118,7 +118,7 @@ class GymBridgeEnvironment(_Interface):  # type: ignore[misc,valid-type]
 
             if not config.get("tokenizer"):
                 raise ValueError("GymBridgeEnvironment needs config['tokenizer']: the policy's tokenizer path")
-            tokenizer, _ = load_tokenizer(str(config["tokenizer"]))
+            tokenizer = load_tokenizer(str(config["tokenizer"])).tokenizer
         self.template = ChatTemplate(tokenizer, tool_format=config.get("tool_format"))
         self.template.check_append_only()
         self.feed = TurnFeed(idle_timeout_s=float(config.get("idle_timeout_s", 900.0)))

@@ -63,6 +63,42 @@ def capped_output(content: str, max_chars: int) -> str:
     return f"{content[:max_chars]}\n[truncated by gym_bridge: the tool returned {len(content):,} characters; only the first {max_chars:,} are shown]"
 
 
+INLINE_ENCODE_VALUES = 1000
+"""Tool results holding at most this many values (and no long string) are encoded on the event loop."""
+
+
+def encode_capped(value: Any, max_chars: int) -> str:
+    """`value` as JSON (`json.dumps`'s text), encoded only as far as `max_chars`: beyond them, the
+    first `max_chars` characters and a note. Pure-Python encoding, piece by piece, so a tool that
+    returns millions of values costs what the model reads, and the thread running it yields the GIL."""
+    pieces: list[str] = []
+    size = 0
+    for piece in json.JSONEncoder().iterencode(value):
+        pieces.append(piece)
+        size += len(piece)
+        if size > max_chars:
+            shown = "".join(pieces)[:max_chars]
+            return f"{shown}\n[truncated by gym_bridge: the tool returned more than {max_chars:,} characters; only the first {max_chars:,} are shown]"
+    return "".join(pieces)
+
+
+def _few_values(value: Any, budget: int) -> bool:
+    """True when `value` holds at most `budget` containers and scalars and no string over `budget` characters."""
+    stack, seen = [value], 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > budget:
+            return False
+        if isinstance(item, (dict, list, tuple)):
+            if seen + len(stack) + 2 * len(item) > budget:
+                return False
+            stack.extend((*item.keys(), *item.values()) if isinstance(item, dict) else item)
+        elif isinstance(item, str) and len(item) > budget:
+            return False
+    return True
+
+
 @dataclass
 class RolloutContext:
     """What a loop works with. Mutates `trajectory`; everything else is fixed."""
@@ -209,7 +245,7 @@ class RolloutContext:
         elif call.name not in specs:  # a row tool: the environment checks the arguments itself
             arguments = json.loads(call.arguments) if call.arguments.strip() else {}
             if isinstance(arguments, dict):
-                content = capped_output(await self._run_tool(call.name, arguments), self.limits.max_tool_output_chars)
+                content = await self._run_tool(call.name, arguments)
             else:
                 content = json.dumps({"error": f"invalid arguments for {call.name}: must be a JSON object"})
         else:
@@ -220,11 +256,12 @@ class RolloutContext:
                 problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in error.errors())
                 content = json.dumps({"error": f"invalid arguments for {call.name}: {problems}"})
             else:
-                content = capped_output(await self._run_tool(call.name, arguments), self.limits.max_tool_output_chars)
+                content = await self._run_tool(call.name, arguments)
         self.trajectory.output.append(function_call_output_item(content, call_id=call_id))
         return ToolOutput(name=call.name, content=content, call_id=call_id)
 
     async def _run_tool(self, name: str, arguments: dict[str, Any]) -> str:
+        """The tool's output as the model reads it: its text, or its JSON, cut at `max_tool_output_chars`."""
         env_class = type(self.env)
         timeout_s = env_class.tool_timeout_s
         try:
@@ -243,10 +280,13 @@ class RolloutContext:
             raise RolloutFailure("env", f"tool {name!r} did not return within {timeout_s:g} s") from None
         except Exception as error:
             raise RolloutFailure("env", f"tool {name!r} raised {describe_error(error)}") from None
+        max_chars = self.limits.max_tool_output_chars
         if isinstance(result, str):
-            return result
+            return capped_output(result, max_chars)
         try:
-            return json.dumps(result)
+            if _few_values(result, INLINE_ENCODE_VALUES):
+                return capped_output(json.dumps(result), max_chars)
+            return await call_bounded(encode_capped, result, max_chars, timeout_s=_TOKENIZE_TIMEOUT_S, owner="tool output")  # type: ignore[no-any-return]
         except (TypeError, ValueError) as error:
             raise RolloutFailure("env", f"tool {name!r} returned a value that is not JSON-serializable: {error}") from None
 

@@ -1,7 +1,7 @@
 """The rollout engine: many rollouts at once, each bounded, each ending as a record.
 
 asyncio throughout. A global semaphore and per-environment semaphores bound concurrency; each
-rollout has a deadline, each tool call and verify a timeout. `Engine.rollout` is the one error
+rollout has a deadline (verify included), each tool call and verify a timeout. `Engine.rollout` is the one error
 boundary: whatever fails there becomes a record with a failure kind, masked from training, and
 its siblings go on. Repeats of a task form a group and `run_groups` keeps them together;
 `stream` yields records as they finish.
@@ -37,7 +37,7 @@ class EngineConfig:
     per_env_concurrency: int | None = None
     """Rollouts of one environment at once (None: only the global bound)."""
     deadline_s: float = 600.0
-    """Wall time of one rollout (setup, generation, tools), after it starts running."""
+    """Wall time of one rollout (setup, generation, tools, verify), after it starts running; `close` runs after it."""
     model_name: str = ""
     template_check: str = "error"
     """`error`: refuse a template that is not append-only; `warn`: warn and use the streamed
@@ -135,7 +135,7 @@ class Engine:
                 if _overrides(env, "setup"):
                     await self._step("env", "setup", call_environment(env, "setup", (task,), timeout_s=env_class.tool_timeout_s))
                 finish = await loop.run(ctx)
-            verify_result = await self._verify(env, task, trajectory)
+                verify_result = await self._verify(env, task, trajectory)
             if verify_result.failure_kind is not None:
                 failure = RolloutFailure(verify_result.failure_kind, verify_result.failure_reason or "verifier reported a failure")
         except RolloutFailure as error:

@@ -30,22 +30,26 @@ def load_helper_model(
     api_key_env: str = "OPENAI_API_KEY",
     temperature: float = 0.0,
     max_new_tokens: int = 512,
+    request_timeout_s: float = 60.0,
+    max_retries: int = 2,
 ) -> HelperModel:
     """The helper model for these settings (cached: equal settings give the same object).
 
     Without `base_url`: the transformers model in folder `model` (None: the embedded model).
     With `base_url`: `api="completions"` renders prompts with `tokenizer` (a folder; default the
     embedded tokenizer) and calls the server token-in/token-out; `chat`/`responses` need `model`,
-    the served model's name. Raises GymBridgeError for an unknown `api` or a missing name.
+    the served model's name. A server call is bounded by `request_timeout_s` per attempt and
+    retried `max_retries` times. Raises GymBridgeError for an unknown `api` or a missing name.
     Thread-safe (environments call it with `asyncio.to_thread`); blocks while a model loads.
     """
     with _loading:
-        return _load(model, base_url, api, tokenizer, api_key_env, temperature, max_new_tokens)
+        return _load(model, base_url, api, tokenizer, api_key_env, temperature, max_new_tokens, request_timeout_s, max_retries)
 
 
 @functools.lru_cache(maxsize=8)
 def _load(
-    model: str | None, base_url: str | None, api: str, tokenizer: str | None, api_key_env: str, temperature: float, max_new_tokens: int
+    model: str | None, base_url: str | None, api: str, tokenizer: str | None, api_key_env: str, temperature: float, max_new_tokens: int,
+    request_timeout_s: float, max_retries: int,
 ) -> HelperModel:
     sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
     if api not in HELPER_APIS:
@@ -61,15 +65,16 @@ def _load(
 
         if not model:
             raise GymBridgeError(f"a helper model at {base_url} with api={api!r} needs the served model's name")
-        return HelperModel(ChatAPIPolicy(model=model, base_url=base_url, api=api, api_key=api_key), None, sampling)  # type: ignore[arg-type]
+        return HelperModel(ChatAPIPolicy(model=model, base_url=base_url, api=api, api_key=api_key,
+                                     request_timeout_s=request_timeout_s, max_retries=max_retries), None, sampling)  # type: ignore[arg-type]
     from gym_bridge.policies.remote import RemotePolicy, load_tokenizer
 
     if tokenizer is None:
         from gym_bridge.policies.embedded import embedded_model_path
 
         tokenizer = str(embedded_model_path())
-    loaded, eos_token_ids = load_tokenizer(tokenizer)
+    loaded = load_tokenizer(tokenizer)
     if not model:
         raise GymBridgeError(f"a helper model at {base_url} needs the served model's name")
-    remote = RemotePolicy(base_url, model=model, api_key=api_key)
-    return HelperModel(remote, ChatTemplate(loaded, eos_token_ids=eos_token_ids), sampling)
+    remote = RemotePolicy(base_url, model=model, api_key=api_key, request_timeout_s=request_timeout_s, max_retries=max_retries)
+    return HelperModel(remote, ChatTemplate(loaded.tokenizer, eos_token_ids=loaded.eos_token_ids), sampling)

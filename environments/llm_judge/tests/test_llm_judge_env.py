@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import pytest
 
@@ -143,3 +145,135 @@ def test_the_embedded_model_as_judge_gives_a_verdict_or_a_masked_failure() -> No
     else:
         assert result.reward in (0.0, 1.0) and len(result.metrics["verdicts"]) == 2
         assert all(reply for reply in result.metrics["judge_replies"])
+
+
+# -- a judge behind a real server on loopback (issue 19, items 9-11) ----------------------------
+
+
+def judged_by_server(smol_tokenizer, reply: str):
+    """`gym-bridge serve-model`'s app on loopback, answering every judge prompt with `reply`."""
+    from gym_bridge.server import build_app
+    from tests.http_server import app_in_thread
+    from tests.scripted_model import ScriptedModel
+
+    ids = smol_tokenizer.encode(reply, add_special_tokens=False) + [smol_tokenizer.eos_token_id]
+    model = ScriptedModel(smol_tokenizer, lambda prompt, request: Generation(token_ids=ids, logprobs=[-0.1] * len(ids), finish_reason="stop"))
+    return model, app_in_thread(build_app(model, model_name="served-judge"))
+
+
+def test_a_judge_server_set_by_base_url_and_model_judges(smol_tokenizer) -> None:
+    """Item 9: `judge_base_url` + `judge_model` (the README's setting for real use) loads a helper over
+    `/v1/completions` and judges; it used to mask every sample with a TypeError from unpacking the tokenizer."""
+    model, serving = judged_by_server(smol_tokenizer, f"Both name Darwin. {EQUAL}")
+    with serving as url:
+        env_class = type("ServedJudge", (LLMJudgeEnvironment,), {"judge_base_url": url + "/v1", "judge_model": "served-judge"})
+        result = verify(env_class, "It was Charles Darwin.")
+    assert (result.reward, result.mask_sample, result.failure_reason) == (1.0, False, None)
+    assert result.metrics["verdicts"] == ["equal", "equal"] and len(model.requests) == 2     # both orders, over HTTP
+    prompts = [smol_tokenizer.decode(list(request.prompt_ids)) for request in model.requests]
+    assert all("ANSWER A:" in prompt and "Who proposed evolution" in prompt for prompt in prompts)
+
+
+def hanging_judge_server(calls: list[float], release):
+    """A server whose `/v1/completions` answers nothing until `release` is set (then a 503)."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    from tests.http_server import app_in_thread
+
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    async def completions() -> JSONResponse:
+        calls.append(time.monotonic())
+        while not release.is_set():
+            await asyncio.sleep(0.05)
+        return JSONResponse({"error": {"message": "released"}}, status_code=503)
+
+    return app_in_thread(app)
+
+
+def test_the_judge_timeout_and_retries_are_settings(smol_tokenizer) -> None:
+    """Item 11: a hanging judge costs `judge_request_timeout_s` x (1 + `judge_max_retries`) per call,
+    not a fixed 120 s x 4: with 0.5 s and 1 retry both orders fail in about 1 s, masked."""
+    calls: list[float] = []
+    release = threading.Event()
+    with hanging_judge_server(calls, release) as url:
+        env_class = type("HangingJudge", (LLMJudgeEnvironment,), {
+            "judge_base_url": url + "/v1", "judge_model": "j", "judge_request_timeout_s": 0.5, "judge_max_retries": 1})
+        started = time.monotonic()
+        result = verify(env_class, "Darwin")
+        elapsed = time.monotonic() - started
+        release.set()
+    assert (result.mask_sample, result.failure_kind) == (True, "verifier")
+    assert "2 attempts failed" in result.failure_reason and "request timeout 0.5 s" in result.failure_reason
+    assert len(calls) == 4 and elapsed < 10          # 2 orders x 2 attempts; each attempt 0.5 s (+ backoff)
+
+
+def test_a_hanging_judge_ends_at_the_rollout_deadline(smol_tokenizer, smol_template, turn) -> None:
+    """Item 11: the rollout deadline covers verify: with `deadline_s=1.5` a judge that never answers
+    (default timeout and retries: minutes) ends the rollout as a `timeout` failure at the deadline."""
+    calls: list[float] = []
+    release = threading.Event()
+    with hanging_judge_server(calls, release) as url:
+        env_class = type("HangingJudge", (LLMJudgeEnvironment,), {"judge_base_url": url + "/v1", "judge_model": "j"})
+        policy = ScriptedPolicy({"": [turn("Charles Darwin.")]})
+        engine = Engine(policy, smol_template, EngineConfig(sampling=SamplingParams(max_new_tokens=32), deadline_s=1.5))
+        task = parse_task(ROW, index=0, default_env="llm_judge")
+
+        async def bounded():
+            return await asyncio.wait_for(engine.rollout(task, env_class=env_class), timeout=30)
+
+        started = time.monotonic()
+        record = asyncio.run(bounded())
+        elapsed = time.monotonic() - started
+        release.set()
+    assert calls, "the judge was never asked"
+    assert (record.failure_kind, record.mask_sample) == ("timeout", True) and "deadline of 1.5 s" in record.failure_reason
+    assert elapsed < 10
+
+
+EVIL_PATTERN = r"Answer:\s*((a|aa)+)$"
+"""A nested quantifier: on 'Answer: aaaa...a!' Python's `re` backtracks for minutes (2^n paths)."""
+
+
+def test_a_catastrophic_answer_regex_is_bounded_and_masked(smol_template) -> None:
+    """Item 10: a row's `output_regex` with a nested quantifier and a crafted answer used to run on the
+    event loop for as long as it backtracked (44.6 s in the report, here minutes). It now gives up after
+    `regex_timeout_s` of matching, masks the sample, and other coroutines keep running meanwhile."""
+    env_class, policy = judge_env(smol_template, {"": [said(EQUAL)]})
+    env_class = type("QuickRegex", (env_class,), {"regex_timeout_s": 0.3})
+    row = {**ROW, "template_metadata": {"output_regex": EVIL_PATTERN}}
+    task = parse_task(row, index=0, default_env="equivalence_llm_judge")
+    answer = [message_item("Answer: " + "a" * 60 + "!", item_id="msg_1")]
+
+    async def verify_while_ticking():
+        ticks: list[float] = []
+
+        async def tick():
+            while True:
+                ticks.append(time.monotonic())
+                await asyncio.sleep(0.01)
+
+        ticker = asyncio.create_task(tick())
+        try:
+            return await asyncio.wait_for(env_class().verify(task, answer), timeout=30), ticks
+        finally:
+            ticker.cancel()
+
+    started = time.monotonic()
+    result, ticks = asyncio.run(verify_while_ticking())
+    elapsed = time.monotonic() - started
+    assert (result.mask_sample, result.failure_kind) == (True, "verifier") and "regex_timeout_s" in result.failure_reason
+    assert policy.calls == [] and elapsed < 15
+    assert len(ticks) > 5 and max(b - a for a, b in zip(ticks, ticks[1:])) < 0.25   # the loop was never held
+
+
+def test_the_bounded_regex_matches_as_before() -> None:
+    """Item 10: the `regex` engine extracts what `re` did on ordinary patterns."""
+    assert extract_answer("x \\boxed{4} y \\boxed{5}", r"\\boxed\{([^}]*)\}") == "5"
+    assert extract_answer("Answer: Paris\nmore\nAnswer: Rome", r"^Answer:\s*(.*?)$") == "Rome"       # MULTILINE
+    assert extract_answer("<a>one\ntwo</a>", r"<a>(.*)</a>") == "one\ntwo"                          # DOTALL
+    assert extract_answer("no match", r"zzz") == "" and extract_answer("bad [", r"[") == "bad ["
+    with pytest.raises(TimeoutError):
+        extract_answer("Answer: " + "a" * 60 + "!", EVIL_PATTERN, timeout_s=0.2)
