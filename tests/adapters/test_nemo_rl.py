@@ -196,3 +196,13 @@ def test_the_hook_imports_lazily_and_its_actor_is_a_ray_class():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert out[0] == "" and out[1] == "True"
+
+
+def test_the_tokenizer_comes_from_the_config_path(smol_tokenizer):
+    """Issue 19 item 9: `GymBridgeEnvironment(config={"tokenizer": path})`, as NeMo RL's YAML gives it,
+    loads that folder's tokenizer; it used to raise a TypeError unpacking the loaded tokenizer as a tuple."""
+    from gym_bridge.policies.embedded import embedded_model_path
+
+    env = GymBridgeEnvironment({"tokenizer": str(embedded_model_path())})
+    assert env.eos_token_id == smol_tokenizer.eos_token_id
+    assert env.template.tokenizer.encode("Seattle", add_special_tokens=False) == smol_tokenizer.encode("Seattle", add_special_tokens=False)

@@ -113,3 +113,19 @@ def test_prepare_rows_is_seeded_disjoint_and_loads() -> None:
         task = parse_task(row, index=0)
         assert task.tools and task.tools[0]["name"] == "submit_request"
         assert set(row["expected_request"]) <= set(task.messages[0]["content"].replace(",", " ").replace(".", " ").split())
+
+
+def test_a_user_served_by_base_url_and_model_replies(smol_template, smol_tokenizer, turn) -> None:
+    """Issue 19 item 9: `user_base_url` + `user_model` loads the simulated user over `/v1/completions`
+    (it used to fail every rollout with a TypeError from unpacking the tokenizer)."""
+    from gym_bridge.server import build_app
+    from tests.http_server import app_in_thread
+    from tests.scripted_model import ScriptedModel
+
+    reply = smol_tokenizer.encode(f"I am {FIELDS['guest_name']}.", add_special_tokens=False) + [smol_tokenizer.eos_token_id]
+    model = ScriptedModel(smol_tokenizer, lambda prompt, request: Generation(reply, [-0.1] * len(reply), "stop"))
+    with app_in_thread(build_app(model, model_name="served-user")) as url:
+        served = type("ServedUser", (UserSimEnvironment,), {"simulator": "policy", "user_base_url": url + "/v1", "user_model": "served-user"})
+        record = run([turn("Who am I speaking with?"), turn(submit(FIELDS))], served, smol_template)
+    assert record.reward == 1.0 and user_lines(record) == [f"I am {FIELDS['guest_name']}."]
+    assert "role-playing a USER" in smol_tokenizer.decode(list(model.requests[0].prompt_ids))
