@@ -3,7 +3,8 @@
 NeMo RL POSTs each row to `/run` of the server its `agent_ref.name` names; each `/run` is one core
 rollout whose model calls go to NeMo RL's `/v1/chat/completions` as NeMo Gym's model servers make
 them (`ChatAPIPolicy(token_ids=True)`). A malformed row answers 422 naming the field; a failed
-rollout answers 200 with `mask_sample: true` (see `to_run_result` for what NeMo RL reads).
+rollout answers 200 with `mask_sample: true` (see `to_run_result` for what NeMo RL reads); a client
+that disconnects cancels its rollout.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import math
 import os
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -250,7 +251,9 @@ def build_app(settings: AgentServerSettings, *, policy: ChatPolicy | None = None
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
             return unprocessable(f"request body is not valid JSON: {error}", "body")
         try:
-            return JSONResponse(await server.run(row))
+            return JSONResponse(await _unless_disconnected(server.run(row), request))
+        except ClientDisconnected:
+            return JSONResponse({"detail": "the client disconnected; its rollout was cancelled"}, status_code=499)
         except RowError as error:
             return unprocessable(str(error), error.field)
         except Exception as error:  # a bug outside the rollout's own boundary: this request only
@@ -259,6 +262,32 @@ def build_app(settings: AgentServerSettings, *, policy: ChatPolicy | None = None
     app.add_route("/health", health, methods=["GET"])
     app.add_route("/run", run, methods=["POST"])
     return app
+
+
+class ClientDisconnected(Exception):
+    """The `/run` client went away before its rollout finished; the rollout was cancelled."""
+
+
+async def _unless_disconnected(run: Awaitable[dict[str, Any]], request: Any) -> dict[str, Any]:
+    """`await run`, cancelled as soon as the client disconnects (then raises ClientDisconnected), so
+    a trainer that gives up on a row frees its slot and stops its model calls."""
+    running = asyncio.ensure_future(run)
+    watching = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({running, watching}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watching.cancel()
+        if not running.done():
+            running.cancel()
+    if running.cancelled():
+        raise ClientDisconnected()
+    return running.result()
+
+
+async def _disconnected(request: Any) -> None:
+    """Return once the client has disconnected (the body was read already, so only that message is left)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def serve(settings: AgentServerSettings, *, host: str = "127.0.0.1", port: int = 9000,

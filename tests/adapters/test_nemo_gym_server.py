@@ -421,3 +421,49 @@ def test_an_environment_that_refuses_to_run_stops_the_server_at_start():
             build_app(settings)
     finally:
         register(original)
+
+
+def test_a_client_that_disconnects_cancels_its_rollout(weather_path):
+    """Issue 19 item 14: a `/run` client that gives up (NeMo RL's timeout, a killed trainer) cancels its
+    rollout: the slot is freed at once and the model call in flight is dropped, instead of running on to
+    the deadline (here 60 s) for nobody."""
+    import socket
+    import threading
+    import time
+
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    asked, dropped, release = [], [], threading.Event()
+
+    async def never_answers(request):
+        asked.append(time.monotonic())
+        while not release.is_set():
+            if await request.is_disconnected():
+                dropped.append(time.monotonic())
+                break
+            await asyncio.sleep(0.05)
+        return JSONResponse({"error": {"message": "released"}}, status_code=503)
+
+    model_app = FastAPI()
+    model_app.add_route("/v1/chat/completions", never_answers, methods=["POST"])
+    with app_in_thread(model_app) as model_url:
+        settings = AgentServerSettings(envs=("weather",), model_base_urls=(model_url + "/v1",), model="m", deadline_s=60,
+                                       max_retries=0, request_timeout_s=60)
+        with app_in_thread(build_app(settings)) as agent_url:
+            body = json.dumps(nemo_rl_row(weather_path)).encode()
+            port = int(agent_url.rsplit(":", 1)[1])
+            with socket.create_connection(("127.0.0.1", port)) as client:   # a client that leaves mid-rollout
+                client.sendall(b"POST /run HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                               b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                deadline = time.monotonic() + 30
+                while not asked and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert asked, "the rollout never called the model"
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and (httpx.get(agent_url + "/health").json()["in_flight"] or not dropped):
+                time.sleep(0.05)
+            health = httpx.get(agent_url + "/health").json()
+        release.set()
+    assert health["in_flight"] == 0 and health["completed"] == 0
+    assert dropped and dropped[0] - asked[0] < 8        # the model call was dropped soon after the client left
