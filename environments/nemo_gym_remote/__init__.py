@@ -5,9 +5,10 @@ call the model makes as `POST /<tool name>` with its arguments, then `POST /veri
 plus the Responses object of the trajectory; the server's session cookie rides along on every
 call. The tools are the row's own schemas. With `session_protocol = "typed"` (NeMo Gym >= 0.7)
 the session is seeded by id and closed with `POST /close_session` on every path. Connections
-are pooled, every request has a timeout, transport errors are retried a bounded number of
-times (a tool call only when it never reached the server), and a server that is down or
-answers garbage fails the rollout as `env`. Route rows here with `agent_ref.remote` (the
+are pooled, every request has a timeout, answers are read up to `max_response_bytes` and decoded
+in a worker thread when large, transport errors are retried a bounded number of times (a tool
+call only when it never reached the server), and a server that is down, answers garbage or
+answers too much fails the rollout as `env`. Route rows here with `agent_ref.remote` (the
 server's URL) or `gym-bridge eval --env-url NAME=URL`.
 """
 
@@ -20,6 +21,7 @@ import math
 import time
 import uuid
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -31,6 +33,8 @@ from gym_bridge.core.registry import get_environment, known_environments, regist
 
 NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 """Transport errors raised before a request reached the server: safe to retry even for a tool."""
+OFF_LOOP_BYTES = 1 << 20
+"""Answers at least this long are decoded and parsed in a worker thread."""
 
 
 class RemoteError(Exception):
@@ -42,7 +46,7 @@ class NemoGymRemoteEnvironment(Environment):
     description = "Any NeMo Gym resources server over HTTP (seed_session, tool routes, verify); the row's tools, the server's reward."
     example_data = Path(__file__).parent / "data" / "example.jsonl"
     tools_from_row = True
-    settings = ("base_url", "request_timeout_s", "max_retries", "session_protocol", "max_connections")
+    settings = ("base_url", "request_timeout_s", "max_retries", "session_protocol", "max_connections", "max_response_bytes")
     tool_timeout_s: ClassVar[float] = 120.0
     verify_timeout_s: ClassVar[float] = 300.0
     base_url: ClassVar[str | None] = None
@@ -53,6 +57,8 @@ class NemoGymRemoteEnvironment(Environment):
     session_protocol: ClassVar[str] = "legacy"
     """`legacy`: seed with the row (every NeMo Gym server); `typed`: seed by session id and close it (NeMo Gym >= 0.7)."""
     max_connections: ClassVar[int] = 256
+    max_response_bytes: ClassVar[int] = 16 << 20
+    """Bytes of one answer read at most; a longer one fails the rollout as `env` (16 MiB)."""
     transport: ClassVar[httpx.AsyncBaseTransport | None] = None
     """Replaces the network (tests pass `httpx.MockTransport`)."""
 
@@ -105,8 +111,8 @@ class NemoGymRemoteEnvironment(Environment):
         """POST the arguments to the tool's route; the body of a 2xx or 4xx answer is what the model reads."""
         response = await self._post(f"/{tool_name}", arguments, idempotent=False)
         if response.status_code >= 500:
-            raise RemoteError(f"{self.url}/{tool_name} answered {response.status_code}: {response.text[:300]}")
-        return response.text
+            raise RemoteError(f"{self.url}/{tool_name} answered {response.status_code}: {response.head(300)}")
+        return await response.text()
 
     async def verify(self, task: Task, output: list[Item]) -> VerifyResult:
         body = {**request_row(task), "response": response_object(task, output)}
@@ -140,24 +146,26 @@ class NemoGymRemoteEnvironment(Environment):
     async def _json(self, path: str, body: dict[str, Any], *, idempotent: bool) -> dict[str, Any]:
         response = await self._post(path, body, idempotent=idempotent)
         if response.status_code >= 400:
-            raise RemoteError(f"{self.url}{path} answered {response.status_code}: {response.text[:300]}")
+            raise RemoteError(f"{self.url}{path} answered {response.status_code}: {response.head(300)}")
         try:
-            answer = response.json()
+            answer = await response.json()
         except ValueError:
-            raise RemoteError(f"{self.url}{path} answered {response.status_code} with a body that is not JSON: {response.text[:200]!r}") from None
+            raise RemoteError(f"{self.url}{path} answered {response.status_code} with a body that is not JSON: {response.head(200)!r}") from None
         if not isinstance(answer, dict):
-            raise RemoteError(f"{self.url}{path} answered JSON that is not an object: {response.text[:200]!r}")
+            raise RemoteError(f"{self.url}{path} answered JSON that is not an object: {response.head(200)!r}")
         return answer
 
-    async def _post(self, path: str, body: dict[str, Any], *, idempotent: bool) -> httpx.Response:
+    async def _post(self, path: str, body: dict[str, Any], *, idempotent: bool) -> Answer:
         """One POST with the session cookie, retried on transport errors: any of them when the call is
-        idempotent, else only those raised before the request was sent. Raises RemoteError."""
+        idempotent, else only those raised before the request was sent. Raises RemoteError, also for
+        an answer longer than `max_response_bytes` (never read past it)."""
         client = _client(type(self))
         retryable = httpx.TransportError if idempotent else NOT_SENT
         for attempt in range(self.max_retries + 1):
             try:
                 headers = {"Cookie": "; ".join(f"{name}={value}" for name, value in self.cookies.items())} if self.cookies else {}
-                response = await client.post(self.url + path, json=body, headers=headers)
+                async with client.stream("POST", self.url + path, json=body, headers=headers) as response:
+                    content = await _read_capped(response, self.max_response_bytes, f"{self.url}{path}")
             except retryable as error:
                 if attempt == self.max_retries:
                     raise RemoteError(f"{self.url}{path}: {type(error).__name__}: {error or 'no answer'} (after {attempt + 1} attempts)") from None
@@ -168,8 +176,50 @@ class NemoGymRemoteEnvironment(Environment):
             for cookie in response.cookies.jar:
                 if cookie.value is not None:
                     self.cookies[cookie.name] = cookie.value
-            return response
+            return Answer(status_code=response.status_code, content=content, encoding=response.encoding or "utf-8")
         raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A resources server's answer, read whole (at most `max_response_bytes`)."""
+
+    status_code: int
+    content: bytes
+    encoding: str
+
+    def head(self, chars: int) -> str:
+        """The first `chars` characters of the body, for error messages."""
+        return self.content[: chars * 4].decode(self.encoding, errors="replace")[:chars]
+
+    async def text(self) -> str:
+        """The body as text, decoded in a worker thread when long."""
+        return await _off_loop_if_long(self.content, lambda: self.content.decode(self.encoding, errors="replace"))
+
+    async def json(self) -> Any:
+        """The body parsed as JSON, in a worker thread when long; raises ValueError when it is not JSON."""
+        return await _off_loop_if_long(self.content, lambda: json.loads(self.content))
+
+
+async def _off_loop_if_long(content: bytes, work: Any) -> Any:
+    if len(content) < OFF_LOOP_BYTES:
+        return work()
+    return await asyncio.to_thread(work)
+
+
+async def _read_capped(response: httpx.Response, max_bytes: int, where: str) -> bytes:
+    """The body of a streamed `response`, refusing (RemoteError) one longer than `max_bytes`
+    before reading past it: by its Content-Length, else as the bytes arrive."""
+    declared = response.headers.get("content-length")
+    too_long = f"{where} answered more than max_response_bytes ({max_bytes:,} bytes)"
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise RemoteError(f"{too_long}: Content-Length {int(declared):,}")
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) > max_bytes:
+            raise RemoteError(too_long)
+    return bytes(body)
 
 
 def request_row(task: Task) -> dict[str, Any]:

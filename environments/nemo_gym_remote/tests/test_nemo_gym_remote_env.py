@@ -324,3 +324,58 @@ def test_nemo_gyms_own_example_single_tool_call_server_gives_weathers_rewards(sm
         process.terminate()
         process.wait(timeout=30)
         log.close()
+
+
+# -- answers that are too long (issue 19, item 12) ---------------------------------------------
+
+
+def flooding_app(sent: list[int], *, tool_mb: int = 0, verify_body: bytes | None = None):
+    """A resources server whose tool streams `tool_mb` MiB (chunked, no length) and whose verify answers `verify_body`."""
+    from fastapi.responses import Response, StreamingResponse
+
+    app = FastAPI()
+
+    async def flood():
+        for _ in range(tool_mb):
+            sent.append(1)
+            yield b"x" * (1 << 20)
+            await asyncio.sleep(0)
+
+    @app.post("/seed_session")
+    async def seed_session() -> object:
+        return {}
+
+    @app.post("/get_weather")
+    async def get_weather() -> object:
+        return StreamingResponse(flood(), media_type="text/plain")
+
+    @app.post("/verify")
+    async def verify_route() -> object:
+        return Response(verify_body or b'{"reward": 1.0}', media_type="application/json")
+
+    return app
+
+
+def test_an_endless_tool_answer_is_cut_off_at_max_response_bytes(smol_template, turn) -> None:
+    """Item 12: a tool route that streams 64 MiB is read only up to `max_response_bytes` (here the
+    default, 16 MiB) and fails the rollout as `env`; the whole body used to be read and decoded on the
+    event loop (200 MB in the report: +1.8 GB and every rollout stalled 11 s)."""
+    sent: list[int] = []
+    with app_in_thread(flooding_app(sent, tool_mb=64)) as url:
+        records = run_all(remote(url), {"a": [turn(call({"city": "Oslo"})), turn("Cold.")]}, smol_template)
+    record = records[0]
+    assert (record.failure_kind, record.mask_sample) == ("env", True), record.failure_reason
+    assert "get_weather answered more than max_response_bytes (16,777,216 bytes)" in record.failure_reason
+    assert len(sent) < 40                                   # the server was not read to the end
+
+
+def test_a_declared_length_over_the_cap_is_refused_unread_and_a_long_answer_under_it_is_parsed(smol_template, turn) -> None:
+    """Item 12: a verify answer whose Content-Length is over `max_response_bytes` is refused before its
+    body is read; one under it that is long (3 MB, parsed in a worker thread) still scores."""
+    long_answer = json.dumps({"reward": 1.0, "echo": ["y" * 1000] * 3000, "note": "kept"}).encode()
+    with app_in_thread(flooding_app([], verify_body=long_answer)) as url:
+        refused = run_all(remote(url, max_response_bytes=100_000), {"a": [turn("It is cold.")]}, smol_template)[0]
+        scored = run_all(remote(url), {"a": [turn("It is cold.")]}, smol_template)[0]
+    assert refused.failure_kind == "env" and f"Content-Length {len(long_answer):,}" in refused.failure_reason
+    assert "max_response_bytes (100,000 bytes)" in refused.failure_reason
+    assert scored.failure_kind is None and scored.reward == 1.0 and scored.verify_metrics["note"] == "kept"
