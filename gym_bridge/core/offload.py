@@ -8,7 +8,10 @@ Workers start from a forkserver (spawn where there is none), never by forking th
 caller may have threads, CUDA or torch state that a fork would corrupt. As with any spawned
 process, the forkserver imports the caller's main script once: guard its entry point with
 `if __name__ == "__main__":`; its top-level imports are paid once, when the pool first starts.
-Workers end with the process that started them, even when it is killed with SIGKILL.
+Workers end with the process that started them, even when it is killed with SIGKILL. A worker
+is recycled (stopped, and replaced on demand) after `max_tasks_per_worker` calls or once its
+resident memory passes `max_memory_mb` (`set_worker_limits`), so state that leaks from call to
+call, such as an isolated environment's, cannot grow without bound.
 """
 
 from __future__ import annotations
@@ -29,7 +32,12 @@ import weakref
 from concurrent.futures import BrokenExecutor, ProcessPoolExecutor
 from typing import Any, Callable
 
-__all__ = ["run_in_process", "set_pool_size", "shutdown_pool"]
+__all__ = ["run_in_process", "set_pool_size", "set_worker_limits", "shutdown_pool"]
+
+DEFAULT_MAX_TASKS_PER_WORKER = 1000
+"""Calls one worker process runs before it is recycled."""
+DEFAULT_MAX_WORKER_MEMORY_MB = 2048.0
+"""Resident memory (MiB) past which a worker is recycled after its call (read from /proc, so Linux only)."""
 
 
 async def run_in_process(fn: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
@@ -84,6 +92,23 @@ def set_pool_size(max_workers: int) -> None:
     if max_workers < 1:
         raise ValueError(f"max_workers must be at least 1, got {max_workers}")
     _POOL.resize(max_workers)
+
+
+def set_worker_limits(
+    *, max_tasks_per_worker: int | None = DEFAULT_MAX_TASKS_PER_WORKER, max_memory_mb: float | None = DEFAULT_MAX_WORKER_MEMORY_MB
+) -> None:
+    """Recycle a worker process after `max_tasks_per_worker` calls, or after a call that leaves its
+    resident memory above `max_memory_mb` MiB (checked on Linux only); None turns a limit off.
+
+    A recycled worker finishes its call, is stopped, and a fresh one starts with the next call
+    (about 0.1 s). The memory limit is checked between calls: it bounds growth from call to call,
+    not a single call that allocates more. Defaults: 1000 calls, 2048 MiB.
+    """
+    if max_tasks_per_worker is not None and max_tasks_per_worker < 1:
+        raise ValueError(f"max_tasks_per_worker must be at least 1 (or None), got {max_tasks_per_worker}")
+    if max_memory_mb is not None and max_memory_mb <= 0:
+        raise ValueError(f"max_memory_mb must be positive (or None), got {max_memory_mb}")
+    _POOL.max_tasks_per_worker, _POOL.max_memory_mb = max_tasks_per_worker, max_memory_mb
 
 
 def shutdown_pool() -> None:
@@ -197,6 +222,10 @@ class _WorkerPool:
 
     def __init__(self) -> None:
         self.max_workers = min(2, os.cpu_count() or 1)
+        self.max_tasks_per_worker: int | None = DEFAULT_MAX_TASKS_PER_WORKER
+        self.max_memory_mb: float | None = DEFAULT_MAX_WORKER_MEMORY_MB
+        self._calls: dict[ProcessPoolExecutor, int] = {}
+        """Calls each live worker has finished."""
         self._lock = threading.Lock()
         self._idle: list[ProcessPoolExecutor] = []
         self._busy: set[ProcessPoolExecutor] = set()
@@ -235,14 +264,27 @@ class _WorkerPool:
         return worker
 
     def give_back(self, worker: ProcessPoolExecutor, *, healthy: bool) -> None:
-        """Keep `worker` for the next call, or (broken, hung, cancelled, surplus) stop it."""
+        """Keep `worker` for the next call, or (broken, hung, cancelled, surplus, worn out) stop it."""
+        worn = healthy and self._worn_out(worker)
         with self._lock:
             self._busy.discard(worker)
-            keep = healthy and len(self._idle) < self.max_workers
+            keep = healthy and not worn and len(self._idle) < self.max_workers
             if keep:
                 self._idle.append(worker)
+            else:
+                self._calls.pop(worker, None)
         if not keep:
             _stop(worker, kill=not healthy)
+
+    def _worn_out(self, worker: ProcessPoolExecutor) -> bool:
+        """Count the call `worker` just finished; True when it reached a recycling limit."""
+        with self._lock:
+            calls = self._calls[worker] = self._calls.get(worker, 0) + 1
+        if self.max_tasks_per_worker is not None and calls >= self.max_tasks_per_worker:
+            return True
+        if self.max_memory_mb is None:
+            return False
+        return any(_resident_mb(pid) > self.max_memory_mb for pid in (getattr(worker, "_processes", None) or {}))
 
     def worker_pids(self) -> list[int]:
         with self._lock:
@@ -254,13 +296,15 @@ class _WorkerPool:
             self.max_workers = max_workers
             self._slots = weakref.WeakKeyDictionary()
             surplus, self._idle = self._idle[max_workers:], self._idle[:max_workers]
+            for worker in surplus:
+                self._calls.pop(worker, None)
         for worker in surplus:
             worker.shutdown(wait=False)
 
     def shutdown(self) -> None:
         with self._lock:
             idle, busy = self._idle, list(self._busy)
-            self._idle, self._busy = [], set()
+            self._idle, self._busy, self._calls = [], set(), {}
         for worker in busy:
             _stop(worker, kill=True)
         for worker in idle:
@@ -269,6 +313,16 @@ class _WorkerPool:
     def forget(self) -> None:
         """In a forked child: the parent's workers are not ours to use or stop."""
         self.__init__()  # type: ignore[misc]
+
+
+def _resident_mb(pid: int) -> float:
+    """The resident memory of process `pid` in MiB (0.0 where /proc cannot tell)."""
+    try:
+        with open(f"/proc/{pid}/statm", encoding="ascii") as handle:
+            pages = int(handle.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return pages * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
 
 
 def _stop(worker: ProcessPoolExecutor, *, kill: bool) -> None:
