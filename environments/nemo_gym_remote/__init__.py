@@ -23,7 +23,7 @@ import uuid
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar, TypeVar
 
 import httpx
 
@@ -35,6 +35,7 @@ NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 """Transport errors raised before a request reached the server: safe to retry even for a tool."""
 OFF_LOOP_BYTES = 1 << 20
 """Answers at least this long are decoded and parsed in a worker thread."""
+T = TypeVar("T")
 
 
 class RemoteError(Exception):
@@ -201,7 +202,8 @@ class Answer:
         return await _off_loop_if_long(self.content, lambda: json.loads(self.content))
 
 
-async def _off_loop_if_long(content: bytes, work: Any) -> Any:
+async def _off_loop_if_long(content: bytes, work: Callable[[], T]) -> T:
+    """`work()`, in a worker thread when `content` is long."""
     if len(content) < OFF_LOOP_BYTES:
         return work()
     return await asyncio.to_thread(work)

@@ -286,7 +286,8 @@ class RolloutContext:
         try:
             if _few_values(result, INLINE_ENCODE_VALUES):
                 return capped_output(json.dumps(result), max_chars)
-            return await call_bounded(encode_capped, result, max_chars, timeout_s=_TOKENIZE_TIMEOUT_S, owner="tool output")  # type: ignore[no-any-return]
+            encoded: str = await call_bounded(encode_capped, result, max_chars, timeout_s=_TOKENIZE_TIMEOUT_S, owner="tool output")
+            return encoded
         except (TypeError, ValueError) as error:
             raise RolloutFailure("env", f"tool {name!r} returned a value that is not JSON-serializable: {error}") from None
 

@@ -65,8 +65,9 @@ def _load(
 
         if not model:
             raise GymBridgeError(f"a helper model at {base_url} with api={api!r} needs the served model's name")
-        return HelperModel(ChatAPIPolicy(model=model, base_url=base_url, api=api, api_key=api_key,
-                                     request_timeout_s=request_timeout_s, max_retries=max_retries), None, sampling)  # type: ignore[arg-type]
+        chat = ChatAPIPolicy(model=model, base_url=base_url, api=api, api_key=api_key,  # type: ignore[arg-type]
+                             request_timeout_s=request_timeout_s, max_retries=max_retries)
+        return HelperModel(chat, None, sampling)
     from gym_bridge.policies.remote import RemotePolicy, load_tokenizer
 
     if tokenizer is None:
