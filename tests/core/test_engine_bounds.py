@@ -97,7 +97,7 @@ def test_a_tool_returning_millions_of_values_is_encoded_only_as_far_as_the_cap_o
 
     record, ticks = asyncio.run(rollout_while_ticking())
     assert record.failure_kind is None, record.failure_reason
-    assert max(b - a for a, b in zip(ticks, ticks[1:])) < 0.3        # json.dumps(MANY) alone holds the loop ~1 s
+    assert max(b - a for a, b in zip(ticks, ticks[1:])) < 0.5        # json.dumps(MANY) alone holds the loop ~1 s
     output = next(item["output"] for item in record.output if item["type"] == "function_call_output")
     assert output.startswith("[7, 7, 7") and output.endswith("the tool returned more than 1,000 characters; only the first 1,000 are shown]")
     assert len(output.split("\n")[0]) == 1000

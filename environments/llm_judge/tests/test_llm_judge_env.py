@@ -268,7 +268,7 @@ def test_a_catastrophic_answer_regex_is_bounded_and_masked(smol_template) -> Non
     elapsed = time.monotonic() - started
     assert (result.mask_sample, result.failure_kind) == (True, "verifier") and "regex_timeout_s" in result.failure_reason
     assert policy.calls == [] and elapsed < 15
-    assert len(ticks) > 5 and max(b - a for a, b in zip(ticks, ticks[1:])) < 0.25   # the loop was never held
+    assert len(ticks) > 5 and max(b - a for a, b in zip(ticks, ticks[1:])) < 0.5    # the loop was never held
 
 
 def test_the_bounded_regex_matches_as_before() -> None:
