@@ -40,6 +40,11 @@ Mode = Literal["stdin", "call"]
 Failure = Literal["timeout", "output_limit", "cpu_limit", "memory_limit", "process_limit", "runtime_error"]
 
 
+SANDBOX_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1"}
+"""The whole environment of the sandbox, of bwrap itself too: bwrap is PID 1 inside, and its
+/proc/1/environ is readable there, so it must not start with the trainer's (API keys, tokens)."""
+
+
 class SandboxUnavailable(Exception):
     """The sandbox cannot start on this machine; the message says why and what to do."""
 
@@ -60,6 +65,8 @@ class SandboxLimits:
     """Largest file the solution may write (RLIMIT_FSIZE)."""
     tmp_mb: int = 64
     """Size of the private /tmp."""
+    shm_mb: int = 16
+    """Size of the private /dev/shm (POSIX shared memory, multiprocessing's semaphores); the rest of /dev is read-only."""
     max_open_files: int = 64
 
 
@@ -173,7 +180,7 @@ class Sandbox:
             "max_open_files": self.limits.max_open_files,
         }
         harness = [self.python, "-I", "harness.py" if self.unsafe_no_sandbox else "/sandbox/harness.py", mode, str(ready_write), json.dumps(limits)]
-        options: dict = {"pass_fds": (ready_write,), "start_new_session": True}
+        options: dict = {"pass_fds": (ready_write,), "start_new_session": True, "env": dict(SANDBOX_ENV)}
         if self.unsafe_no_sandbox:
             command, options["cwd"] = harness, run_dir
         else:
@@ -276,14 +283,16 @@ def bwrap_command(run_dir: Path, python: str, limits: SandboxLimits) -> list[str
     command += [
         "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
         "--proc", "/proc", "--dev", "/dev",
+        "--size", str(limits.shm_mb * 2**20), "--perms", "1777", "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
         "--size", str(limits.tmp_mb * 2**20), "--perms", "1777", "--tmpfs", "/tmp",
         "--ro-bind", str(run_dir), "/sandbox",
         "--remount-ro", "/",
         "--chdir", "/tmp",
-        "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
-        "--setenv", "PYTHONIOENCODING", "utf-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
-        "--",
+        "--clearenv",
     ]
+    for name, value in SANDBOX_ENV.items():
+        command += ["--setenv", name, value]
+    command.append("--")
     return command
 
 
