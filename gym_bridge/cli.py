@@ -272,7 +272,8 @@ async def _eval(args: argparse.Namespace) -> int:
 
 async def _eval_locked(args: argparse.Namespace) -> int:
     from gym_bridge.core.agent_loop import Limits
-    from gym_bridge.core.engine import Engine, EngineConfig, freeze_startup_objects
+    from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready, freeze_startup_objects
+    from gym_bridge.core.registry import resolve_tasks
     from gym_bridge.core.policy import SamplingParams
     from gym_bridge.core.metrics import format_table
     from gym_bridge.core.template import ChatTemplate
@@ -280,6 +281,7 @@ async def _eval_locked(args: argparse.Namespace) -> int:
 
     _apply_env_options(args.env_setting, args.env_url)
     tasks = select_tasks(env_names=args.env, data_paths=args.data, limit=args.limit)
+    ensure_ready(resolve_tasks(tasks).values())  # refuse (no sandbox, say) before loading a model or touching --output
     if _base_urls(args):
         policy, template, model_name = await _remote_setup(args)
     else:
