@@ -264,8 +264,10 @@ def _apply_env_options(env_settings: Sequence[str], env_urls: Sequence[str]) -> 
 
 
 async def _eval(args: argparse.Namespace) -> int:
+    from gym_bridge.core.output_file import check_not_an_input
     from gym_bridge.core.rollout_file import locked_output
 
+    check_not_an_input(args.output, args.data)
     with locked_output(args.output):  # refuse a second run on the same file before loading anything
         return await _eval_locked(args)
 
@@ -468,6 +470,7 @@ def _option_value(text: str) -> Any:
 
 def _data(args: argparse.Namespace) -> int:
     from gym_bridge import data
+    from gym_bridge.core.output_file import check_not_an_input
 
     if args.data_command == "validate":
         failed = False
@@ -500,6 +503,7 @@ def _data(args: argparse.Namespace) -> int:
         return 0
     if args.weights is None and args.num_rows is not None:
         raise GymBridgeError("--num-rows needs --weights")
+    check_not_an_input(args.output, args.files)
     try:
         rows = data.mix_files(args.files, weights=args.weights, seed=args.seed, num_rows=args.num_rows)
     except ValueError as error:

@@ -68,3 +68,12 @@ def test_rows_a_record_cannot_hold_are_refused_by_eval_and_validate(tmp_path: Pa
     assert main(["data", "validate", str(data)]) == 1
     captured = capsys.readouterr()
     assert f"{data}:2: {message}" in captured.err and "1 problem(s)" in captured.out
+
+
+def test_eval_refuses_an_output_that_is_its_data(tmp_path: Path, capsys) -> None:
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps({"prompt": "x", "environment": "math"}) + "\n")
+    before = data.read_text()
+    assert main(["eval", "--data", str(data), "--no-progress", "--output", str(data)]) == 2
+    assert f"--output {data} is also an input" in capsys.readouterr().err
+    assert data.read_text() == before
