@@ -100,3 +100,27 @@ def test_the_rest_of_dev_is_read_only_but_its_devices_work() -> None:
     )
     result = run(program)
     assert result.stdout.decode().split() == ["EROFS", "4", "lock"], result
+
+
+SYSV_IPC = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+segment = libc.shmget(0, 64 * 2**20, 0o1600)
+if segment >= 0:
+    address = libc.shmat(segment, None, 0)
+    ctypes.memset(address, 1, 64 * 2**20)  # 64 MB of host memory outside RLIMIT_AS once detached
+    libc.shmdt(ctypes.c_void_p(address))
+    print('shm', segment)
+else:
+    print('shm', os.strerror(ctypes.get_errno()))
+print('sem', libc.semget(0, 4, 0o1600) >= 0, 'msg', libc.msgget(0, 0o1600) >= 0)
+"""
+
+
+@needs_sandbox
+def test_sysv_shared_memory_semaphores_and_queues_cannot_be_created() -> None:
+    """SysV IPC objects outlive their creator inside the run's IPC namespace and count against no
+    rlimit: segments of 100 MB, attached, filled and detached in a loop, held 800 MB of host memory."""
+    result = run(SYSV_IPC)
+    assert result.stdout.decode().split("\n")[:2] == ["shm Operation not permitted", "sem False msg False"], result
