@@ -1,8 +1,10 @@
 """Run untrusted Python in a bubblewrap sandbox, off the event loop, with every resource bounded.
 
 Each run gets fresh namespaces (no network, no view of host processes), a read-only root made of
-/usr (plus the interpreter's prefix), a private size-capped /tmp as its working directory, and
-its files read-only under /sandbox. Inside, `harness.py` sets CPU-time, address-space, process,
+/usr (plus the interpreter's prefix), a private size-capped /tmp as its working directory, a
+read-only /dev with a size-capped /dev/shm, its files read-only under /sandbox, none of the
+trainer's environment variables (bwrap itself starts without them), and a seccomp filter against
+SysV shared memory. Inside, `harness.py` sets CPU-time, address-space, process,
 file-size and open-file limits before the solution runs. The host bounds wall time and captured
 output, and afterwards kills the whole process group: with bwrap gone its PID namespace dies, so
 nothing the solution started survives. Run as root, each concurrent run uses its own unprivileged
