@@ -264,15 +264,18 @@ def _apply_env_options(env_settings: Sequence[str], env_urls: Sequence[str]) -> 
 
 
 async def _eval(args: argparse.Namespace) -> int:
+    from gym_bridge.core.output_file import check_not_an_input
     from gym_bridge.core.rollout_file import locked_output
 
+    check_not_an_input(args.output, args.data)
     with locked_output(args.output):  # refuse a second run on the same file before loading anything
         return await _eval_locked(args)
 
 
 async def _eval_locked(args: argparse.Namespace) -> int:
     from gym_bridge.core.agent_loop import Limits
-    from gym_bridge.core.engine import Engine, EngineConfig, freeze_startup_objects
+    from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready, freeze_startup_objects
+    from gym_bridge.core.registry import resolve_tasks
     from gym_bridge.core.policy import SamplingParams
     from gym_bridge.core.metrics import format_table
     from gym_bridge.core.template import ChatTemplate
@@ -280,6 +283,7 @@ async def _eval_locked(args: argparse.Namespace) -> int:
 
     _apply_env_options(args.env_setting, args.env_url)
     tasks = select_tasks(env_names=args.env, data_paths=args.data, limit=args.limit)
+    ensure_ready(resolve_tasks(tasks).values())  # refuse (no sandbox, say) before loading a model or touching --output
     if _base_urls(args):
         policy, template, model_name = await _remote_setup(args)
     else:
@@ -466,6 +470,7 @@ def _option_value(text: str) -> Any:
 
 def _data(args: argparse.Namespace) -> int:
     from gym_bridge import data
+    from gym_bridge.core.output_file import check_not_an_input
 
     if args.data_command == "validate":
         failed = False
@@ -498,6 +503,7 @@ def _data(args: argparse.Namespace) -> int:
         return 0
     if args.weights is None and args.num_rows is not None:
         raise GymBridgeError("--num-rows needs --weights")
+    check_not_an_input(args.output, args.files)
     try:
         rows = data.mix_files(args.files, weights=args.weights, seed=args.seed, num_rows=args.num_rows)
     except ValueError as error:

@@ -18,8 +18,9 @@ from typing import Any, Sequence
 from gym_bridge.core.environment import Environment
 from gym_bridge.core.errors import DataError, GymBridgeError, UnknownEnvironmentError
 from gym_bridge.core.mixing import check_weights, weighted_mix
+from gym_bridge.core.output_file import replaced_atomically
 from gym_bridge.core.registry import get_environment, known_environments, resolve_tasks
-from gym_bridge.core.task import ROUTING_KEYS, Task, iter_jsonl, parse_task
+from gym_bridge.core.task import ROUTING_KEYS, Task, iter_jsonl, parse_json_line, parse_task
 
 
 @dataclass(frozen=True)
@@ -82,24 +83,31 @@ def check_row(row: Any, *, source: str, default_env: str | None = None) -> tuple
 
 
 def validate_file(path: str | Path, *, default_env: str | None = None) -> ValidationReport:
-    """Check every row of a JSONL task file; never stops at the first problem.
-
-    Raises FileNotFoundError when the file does not exist.
-    """
+    """Check every row of a JSONL task file; never stops at the first problem, and never raises:
+    a file that cannot be read (missing, a directory, UTF-16) is one problem naming it."""
     path = Path(path)
     problems: list[Problem] = []
     per_env: Counter[str] = Counter()
     rows = 0
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
+    unreadable = _unreadable(path)
+    if unreadable:
+        return ValidationReport(path=path, rows=0, problems=[Problem(str(path), "", unreadable)])
+    with path.open("rb") as handle:
+        for line_number, raw in enumerate(handle, start=1):
+            source = f"{path}:{line_number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                rows += 1
+                problems.append(Problem(source, "", f"invalid UTF-8 (byte 0x{raw[error.start]:02x} at column {error.start + 1}); save the file as UTF-8"))
+                continue
             if not line.strip():
                 continue
             rows += 1
-            source = f"{path}:{line_number}"
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                problems.append(Problem(source, "", f"malformed JSON ({error.msg} at column {error.colno})"))
+                row = parse_json_line(line, source=source)
+            except DataError as error:
+                problems.append(Problem(source, "", error.message))
                 continue
             env_class, found = check_row(row, source=source, default_env=default_env)
             problems.extend(found)
@@ -108,6 +116,22 @@ def validate_file(path: str | Path, *, default_env: str | None = None) -> Valida
     if rows == 0:
         problems.append(Problem(str(path), "", "holds no rows"))
     return ValidationReport(path=path, rows=rows, problems=problems, rows_per_env=dict(sorted(per_env.items())))
+
+
+_BYTE_ORDER_MARKS = {b"\xff\xfe\x00\x00": "UTF-32", b"\x00\x00\xfe\xff": "UTF-32", b"\xff\xfe": "UTF-16", b"\xfe\xff": "UTF-16"}
+
+
+def _unreadable(path: Path) -> str | None:
+    """Why `path` cannot be read as a JSONL file at all, or None."""
+    if path.is_dir():
+        return "is a directory; give the JSONL files in it"
+    try:
+        with path.open("rb") as handle:
+            start = handle.read(4)
+    except OSError as error:
+        return f"cannot be read: {error.strerror or error}"
+    encoding = next((name for mark, name in _BYTE_ORDER_MARKS.items() if start.startswith(mark)), None)
+    return f"is {encoding} (it starts with a byte-order mark); save it as UTF-8" if encoding else None
 
 
 def generator_names() -> list[str]:
@@ -187,10 +211,10 @@ def mix_files(paths: Sequence[str | Path], *, weights: Sequence[float] | None = 
 
 
 def write_rows(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
-    """Write rows as JSONL (UTF-8, one object per line), creating the folder; returns the path."""
+    """Write rows as JSONL (UTF-8, one object per line), creating the folder and replacing `path`
+    atomically (an interrupted write leaves the old file); returns the path."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as handle:
+    with replaced_atomically(path) as temp, temp.open("w", encoding="utf-8") as handle:
         for row in rows:
             handle.write(json.dumps(row, ensure_ascii=False) + "\n")
     return path

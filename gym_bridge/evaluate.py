@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from gym_bridge.core.bounded_call import call_environment, describe_error
-from gym_bridge.core.engine import Engine
+from gym_bridge.core.engine import Engine, ensure_ready
 from gym_bridge.core.environment import to_verify_result
 from gym_bridge.core.environment import Environment
 from gym_bridge.core.errors import DataError, UnknownEnvironmentError
@@ -85,6 +85,7 @@ async def run_eval(
     Raises OutputLockedError when another process is writing `output`.
     """
     output = Path(output)
+    ensure_ready(resolve_tasks(tasks).values())  # a refused run (no sandbox, say) leaves `output` as it was
     with locked_output(output):
         skip = prepare_resume(output, tasks) if resume else set()
         started, cpu_started = time.perf_counter(), time.process_time()

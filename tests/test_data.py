@@ -106,3 +106,69 @@ def test_mix_refuses_rows_without_an_environment_and_bad_weights(tmp_path: Path,
     a = str(EXAMPLES["mcqa"])
     assert main(["data", "mix", a, a, "--weights", "1", "--output", str(tmp_path / "m.jsonl")]) == 2
     assert "got 1 weights for 2 sources" in capsys.readouterr().err
+
+
+# -- issue 19, item 6: outputs are never an input and are replaced atomically -------------------
+
+
+def test_mix_and_to_verl_refuse_an_output_that_is_one_of_their_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = tmp_path / "rows.jsonl"
+    source.write_text(EXAMPLES["mcqa"].read_text() + EXAMPLES["weather"].read_text())
+    before = source.read_bytes()
+    assert main(["data", "mix", str(source), "--output", str(source)]) == 2
+    assert f"--output {source} is also an input" in capsys.readouterr().err
+    (tmp_path / "sub").mkdir()
+    by_another_path = tmp_path / "sub" / ".." / "rows.jsonl"
+    assert main(["data", "mix", str(EXAMPLES["mcqa"]), str(source), "--output", str(by_another_path)]) == 2
+    pytest.importorskip("pyarrow")
+    assert main(["data", "to-verl", str(source), "--output", str(source)]) == 2  # used to replace the JSONL with parquet
+    assert "is also an input" in capsys.readouterr().err
+    assert main(["data", "to-verl", str(source), "--output", str(tmp_path / "train.jsonl")]) == 2
+    assert "name the file .parquet" in capsys.readouterr().err
+    assert source.read_bytes() == before and not (tmp_path / "train.jsonl").exists()
+
+
+def test_an_interrupted_write_leaves_the_old_file_whole(tmp_path: Path) -> None:
+    """An interrupted `mix X --output X` (on main, rewritten in place) left 2,649 of 20,000 rows."""
+    from gym_bridge.data import write_rows
+
+    out = tmp_path / "mixed.jsonl"
+    out.write_text('{"old": 1}\n{"old": 2}\n')
+
+    rows: list = [{"new": 1}, {"new": 2}, {"new": object()}]  # the 3rd row stops the write, as Ctrl-C or a full disk would
+    with pytest.raises(TypeError):
+        write_rows(rows, out)
+    assert out.read_text() == '{"old": 1}\n{"old": 2}\n'
+    assert [path.name for path in tmp_path.iterdir()] == ["mixed.jsonl"]  # no temporary file left behind
+    write_rows(rows[:2], out)
+    assert out.read_text() == '{"new": 1}\n{"new": 2}\n'
+
+
+# -- issue 19, item 7: validate reports unreadable files and lines, and goes on ----------------
+
+
+def test_validate_reports_bad_encodings_and_directories_and_goes_on(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good_line = EXAMPLES["mcqa"].read_text().splitlines()[0]
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes((good_line + "\n").encode() + '{"prompt": "café", "environment": "math"}\n'.encode("latin-1") + (good_line + "\n").encode())
+    utf16 = tmp_path / "utf16.jsonl"
+    utf16.write_text(good_line + "\n", encoding="utf-16")
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4)  # an image saved as .jsonl
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text('{"prompt": "x", "environment": "math", "a": ' + "[" * 3000 + "]" * 3000 + "}\n")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    good = write(tmp_path / "good.jsonl", [json.loads(good_line)])
+    files = [latin1, utf16, binary, deep, folder, tmp_path / "missing.jsonl", good]
+    assert main(["data", "validate", *map(str, files)]) == 1
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    assert f"{latin1}:2: invalid UTF-8 (byte 0xe9 at column 16)" in captured.err
+    assert f"{utf16}: is UTF-16 (it starts with a byte-order mark); save it as UTF-8" in captured.err
+    assert f"{binary}:1: invalid UTF-8 (byte 0x89 at column 1)" in captured.err
+    assert f"{deep}:1: nested too deeply to read" in captured.err
+    assert f"{folder}: is a directory" in captured.err
+    assert f"{tmp_path / 'missing.jsonl'}: cannot be read: No such file or directory" in captured.err
+    assert f"{latin1}: 3 rows (mcqa 2): 1 problem(s)" in captured.out
+    assert f"{good}: 1 rows (mcqa 1): ok" in captured.out  # the files after the bad ones were validated

@@ -14,6 +14,7 @@ import json
 import math
 import re
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from gym_bridge import Environment, GymBridgeError, Item, Task, VerifyResult, final_text
@@ -92,7 +93,7 @@ class CodeEnvironment(Environment):
                     return _sandbox_failed(result, metrics)
                 if result.failure is not None:
                     return _scored(False, metrics, failure=result.failure, detail=result.stderr_tail(), test=position)
-                if not same_stdout(result.stdout.decode("utf-8", "replace"), expected):
+                if not _solution_matches(same_stdout, result.stdout.decode("utf-8", "replace"), expected):
                     return _scored(False, metrics, failure="wrong_answer", test=position)
                 metrics["tests_passed"] += 1
             return _scored(True, metrics)
@@ -113,7 +114,7 @@ class CodeEnvironment(Environment):
         for position, (got, expected) in enumerate(zip(results, expected_values)):
             if "error" in got:
                 return _scored(False, metrics, failure="runtime_error", detail=got["error"], test=position)
-            if "value" not in got or not same_value(got["value"], expected):
+            if "value" not in got or not _solution_matches(same_value, got["value"], expected):
                 return _scored(False, metrics, failure="wrong_answer", test=position)
             metrics["tests_passed"] += 1
         return _scored(True, metrics)
@@ -190,16 +191,26 @@ def same_value(got: Any, expected: Any) -> bool:
         return True
     try:
         a, b = float(got), float(expected)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return False
     return math.isfinite(a) and math.isfinite(b) and abs(a - b) <= 1e-8 + 1e-5 * abs(b)
+
+
+def _solution_matches(compare: Callable[[Any, Any], bool], got: Any, expected: Any) -> bool:
+    """`compare(got, expected)`, where any exception is the solution's output failing to compare
+    (10**400 overflows float(), say): a wrong answer scored 0, never a masked verifier failure that
+    a policy under RL could learn to reach instead of its penalty."""
+    try:
+        return compare(got, expected)
+    except Exception:
+        return False
 
 
 def _call_results(result: SandboxResult) -> list[dict[str, Any]] | None:
     lines = result.stdout.decode("utf-8", "replace").strip().splitlines()
     try:
         results = json.loads(lines[-1])["results"] if lines else None
-    except (json.JSONDecodeError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # the solution shaped this output: too deep, too long a number
         return None
     return results if isinstance(results, list) and all(isinstance(entry, dict) for entry in results) else None
 

@@ -1,8 +1,10 @@
 """Run untrusted Python in a bubblewrap sandbox, off the event loop, with every resource bounded.
 
 Each run gets fresh namespaces (no network, no view of host processes), a read-only root made of
-/usr (plus the interpreter's prefix), a private size-capped /tmp as its working directory, and
-its files read-only under /sandbox. Inside, `harness.py` sets CPU-time, address-space, process,
+/usr (plus the interpreter's prefix), a private size-capped /tmp as its working directory, a
+read-only /dev with a size-capped /dev/shm, its files read-only under /sandbox, none of the
+trainer's environment variables (bwrap itself starts without them), and a seccomp filter against
+SysV shared memory. Inside, `harness.py` sets CPU-time, address-space, process,
 file-size and open-file limits before the solution runs. The host bounds wall time and captured
 output, and afterwards kills the whole process group: with bwrap gone its PID namespace dies, so
 nothing the solution started survives. Run as root, each concurrent run uses its own unprivileged
@@ -13,11 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import json
 import os
+import platform
 import shutil
 import signal
+import struct
 import sys
 import tempfile
 import time
@@ -40,6 +45,17 @@ Mode = Literal["stdin", "call"]
 Failure = Literal["timeout", "output_limit", "cpu_limit", "memory_limit", "process_limit", "runtime_error"]
 
 
+SANDBOX_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1"}
+"""The whole environment of the sandbox, of bwrap itself too: bwrap is PID 1 inside, and its
+/proc/1/environ is readable there, so it must not start with the trainer's (API keys, tokens)."""
+
+
+_SYSV_IPC_CREATE = {"x86_64": (0xC000003E, (29, 64, 68)), "aarch64": (0xC00000B7, (194, 190, 186))}
+"""Per machine: the seccomp audit arch, and the numbers of shmget, semget and msgget. A SysV IPC
+object lives in the sandbox's IPC namespace, outside every rlimit, until the run ends: 800 MB of
+shared memory took one second. The filter fails these calls with EPERM."""
+
+
 class SandboxUnavailable(Exception):
     """The sandbox cannot start on this machine; the message says why and what to do."""
 
@@ -60,6 +76,8 @@ class SandboxLimits:
     """Largest file the solution may write (RLIMIT_FSIZE)."""
     tmp_mb: int = 64
     """Size of the private /tmp."""
+    shm_mb: int = 16
+    """Size of the private /dev/shm (POSIX shared memory, multiprocessing's semaphores); the rest of /dev is read-only."""
     max_open_files: int = 64
 
 
@@ -165,6 +183,10 @@ class Sandbox:
 
     async def _execute(self, mode: Mode, run_dir: Path, slot: int, stdin: bytes) -> SandboxResult:
         ready_read, ready_write = os.pipe()
+        pass_fds = [ready_write]
+        program = None if self.unsafe_no_sandbox else seccomp_program()
+        if program is not None:
+            pass_fds.append(_readable_pipe(program))
         as_root = os.geteuid() == 0 and not self.unsafe_no_sandbox
         extra_processes = BWRAP_SETUP_PROCESSES if as_root else _processes_of(os.getuid())
         limits = {
@@ -173,11 +195,11 @@ class Sandbox:
             "max_open_files": self.limits.max_open_files,
         }
         harness = [self.python, "-I", "harness.py" if self.unsafe_no_sandbox else "/sandbox/harness.py", mode, str(ready_write), json.dumps(limits)]
-        options: dict = {"pass_fds": (ready_write,), "start_new_session": True}
+        options: dict = {"pass_fds": tuple(pass_fds), "start_new_session": True, "env": dict(SANDBOX_ENV)}
         if self.unsafe_no_sandbox:
             command, options["cwd"] = harness, run_dir
         else:
-            command = bwrap_command(run_dir, self.python, self.limits) + harness
+            command = bwrap_command(run_dir, self.python, self.limits, seccomp_fd=pass_fds[1] if program else None) + harness
         started_s = time.perf_counter()
         try:
             if as_root:
@@ -189,7 +211,8 @@ class Sandbox:
             os.close(ready_read)
             return SandboxResult(False, None, b"", f"cannot start the sandbox: {error}".encode(), False, False, 0.0)
         finally:
-            os.close(ready_write)
+            for fd in pass_fds:
+                os.close(fd)
         try:
             captured = await self._communicate(process, stdin)
         except BaseException:  # cancelled (a rollout deadline): the sandbox must not outlive us
@@ -258,13 +281,16 @@ def drop_privileges(uid: int) -> list[str]:
     return [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
 
 
-def bwrap_command(run_dir: Path, python: str, limits: SandboxLimits) -> list[str]:
-    """The bwrap invocation for one run (the harness command follows it)."""
+def bwrap_command(run_dir: Path, python: str, limits: SandboxLimits, *, seccomp_fd: int | None = None) -> list[str]:
+    """The bwrap invocation for one run (the harness command follows it); `seccomp_fd` holds the
+    filter of `seccomp_program()`."""
     command = [
         shutil.which("bwrap") or "bwrap",
         "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
         "--ro-bind", "/usr", "/usr",
     ]
+    if seccomp_fd is not None:
+        command += ["--seccomp", str(seccomp_fd)]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):
             command += ["--symlink", os.readlink(top), top]
@@ -276,15 +302,52 @@ def bwrap_command(run_dir: Path, python: str, limits: SandboxLimits) -> list[str
     command += [
         "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
         "--proc", "/proc", "--dev", "/dev",
+        "--size", str(limits.shm_mb * 2**20), "--perms", "1777", "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
         "--size", str(limits.tmp_mb * 2**20), "--perms", "1777", "--tmpfs", "/tmp",
         "--ro-bind", str(run_dir), "/sandbox",
         "--remount-ro", "/",
         "--chdir", "/tmp",
-        "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
-        "--setenv", "PYTHONIOENCODING", "utf-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
-        "--",
+        "--clearenv",
     ]
+    for name, value in SANDBOX_ENV.items():
+        command += ["--setenv", name, value]
+    command.append("--")
     return command
+
+
+_BPF_LOAD_WORD, _BPF_JUMP_EQUAL, _BPF_JUMP_AT_LEAST, _BPF_RETURN = 0x20, 0x15, 0x35, 0x06
+_SECCOMP_ALLOW, _SECCOMP_ERRNO, _X32_SYSCALL_BIT = 0x7FFF0000, 0x00050000, 0x40000000
+
+
+@functools.lru_cache(maxsize=1)
+def seccomp_program(machine: str | None = None) -> bytes | None:
+    """A classic-BPF seccomp filter (bwrap's `--seccomp` format: packed `struct sock_filter`s) that
+    fails SysV IPC creation (shmget, semget, msgget) with EPERM, and every call of another ABI
+    (i386's `int 0x80`, x32), which could reach them by other numbers. None on other machines."""
+    arch, numbers = _SYSV_IPC_CREATE.get(machine or platform.machine(), (None, ()))
+    if arch is None:
+        return None
+    denied = _SECCOMP_ERRNO | errno.EPERM
+    count = len(numbers)
+    program = [
+        (_BPF_LOAD_WORD, 0, 0, 4),                         # seccomp_data.arch
+        (_BPF_JUMP_EQUAL, 1, 0, arch),
+        (_BPF_RETURN, 0, 0, denied),                      # another ABI
+        (_BPF_LOAD_WORD, 0, 0, 0),                         # seccomp_data.nr
+        (_BPF_JUMP_AT_LEAST, count + 1, 0, _X32_SYSCALL_BIT),
+        *((_BPF_JUMP_EQUAL, count - position, 0, number) for position, number in enumerate(numbers)),
+        (_BPF_RETURN, 0, 0, _SECCOMP_ALLOW),
+        (_BPF_RETURN, 0, 0, denied),
+    ]
+    return b"".join(struct.pack("=HBBI", *instruction) for instruction in program)
+
+
+def _readable_pipe(data: bytes) -> int:
+    """The read end of a pipe that holds `data` (small enough for the pipe's buffer) and then ends."""
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, data)
+    os.close(write_fd)
+    return read_fd
 
 
 @functools.lru_cache(maxsize=8)

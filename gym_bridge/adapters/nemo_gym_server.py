@@ -28,7 +28,8 @@ from gym_bridge.core.errors import DataError, GymBridgeError, MissingDependencyE
 from gym_bridge.core.policy import BackendError, ChatPolicy, ChatRequest, ChatTurn, SamplingParams
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import get_environment, resolve_tasks
-from gym_bridge.core.task import Task, parse_task
+from gym_bridge.core.rollout_file import dump_line
+from gym_bridge.core.task import MAX_ROW_DEPTH, Task, parse_task
 
 DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
 MAX_ENGINES = 64
@@ -217,7 +218,7 @@ def to_run_result(record: RolloutRecord) -> dict[str, Any]:
 def build_app(settings: AgentServerSettings, *, policy: ChatPolicy | None = None) -> Any:
     """The FastAPI app: `POST /run`, `GET /health`. `policy` replaces the model servers (tests)."""
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse, Response
 
     server = AgentServer(settings, policy)
 
@@ -250,8 +251,10 @@ def build_app(settings: AgentServerSettings, *, policy: ChatPolicy | None = None
             row = json.loads(body)
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
             return unprocessable(f"request body is not valid JSON: {error}", "body")
-        try:
-            return JSONResponse(await _unless_disconnected(server.run(row), request))
+        except RecursionError:
+            return unprocessable(f"request body is nested too deeply (a row may nest at most {MAX_ROW_DEPTH} levels)", "body")
+        try:  # written as records are: a NaN of the row (JSON has none) as null
+            return Response(dump_line(await _unless_disconnected(server.run(row), request)), media_type="application/json")
         except ClientDisconnected:
             return JSONResponse({"detail": "the client disconnected; its rollout was cancelled"}, status_code=499)
         except RowError as error:

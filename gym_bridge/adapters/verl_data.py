@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gym_bridge.core.errors import DataError, MissingDependencyError, UnknownEnvironmentError
+from gym_bridge.core.errors import DataError, GymBridgeError, MissingDependencyError, UnknownEnvironmentError
+from gym_bridge.core.output_file import check_not_an_input, replaced_atomically
 from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.task import Task, load_tasks, parse_task, routing_name
 
@@ -86,6 +87,9 @@ def write_verl_parquet(inputs: Sequence[str | Path], output: str | Path, *, defa
     """Convert JSONL task rows to verl's parquet format. Every row of every input is checked (DataError
     with file:line: field, UnknownEnvironmentError) before anything is written."""
     pyarrow = _pyarrow()
+    check_not_an_input(output, inputs)
+    if Path(output).suffix in (".jsonl", ".json"):
+        raise GymBridgeError(f"--output {output}: to-verl writes parquet; name the file .parquet")
     tasks: list[Task] = []
     for path in inputs:
         if not Path(path).is_file():
@@ -97,8 +101,8 @@ def write_verl_parquet(inputs: Sequence[str | Path], output: str | Path, *, defa
     env_classes = resolve_tasks(tasks)
     rows = [to_verl_row(task, index=position, env_name=env_classes[task.env_name].name) for position, task in enumerate(tasks)]
     output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    pyarrow.parquet.write_table(pyarrow.Table.from_pylist(rows), output)
+    with replaced_atomically(output) as temp:
+        pyarrow.parquet.write_table(pyarrow.Table.from_pylist(rows), temp)
     return ConversionSummary(output=output, rows_per_env=dict(Counter(row["data_source"] for row in rows)))
 
 

@@ -62,6 +62,21 @@ def input_row(record: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in record.items() if key not in RECORD_FIELDS}
 
 
+def same_row(stored: dict[str, Any], row: dict[str, Any]) -> bool:
+    """Whether a record's row is `row` as written: compared as the JSON the record holds, so a NaN
+    of the row (pandas' missing value; a record stores null) matches, and so does a tuple its list."""
+    if stored == row:
+        return True
+    try:
+        return _canonical(stored) == _canonical(row)
+    except TypeError:  # orjson.JSONEncodeError: not a row a record could hold
+        return False
+
+
+def _canonical(value: Any) -> bytes:
+    return orjson.dumps(value, option=_ORJSON_OPTIONS | orjson.OPT_SORT_KEYS)
+
+
 def _write_atomic(path: Path, records: Iterable[dict[str, Any]]) -> None:
     temp = path.with_name(path.name + ".tmp")
     with temp.open("w", encoding="utf-8") as handle:
@@ -85,7 +100,7 @@ def prepare_resume(path: str | Path, tasks: Sequence[Task]) -> set[tuple[int, in
     for record in read_records(path):
         key = (record.get("task_index"), record.get("repeat_index"))
         task = by_index.get(key[0])  # type: ignore[arg-type]
-        if task is None or input_row(record) != task.row:
+        if task is None or not same_row(input_row(record), task.row):
             raise DataError(
                 f"holds a rollout of task {key[0]} that is not task {key[0]} of this run; "
                 "resume with the same --env/--data/--limit arguments, or choose a new --output",

@@ -22,6 +22,11 @@ RECORD_FIELDS = (
 )
 """Keys a rollout record adds to its row (`RolloutRecord.to_dict`): a task row may not use them,
 so stripping them from a record recovers the row exactly."""
+MAX_ROW_DEPTH = 200
+"""Deepest nesting of objects and arrays a row may have: its record is written with orjson, which
+stops at 254 levels, so a deeper row would run its rollouts and then fail to be written."""
+INTEGER_RANGE = (-(2**63), 2**64 - 1)
+"""Integers a row may hold: what orjson writes (and what parquet's int64/uint64 columns hold)."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,22 @@ def _normalize_tools(raw: Any, *, source: str) -> tuple[dict[str, Any], ...]:
     return tuple(tools)
 
 
+def _check_writable(row: dict[str, Any], *, source: str) -> None:
+    """Refuse, before any rollout, a row its record could not be written with: nested deeper than
+    MAX_ROW_DEPTH, or an integer outside INTEGER_RANGE. Walks the row without recursion."""
+    low, high = INTEGER_RANGE
+    pending: list[tuple[str, Any, int]] = [(key, value, 1) for key, value in row.items()]
+    while pending:
+        path, value, depth = pending.pop()
+        if isinstance(value, (dict, list, tuple)):
+            if depth >= MAX_ROW_DEPTH:
+                raise DataError(f"nested more than {MAX_ROW_DEPTH} levels deep: flatten it, or store it as a JSON string", source=source, field=path)
+            entries = value.items() if isinstance(value, dict) else enumerate(value)
+            pending.extend((f"{path}.{key}" if isinstance(value, dict) else f"{path}[{key}]", entry, depth + 1) for key, entry in entries)
+        elif isinstance(value, int) and not isinstance(value, bool) and not low <= value <= high:
+            raise DataError("an integer beyond 64 bits (a hash or 128-bit id?): store it as a string", source=source, field=path)
+
+
 def parse_task(row: Any, *, index: int, source: str = "", default_env: str | None = None) -> Task:
     """Build a Task from a row; raises DataError naming the source and field."""
     if not isinstance(row, dict):
@@ -95,6 +116,7 @@ def parse_task(row: Any, *, index: int, source: str = "", default_env: str | Non
                 source=source,
                 field=key,
             )
+    _check_writable(row, source=source)
     params = row.get("responses_create_params")
     if params is not None and not isinstance(params, dict):
         raise DataError("must be an object", source=source, field="responses_create_params")
@@ -143,11 +165,17 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 ) from None
             if not line.strip():
                 continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataError(f"malformed JSON ({error.msg} at column {error.colno})", source=f"{path}:{line_number}") from None
-            yield line_number, row
+            yield line_number, parse_json_line(line, source=f"{path}:{line_number}")
+
+
+def parse_json_line(line: str, *, source: str) -> Any:
+    """One JSON line; raises DataError naming `source` when it is malformed or nested too deeply to read."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as error:
+        raise DataError(f"malformed JSON ({error.msg} at column {error.colno})", source=source) from None
+    except RecursionError:
+        raise DataError(f"nested too deeply to read (a row may nest at most {MAX_ROW_DEPTH} levels)", source=source) from None
 
 
 def load_tasks(path: str | Path, *, default_env: str | None = None, limit: int | None = None, start_index: int = 0) -> list[Task]:

@@ -27,6 +27,7 @@ import pytest
 
 from gym_bridge.adapters.nemo_gym_server import AgentServerSettings, build_app, from_nemo_gym_environ
 from gym_bridge.core.policy import Generation
+from gym_bridge.core.task import MAX_ROW_DEPTH
 from gym_bridge.server import build_app as build_model_app
 from tests.http_server import app_in_thread
 from tests.invariants import nemo_rl_token_view
@@ -467,3 +468,31 @@ def test_a_client_that_disconnects_cancels_its_rollout(weather_path):
         release.set()
     assert health["in_flight"] == 0 and health["completed"] == 0
     assert dropped and dropped[0] - asked[0] < 8        # the model call was dropped soon after the client left
+
+
+MATH_ROW = {"responses_create_params": {"input": "What is 7 + 5?", **TRAIN_SAMPLING}, "expected_answer": "12",
+            "agent_ref": {"type": "responses_api_agents", "name": "math"}}
+
+
+@pytest.mark.parametrize("extra, field", [
+    ({"hash_id": 2**127 + 5}, "hash_id"),                                    # a 128-bit id stored as a number
+    ({"meta": json.loads("[" * 300 + "]" * 300)}, "meta" + "[0]" * (MAX_ROW_DEPTH - 1)),  # past orjson's 254 levels
+])
+def test_rows_a_record_cannot_hold_get_422_before_running(agent_server, extra, field):
+    """Issue 19 item 4: these rows used to run their rollout, then fail the answer with a bare 500."""
+    completed = httpx.get(agent_server + "/health").json()["completed"]
+    answer = run(agent_server, {**MATH_ROW, **extra})
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["field"] == field
+    assert httpx.get(agent_server + "/health").json()["completed"] == completed  # no rollout ran
+    too_deep = b'{"a": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    answer = httpx.post(agent_server + "/run", content=too_deep, headers={"content-type": "application/json"}, timeout=30)
+    assert answer.status_code == 422 and answer.json()["field"] == "body"
+
+
+def test_a_row_with_nan_is_answered_with_null(agent_server):
+    """Issue 19 item 5: pandas' missing value; JSON has no NaN, so the answer carries null (was a 500)."""
+    body = json.dumps({**MATH_ROW, "difficulty": float("nan")}).encode()
+    answer = httpx.post(agent_server + "/run", content=body, headers={"content-type": "application/json"}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["difficulty"] is None and answer.json()["failure_kind"] is None

@@ -78,6 +78,7 @@ def test_output_comparison_follows_livecodebench() -> None:
     assert not same_stdout("1\n2", "1")                     # line count differs
     assert same_value([1, 2], [1, 2]) and same_value((1, 2), [1, 2]) and not same_value([1, 2], [2, 1])
     assert same_value(0.1 + 0.2, 0.3) and not same_value(0.31, 0.3)
+    assert not same_value(10**400, 1) and same_value(10**400, 10**400)  # no OverflowError
 
 
 @needs_sandbox
@@ -114,6 +115,24 @@ def test_function_tasks_call_the_function_and_compare_values() -> None:
     assert (missing.reward, missing.metrics["failure"]) == (0.0, "runtime_error")
     raises = score(CALL_ROW, "def add_all(xs, k):\n    return xs[5]")
     assert raises.metrics["failure"] == "runtime_error" and "IndexError" in raises.metrics["failure_detail"]
+
+
+@needs_sandbox
+@pytest.mark.parametrize(
+    "body",
+    [
+        "return 10**400",                                  # float(10**400) raises OverflowError in the comparison
+        "return [10**400]",
+        "x = []\n    for _ in range(3000):\n        x = [x]\n    return x",  # too deep for the host's json.loads
+        "return 10**5000",                                 # past Python's int-to-text digit limit
+    ],
+)
+def test_output_that_cannot_be_compared_is_a_wrong_answer_never_masked(body: str) -> None:
+    """Only the environment's own faults mask a sample: a policy must not escape its 0 by an odd answer."""
+    row = {"responses_create_params": {"input": "x"}, "verifier_metadata": {"unit_tests": {"inputs": ["1"], "outputs": ["2"], "fn_name": "f"}}}
+    result = score(row, f"def f(n):\n    {body}")
+    assert (result.reward, result.mask_sample, result.failure_kind) == (0.0, False, None)
+    assert result.metrics["failure"] in ("wrong_answer", "runtime_error")
 
 
 def test_malformed_unit_tests_are_a_masked_verifier_failure_naming_the_field() -> None:

@@ -1,0 +1,43 @@
+"""Output files of the data commands: never one of their own inputs, and replaced atomically.
+
+A file is written beside its final name and renamed onto it once complete (after an fsync), so an
+interrupted `data mix|prepare|to-verl` leaves the old file whole, never a prefix of the new one.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from gym_bridge.core.errors import GymBridgeError
+
+
+def check_not_an_input(output: str | Path, inputs: Sequence[str | Path], *, flag: str = "--output") -> None:
+    """Raise GymBridgeError when `output` is one of `inputs` (the same file, by any path to it)."""
+    for path in inputs:
+        if _same_file(Path(output), Path(path)):
+            raise GymBridgeError(f"{flag} {output} is also an input ({path}): it would be overwritten while read; choose another {flag}")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:  # one of them does not exist (yet)
+        return a.resolve() == b.resolve()
+
+
+@contextmanager
+def replaced_atomically(path: str | Path) -> Iterator[Path]:
+    """A temporary path beside `path` to write; renamed onto `path` when the block ends, removed if it raises."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        yield temp
+        with temp.open("rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)
