@@ -72,8 +72,8 @@ class HarmonyReasoningParser:
         if MESSAGE not in text:
             return "", text
         messages = split_messages(text)
-        reasoning = "\n".join(m.body for m in messages if m.channel == "analysis" and not m.function)
-        rest = [m for m in messages if not (m.channel == "analysis" and not m.function)]
+        reasoning = "\n".join(m.body for m in messages if m.channel == "analysis" and not m.recipient)
+        rest = [m for m in messages if not (m.channel == "analysis" and not m.recipient)]
         return reasoning, _join(rest)
 
     def format(self, reasoning: str, *, opened: bool = False) -> str:
