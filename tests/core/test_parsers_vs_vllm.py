@@ -8,8 +8,9 @@ gym_bridge's `format` and by each family's writer in tests/families.py) and real
 arguments), content and reasoning, except where gym_bridge differs on purpose: those cases name
 one entry of `DIFFERENCES`, whose check asserts the documented difference (and that it is there).
 
-Needs vLLM (skipped otherwise). Run it in a virtualenv that has vLLM, with this checkout first:
-    PYTHONPATH=$PWD /work/venv-vllm/bin/python -m pytest -q -m vllm tests/core/test_parsers_vs_vllm.py
+Needs vLLM (skipped otherwise). Run it in a virtualenv that has vLLM and pytest, with this checkout
+first on the path:
+    PYTHONPATH=$PWD VLLM_VENV/bin/python -m pytest -q -m vllm tests/core/test_parsers_vs_vllm.py
 """
 
 from __future__ import annotations
