@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from gym_bridge.core.parsers.call import ParsedCall, ParsedTurn, arguments_object, call_from_arguments, call_from_object, guess_name, to_json
@@ -24,57 +25,55 @@ _CALL_ID = "[CALL_ID]"
 _ARGS = "[ARGS]"
 
 
-def _decoded(text: str) -> tuple[Any, str] | json.JSONDecodeError:
-    """The first JSON value of `text` and the text after it, or the decoding error."""
+@dataclass(frozen=True)
+class _Read:
+    """What follows one `[TOOL_CALLS]`: its calls, and the text beside them that is content."""
+
+    calls: tuple[ParsedCall, ...]
+    text: str = ""
+
+
+def _json_calls(body: str, *, before: str = "") -> _Read:
+    """Calls from a JSON list (or one object) at the start of `body`; `before`: text the model wrote ahead of it."""
     try:
-        value, end = json.JSONDecoder().raw_decode(text)
+        value, end = json.JSONDecoder().raw_decode(body)
     except json.JSONDecodeError as error:
-        return error
-    return value, text[end:]
-
-
-def _json_calls(body: str) -> tuple[list[ParsedCall], str]:
-    """Calls from a JSON list (or one object) at the start of `body`, and the text after it."""
-    decoded = _decoded(body)
-    if isinstance(decoded, json.JSONDecodeError):
-        return [ParsedCall(name=guess_name(body), arguments=body, error=f"the tool calls are not valid JSON ({decoded.msg})")], ""
-    value, rest = decoded
+        return _Read((ParsedCall(name=guess_name(body), arguments=body, error=f"the tool calls are not valid JSON ({error.msg})"),), before)
     entries = value if isinstance(value, list) else [value]
-    if not entries:
-        return [ParsedCall(name="", arguments=body, error="the list of tool calls is empty")], rest
-    return [call_from_object(entry, raw=json.dumps(entry)) for entry in entries], rest
+    calls = tuple(call_from_object(entry, raw=json.dumps(entry)) for entry in entries)
+    text = f"{before} {body[end:].strip()}".strip()
+    return _Read(calls or (ParsedCall(name="", arguments=body, error="the list of tool calls is empty"),), text)
 
 
-def _named_call(name: str, call_id: str | None, arguments: str) -> tuple[ParsedCall, str]:
-    """`name` with its arguments (the JSON object at the start of `arguments`; none: `{}`), and the text after them."""
+def _named_call(name: str, arguments: str, *, call_id: str | None = None) -> _Read:
+    """`name` with the JSON object at the start of `arguments` (none written: `{}`)."""
+    if not name:
+        return _Read((ParsedCall(name="", arguments=arguments, error="the tool call has no name"),))
     if not arguments.strip():
-        return ParsedCall(name=name, arguments="{}", call_id=call_id), ""
-    decoded = _decoded(arguments.strip())
-    if isinstance(decoded, json.JSONDecodeError):
-        return ParsedCall(name=name, arguments=arguments.strip(), error=f"'arguments' is not valid JSON ({decoded.msg})", call_id=call_id), ""
-    value, rest = decoded
-    return call_from_arguments(name, value, call_id=call_id), rest
+        return _Read((ParsedCall(name=name, arguments="{}", call_id=call_id),))
+    try:
+        value, end = json.JSONDecoder().raw_decode(arguments.strip())
+    except json.JSONDecodeError as error:
+        return _Read((ParsedCall(name=name, arguments=arguments.strip(), error=f"'arguments' is not valid JSON ({error.msg})", call_id=call_id),))
+    return _Read((call_from_arguments(name, value, call_id=call_id),), arguments.strip()[end:].strip())
 
 
-def _segment(segment: str) -> tuple[list[ParsedCall], str]:
-    """The calls of the text after one `[TOOL_CALLS]`, and the text around them that is content."""
+def _read(segment: str) -> _Read:
     body = segment.strip()
     if body.startswith(("[", "{")):
         return _json_calls(body)
     if _ARGS in body:
         head, _, arguments = body.partition(_ARGS)
         name, _, written_id = head.partition(_CALL_ID)
-        call, rest = _named_call(name.strip(), written_id.strip() or None, arguments)
-        return [call] if call.name else [ParsedCall(name="", arguments=body, error="the tool call has no name")], rest
+        return _named_call(name.strip(), arguments, call_id=written_id.strip() or None)
     name = _NAME.match(body)
-    if name and (body[name.end():].lstrip().startswith("{") or not body[name.end():].strip()):
-        call, rest = _named_call(name.group(0), None, body[name.end():])
-        return [call], rest
+    after = body[name.end():] if name else ""
+    if name and (not after.strip() or after.lstrip().startswith("{")):
+        return _named_call(name.group(0), after)
     start = _JSON_START.search(body)
-    if start:  # text the model wrote before its JSON list
-        calls, rest = _json_calls(body[start.start():])
-        return calls, f"{body[:start.start()].strip()} {rest.strip()}"
-    return [ParsedCall(name="", arguments=body, error="[TOOL_CALLS] is followed by neither a JSON list of calls nor name{arguments}")], ""
+    if start:
+        return _json_calls(body[start.start():], before=body[:start.start()].strip())
+    return _Read((ParsedCall(name="", arguments=body, error="[TOOL_CALLS] is followed by neither a JSON list of calls nor name{arguments}"),))
 
 
 class MistralParser:
@@ -85,13 +84,9 @@ class MistralParser:
         if _BOT not in text:
             return ParsedTurn(reasoning="", content=text.strip())
         content, *segments = text.split(_BOT)
-        calls: list[ParsedCall] = []
-        prose = [content.strip()]
-        for segment in segments:
-            if segment.strip():
-                found, rest = _segment(segment)
-                calls.extend(found)
-                prose.append(rest.strip())
+        reads = [_read(segment) for segment in segments if segment.strip()]
+        calls = [call for read in reads for call in read.calls]
+        prose = [content.strip(), *(read.text for read in reads)]
         if not calls:
             calls.append(ParsedCall(name="", arguments="", error="[TOOL_CALLS] is followed by no call"))
         return ParsedTurn(reasoning="", content=" ".join(piece for piece in prose if piece), calls=tuple(calls))
