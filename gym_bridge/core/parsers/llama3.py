@@ -17,6 +17,8 @@ from gym_bridge.core.parsers.call import ParsedCall, ParsedTurn, arguments_objec
 
 _PYTHON_TAG = "<|python_tag|>"
 _CALL_START = re.compile(r'\{\s*"name"\s*:')
+_OBJECT_START = re.compile(r'\{\s*["}]')
+"""Where a JSON object can start (code's braces are passed over without decoding)."""
 _SEPARATORS = " \t\r\n;,[]`"
 """What may stand between calls (list brackets, `;`, fences) without being content."""
 
@@ -39,7 +41,8 @@ def find_json_calls(text: str) -> JsonCalls:
     calls: list[ParsedCall] = []
     pieces: list[str] = []
     position = cursor = 0
-    while (brace := text.find("{", cursor)) >= 0:
+    while (start := _OBJECT_START.search(text, cursor)) is not None:
+        brace = start.start()
         try:
             obj, end = decoder.raw_decode(text, brace)
         except json.JSONDecodeError as error:
