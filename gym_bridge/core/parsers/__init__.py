@@ -124,7 +124,8 @@ class TurnParser:
         turn = self.tool.parse(rest, tools)
         if reasoning:
             turn = replace(turn, reasoning=f"{reasoning}\n{turn.reasoning}" if turn.reasoning else reasoning)
-        if not turn.calls and any(looks_like_call(part) for part in (turn.content, reasoning) if part):
+        written_in_reasoning = any(marker in reasoning for marker in self.tool.markers)  # deepseek_r1 keeps such a call there
+        if not turn.calls and ((turn.content and looks_like_call(turn.content)) or written_in_reasoning):
             turn = replace(turn, unparsed_tool_call=True)
         return turn
 

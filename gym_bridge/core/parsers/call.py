@@ -34,8 +34,9 @@ class ParsedTurn:
     """The turn's text outside reasoning and tool-call markup."""
     calls: tuple[ParsedCall, ...] = field(default_factory=tuple)
     unparsed_tool_call: bool = False
-    """True when the turn has no parsed call but contains a known tool-call marker (or is a bare
-    JSON call object): a call in a syntax the parser does not read, scored as an answer."""
+    """True when the turn has no parsed call but its content holds a known tool-call marker (or is a
+    bare JSON call object), its reasoning holds a call marker of its own family, or it addresses a
+    tool gym_bridge does not run (harmony's built-in tools): a call it cannot act on, scored as an answer."""
 
     @property
     def parse_errors(self) -> int:
