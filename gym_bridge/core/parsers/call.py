@@ -115,19 +115,6 @@ def parse_json_call(text: str, *, call_id: str | None = None) -> ParsedCall:
     return call_from_object(obj, raw=text, call_id=call_id)
 
 
-def parse_json_calls(text: str) -> tuple[ParsedCall, ...]:
-    """Calls from JSON text holding one call object or a list of them."""
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as error:
-        return (ParsedCall(name=guess_name(text), arguments=text, error=f"the tool calls are not valid JSON ({error.msg})"),)
-    if isinstance(obj, list):
-        if not obj:
-            return (ParsedCall(name="", arguments=text, error="the list of tool calls is empty"),)
-        return tuple(call_from_object(entry, raw=json.dumps(entry)) for entry in obj)
-    return (call_from_object(obj, raw=text),)
-
-
 def arguments_object(call: ParsedCall) -> Any:
     """The call's arguments decoded (for writing them back in a family's syntax)."""
     try:
