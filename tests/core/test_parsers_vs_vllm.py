@@ -27,7 +27,11 @@ from gym_bridge.core.parsers.call import ParsedCall
 from tests import families
 
 pytestmark = pytest.mark.vllm
-pytest.importorskip("vllm", reason="vLLM is not importable here: run this oracle under a virtualenv with vLLM (see the module docstring)")
+try:
+    import vllm  # noqa: F401
+except Exception as error:  # not installed, or installed but broken (a torchvision that does not match torch)
+    pytest.skip(f"vLLM is not importable here ({error!r}): run this oracle under a virtualenv with vLLM (see the module docstring)",
+                allow_module_level=True)
 
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest  # noqa: E402
 from vllm.parser.parser_manager import ParserManager  # noqa: E402
