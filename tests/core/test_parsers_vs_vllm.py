@@ -345,11 +345,15 @@ TOOLS = tuple({"type": "function", "name": name, "parameters": {"type": "object"
     key: {"type": kind} for key, kind in KEYS.items()}}} for name in NAMES)
 """Every generated call's schema (qwen3_coder's values carry no type: both parsers read it from here)."""
 
-# Families whose writers in tests/families.py give one call in real format, with the tokenizer for it.
+def _mistral_v11(name: str, arguments: dict[str, Any], call_id: str) -> str:
+    return f"[TOOL_CALLS]{name}[ARGS]{json.dumps(arguments)}"  # Mistral v11+ without a call id
+
+
+# Families whose writers (most in tests/families.py) give one call in real format: writer, tokenizer, difference.
 WRITERS: dict[str, list[tuple[Callable[..., str], str, str]]] = {
     "hermes": [(families.hermes, "", "")], "llama3_json": [(families.llama3, "", "")],
     "mistral": [(families.mistral_v3, "mistral_v3", ""), (families.mistral_plain, "mistral_v3", ""),
-                (families.mistral_v13, "", "mistral_call_id")],
+                (families.mistral_v13, "", "mistral_call_id"), (_mistral_v11, "", "")],
     "deepseek_v3": [(families.deepseek_v3, "", "")], "deepseek_v31": [(families.deepseek_v31, "", "")],
     "granite": [(families.granite, "", "")], "phi4_mini_json": [(families.phi4, "", "")],
     "openai": [(families.harmony, "", ""), (families.harmony_template_style, "", "")],
@@ -370,8 +374,8 @@ def _generated(tool: str, index: int) -> Case:
     reasoning, opened, differs, tokenizer = None, False, "", ""
     count = 1 if tool in ONE_CALL_PER_TURN else rng.randint(1, 3)
     drawn = [_random_call(rng) for _ in range(count)]
-    if index % 2:  # the family's own writer, one call
-        writer, tokenizer, differs = rng.choice(WRITERS[tool])
+    if index % 2:  # the family's own writers in turn, one call
+        writer, tokenizer, differs = WRITERS[tool][index // 2 % len(WRITERS[tool])]
         drawn = drawn[:1]
         body = writer(*drawn[0], "c0xYz90Qa")
     else:  # gym_bridge's format, maybe several calls
