@@ -279,3 +279,22 @@ def prompt_mismatches(record: Any, template: Any, tokenizer: Any) -> list[int]:
                 bad.append(call)
             start, call = position + 1, call + 1
     return bad
+
+
+THINK = ("<think>", "</think>")
+"""Reasoning markers, single added tokens in the tokenizers of the families that reason."""
+MISTRAL_V3 = tuple(marker for marker in MISTRAL if marker not in ("[CALL_ID]", "[ARGS]"))
+"""A pre-v11 Mistral tokenizer's markers (no `[ARGS]`): vLLM reads `[TOOL_CALLS][...]` JSON lists with it."""
+PARSER_MARKERS = {
+    "hermes": CHATML, "llama3_json": LLAMA, "mistral": MISTRAL, "mistral_v3": MISTRAL_V3, "deepseek_v3": DEEPSEEK, "deepseek_v31": DEEPSEEK,
+    "granite": GRANITE, "phi4_mini_json": PHI4, "openai": HARMONY, "qwen3_coder": CHATML,
+}
+"""The special tokens of a tokenizer of each tool parser's family (and of a pre-v11 Mistral one)."""
+
+
+def parser_tokenizer(base: Any, markers: tuple[str, ...]) -> Any:
+    """A copy of `base` with `markers` and the reasoning markers as special tokens, as vLLM's
+    parsers look their markers up in the vocabulary."""
+    tokenizer = copy.deepcopy(base)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(markers) + [m for m in THINK if m not in markers]})
+    return tokenizer

@@ -1,20 +1,19 @@
 """The default turn parser, for text whose model family is not known (chat APIs that return calls
 as text, `serve-model`): a `<think>` block is split off, then the turn is read as Hermes/Qwen
-`<tool_call>` calls or, failing that, as Llama 3 / plain JSON (the whole turn a call object or a
-list of them, optionally after `<|python_tag|>` or in a ```json fence). Token rollouts use the
+`<tool_call>` calls or, failing that, as Llama 3 / plain JSON (call objects anywhere in the turn,
+one or a list of them, optionally after `<|python_tag|>` or in a ```json fence). Token rollouts use the
 family's own parser instead (`gym_bridge.core.parsers`).
 """
 
 from __future__ import annotations
 
-from gym_bridge.core.parsers import TOOL_PARSERS, TurnParser
+from gym_bridge.core.parsers import REASONING_PARSERS, TOOL_PARSERS, TurnParser
 from gym_bridge.core.parsers.call import ParsedCall, ParsedTurn
-from gym_bridge.core.parsers.think import ThinkParser
 
 __all__ = ["ParsedCall", "ParsedTurn", "parse_turn"]
 
-_HERMES = TurnParser(tool=TOOL_PARSERS["hermes"], reasoning=ThinkParser("qwen3"))
-_JSON = TurnParser(tool=TOOL_PARSERS["llama3_json"], reasoning=ThinkParser("qwen3"))
+_HERMES = TurnParser(tool=TOOL_PARSERS["hermes"], reasoning=REASONING_PARSERS["qwen3"])
+_JSON = TurnParser(tool=TOOL_PARSERS["llama3_json"], reasoning=REASONING_PARSERS["qwen3"])
 
 
 def parse_turn(text: str) -> ParsedTurn:

@@ -74,7 +74,8 @@ def test_format_writes_what_parse_reads(name):
 
 @pytest.mark.parametrize("name", list(TOOL_PARSERS))
 def test_a_call_in_another_syntax_is_flagged_unparsed(name):
-    other = "granite" if name != "granite" else "hermes"
+    # llama3_json reads a JSON call object anywhere (as vLLM does), so it gets a call without JSON
+    other = "qwen3_coder" if name == "llama3_json" else "granite" if name != "granite" else "hermes"
     turn = TurnParser(get_tool_parser(name)).parse(SAMPLES[other])
     assert turn.calls == () and turn.unparsed_tool_call, turn
 

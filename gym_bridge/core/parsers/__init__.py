@@ -48,13 +48,13 @@ TOOL_PARSERS: dict[str, ToolParser] = {
     "mistral": MistralParser(),
     "deepseek_v3": DeepSeekParser("deepseek_v3"),
     "deepseek_v31": DeepSeekParser("deepseek_v31"),
-    "granite": JsonListParser("granite", "<|tool_call|>"),
+    "granite": JsonListParser("granite", "<|tool_call|>", text_marker="<tool_call>"),
     "phi4_mini_json": JsonListParser("phi4_mini_json", "functools[", list_in_marker=True),
     "openai": HarmonyToolParser(),
     "qwen3_coder": Qwen3CoderParser(),
 }
 REASONING_PARSERS: dict[str, ReasoningParser | None] = {
-    "qwen3": ThinkParser("qwen3"),
+    "qwen3": ThinkParser("qwen3", ends_at=("<tool_call>",)),
     "deepseek_r1": ThinkParser("deepseek_r1"),
     "openai_gptoss": HarmonyReasoningParser(),
     "none": None,
@@ -124,7 +124,8 @@ class TurnParser:
         turn = self.tool.parse(rest, tools)
         if reasoning:
             turn = replace(turn, reasoning=f"{reasoning}\n{turn.reasoning}" if turn.reasoning else reasoning)
-        if not turn.calls and turn.content and looks_like_call(turn.content):
+        written_in_reasoning = any(marker in reasoning for marker in self.tool.markers)  # deepseek_r1 keeps such a call there
+        if not turn.calls and ((turn.content and looks_like_call(turn.content)) or written_in_reasoning):
             turn = replace(turn, unparsed_tool_call=True)
         return turn
 

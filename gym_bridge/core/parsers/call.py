@@ -34,8 +34,9 @@ class ParsedTurn:
     """The turn's text outside reasoning and tool-call markup."""
     calls: tuple[ParsedCall, ...] = field(default_factory=tuple)
     unparsed_tool_call: bool = False
-    """True when the turn has no parsed call but contains a known tool-call marker (or is a bare
-    JSON call object): a call in a syntax the parser does not read, scored as an answer."""
+    """True when the turn has no parsed call but its content holds a known tool-call marker (or is a
+    bare JSON call object), its reasoning holds a call marker of its own family, or it addresses a
+    tool gym_bridge does not run (harmony's built-in tools): a call it cannot act on, scored as an answer."""
 
     @property
     def parse_errors(self) -> int:
@@ -112,19 +113,6 @@ def parse_json_call(text: str, *, call_id: str | None = None) -> ParsedCall:
     except json.JSONDecodeError as error:
         return ParsedCall(name=guess_name(text), arguments=text, error=f"the tool call is not valid JSON ({error.msg})", call_id=call_id)
     return call_from_object(obj, raw=text, call_id=call_id)
-
-
-def parse_json_calls(text: str) -> tuple[ParsedCall, ...]:
-    """Calls from JSON text holding one call object or a list of them."""
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as error:
-        return (ParsedCall(name=guess_name(text), arguments=text, error=f"the tool calls are not valid JSON ({error.msg})"),)
-    if isinstance(obj, list):
-        if not obj:
-            return (ParsedCall(name="", arguments=text, error="the list of tool calls is empty"),)
-        return tuple(call_from_object(entry, raw=json.dumps(entry)) for entry in obj)
-    return (call_from_object(obj, raw=text),)
 
 
 def arguments_object(call: ParsedCall) -> Any:

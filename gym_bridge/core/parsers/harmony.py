@@ -1,8 +1,10 @@
 """gpt-oss's harmony format: a turn is a sequence of messages `<|channel|>NAME<|message|>BODY`,
 joined by `<|end|><|start|>assistant`. The `analysis` channel is reasoning (vLLM's
 `openai_gptoss` reasoning parser); a message addressed `to=functions.NAME` (in the role or the
-channel header) is a tool call whose body is its JSON arguments (vLLM's `openai` tool parser);
-`final`, and `commentary` without a recipient, are the answer.
+channel header) is a tool call whose body is its JSON arguments (vLLM's `openai` tool parser); as
+in vLLM, a bare `to=NAME` is a call too, except to gpt-oss's built-in tools (`python`, `browser.*`,
+`container.*`), which gym_bridge does not run: such a message is kept as text and the turn is
+flagged as holding an unparsed call. `final`, and `commentary` without a recipient, are the answer.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from typing import Any, Mapping, Sequence
 from gym_bridge.core.parsers.call import ParsedCall, ParsedTurn, arguments_object, call_from_arguments, to_json
 
 START, MESSAGE, END, CALL, RETURN, CHANNEL = "<|start|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>", "<|channel|>"
-_RECIPIENT = re.compile(r"to=functions\.([^\s<]+)")
+_RECIPIENT = re.compile(r"to=([^\s<]+)")
+BUILTIN_TOOLS = ("python", "browser", "container")
 _CHANNEL = re.compile(re.escape(CHANNEL) + r"(\w+)")
 
 
@@ -22,8 +25,17 @@ _CHANNEL = re.compile(re.escape(CHANNEL) + r"(\w+)")
 class HarmonyMessage:
     channel: str
     recipient: str
-    """The function a tool call is addressed to ('' otherwise)."""
+    """Whom the message is addressed to, as written (`functions.NAME`, `NAME`, `browser.search`; '' for nobody)."""
     body: str
+
+    @property
+    def function(self) -> str:
+        """The function a tool call is addressed to ('' when the message is no function call)."""
+        if self.recipient.startswith("functions."):
+            return self.recipient.removeprefix("functions.")
+        if self.recipient in ("", "assistant") or self.recipient.split(".", 1)[0] in BUILTIN_TOOLS:
+            return ""
+        return self.recipient
 
 
 def split_messages(text: str) -> list[HarmonyMessage]:
@@ -47,7 +59,7 @@ def split_messages(text: str) -> list[HarmonyMessage]:
 def _join(messages: list[HarmonyMessage]) -> str:
     parts = []
     for message in messages:
-        header = f" to=functions.{message.recipient}" if message.recipient else ""
+        header = f" to={message.recipient}" if message.recipient else ""
         parts.append(f"{header}{CHANNEL}{message.channel}{MESSAGE}{message.body}")
     return f"{END}{START}assistant".join(parts)
 
@@ -75,15 +87,17 @@ class HarmonyToolParser:
     def parse(self, text: str, tools: Sequence[Mapping[str, Any]] = ()) -> ParsedTurn:
         if MESSAGE not in text:
             return ParsedTurn(reasoning="", content=text.strip())
-        reasoning, content, calls = [], [], []
+        reasoning, content, calls, builtin = [], [], [], False
         for message in split_messages(text):
-            if message.recipient:
-                calls.append(call_from_arguments(message.recipient, message.body))
+            if message.function:
+                calls.append(call_from_arguments(message.function, message.body))
             elif message.channel == "analysis":
                 reasoning.append(message.body)
             else:
                 content.append(message.body)
-        return ParsedTurn(reasoning="\n".join(reasoning), content="\n".join(content).strip(), calls=tuple(calls))
+            builtin = builtin or bool(message.recipient and not message.function)
+        return ParsedTurn(reasoning="\n".join(reasoning), content="\n".join(content).strip(), calls=tuple(calls),
+                          unparsed_tool_call=builtin and not calls)
 
     def format(self, calls: Sequence[ParsedCall]) -> str:
         return f"{CALL}{START}assistant".join(

@@ -1,29 +1,35 @@
 """Tool calls written as a marker followed by a JSON list of `{"name": ..., "arguments": {...}}`:
-Granite 3.x (`<|tool_call|>[...]`, vLLM's `granite`) and Phi-4-mini (`functools[...]`,
-vLLM's `phi4_mini_json`). Text before the marker is the turn's content.
+Granite 3.0 (`<|tool_call|>[...]`) and 3.1 (`<tool_call> [...]`, plain text), vLLM's `granite`;
+Phi-4-mini (`functools[...]`, vLLM's `phi4_mini_json`). Text before the marker and after the
+list is the turn's content. After a special-token marker a single object is read as one call; a
+plain-text marker (`<tool_call>`, shared with Hermes) counts only when a list follows it.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Mapping, Sequence
 
 from gym_bridge.core.parsers.call import ParsedCall, ParsedTurn, arguments_object, call_from_object, guess_name, to_json
 
 
 class JsonListParser:
-    def __init__(self, name: str, marker: str, *, list_in_marker: bool = False) -> None:
+    def __init__(self, name: str, marker: str, *, list_in_marker: bool = False, text_marker: str | None = None) -> None:
         self.name = name
         self.marker = marker
-        self.markers = (marker,)
+        self.markers = (marker,) if text_marker is None else (marker, text_marker)
         self._list_in_marker = list_in_marker
         """The marker ends with the list's `[` (functools[)."""
+        self._opening = re.compile(re.escape(marker) + ("" if text_marker is None else "|" + re.escape(text_marker) + r"(?=\s*\[)"))
+        """The first marker; a text marker only where a list follows it."""
 
     def parse(self, text: str, tools: Sequence[Mapping[str, Any]] = ()) -> ParsedTurn:
-        at = text.find(self.marker)
-        if at < 0:
+        opening = self._opening.search(text)
+        if opening is None:
             return ParsedTurn(reasoning="", content=text.strip())
-        body = text[at + len(self.marker) - (1 if self._list_in_marker else 0):].strip()
+        at = opening.start()
+        body = text[opening.end() - (1 if self._list_in_marker else 0):].strip()
         try:
             obj, end = json.JSONDecoder().raw_decode(body)
         except json.JSONDecodeError as error:
@@ -33,7 +39,8 @@ class JsonListParser:
         calls = tuple(call_from_object(entry, raw=json.dumps(entry)) for entry in objects) or (
             ParsedCall(name="", arguments=body, error="the list of tool calls is empty"),
         )
-        return ParsedTurn(reasoning="", content=(text[:at] + body[end:]).strip(), calls=calls)
+        content = " ".join(piece for piece in (text[:at].strip(), body[end:].strip()) if piece)
+        return ParsedTurn(reasoning="", content=content, calls=calls)
 
     def format(self, calls: Sequence[ParsedCall]) -> str:
         entries = ", ".join(f'{{"name": {to_json(call.name)}, "arguments": {to_json(arguments_object(call))}}}' for call in calls)
