@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gym_bridge.core.errors import GymBridgeError, MissingDependencyError
+from gym_bridge.view import cli as view_cli
 
 EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
 
@@ -110,6 +111,7 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--env-url", action="append", default=[], metavar="NAME=URL",
                    help="run rows routed to NAME on the NeMo Gym resources server at URL (repeatable)")
     _module_path_arguments(p)
+    view_cli.health_arguments(p)
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -320,7 +322,8 @@ async def _eval_locked(args: argparse.Namespace) -> int:
 
     freeze_startup_objects()
     try:
-        result = await run_eval(engine, tasks, output=args.output, num_repeats=args.num_repeats, resume=args.resume, on_record=on_record)
+        result = await run_eval(engine, tasks, output=args.output, num_repeats=args.num_repeats, resume=args.resume, on_record=on_record,
+                                health=view_cli.health_settings(args))
     finally:
         gc.unfreeze()
         if progress is not None:
@@ -557,6 +560,7 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_parser(sub)
     _agent_serve_parser(sub)
     _data_parser(sub)
+    view_cli.add_parsers(sub)
     return parser
 
 
@@ -581,6 +585,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _agent_serve(args)
         if args.command == "data":
             return _data(args)
+        if args.command in view_cli.COMMANDS:
+            return view_cli.run(args)
         return _envs(args)
     except GymBridgeError as error:
         print(f"error: {error}", file=sys.stderr)

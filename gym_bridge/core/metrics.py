@@ -114,6 +114,10 @@ def format_table(summary: Mapping[str, Any]) -> str:
             f"{throughput['model_tokens_per_s']:.1f} model tokens/s"
             + (f" (this run's {throughput['rollouts']} rollouts; the rest were kept from the earlier run)" if resumed else "")
         )
+    from gym_bridge.core.health import format_health
+
+    health = format_health(summary.get("tool_call_health") or {}, alarms=summary.get("alarms") or ())
+    extras += [health] if health else []
     if pass_keys:
         extras.append("pass@k: share of tasks with at least one of their first k rollouts at full reward "
                       "(mean_reward and pass@1 differ when rewards are partial)")
