@@ -1,0 +1,203 @@
+"""`gym-bridge view`: one self-contained HTML report of a rollout file (or two, compared).
+
+The page is `report_template.html` with the data inlined as JSON: no request leaves it (its
+Content-Security-Policy forbids any), so it works offline and can be mailed around. It holds a
+per-environment summary (reward histogram, pass@k, failures by kind with their most frequent
+reasons, tokens, turns, tool calls, latency percentiles, tool-call health), a table of every
+selected rollout (filtered, sorted and paginated in the page, 100 rows a page), and, for at most
+`max_detail` rollouts (a seeded uniform sample beyond that), the conversation and the token view
+(model, environment and prompt tokens, each token's log-prob on hover). Two files add a
+per-task table of mean-reward differences (tasks matched by their input row).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import random
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from gym_bridge.core.health import tool_call_health
+from gym_bridge.core.metrics import summarize
+from gym_bridge.core.rollout_file import input_row
+from gym_bridge.view.decode import Decoder, decoder_for
+from gym_bridge.view.transcript import load_rollouts, segments, select, transcript
+
+HISTOGRAM_BINS = 10
+ROW_COLUMNS = ("id", "run", "env", "task", "repeat", "reward", "failure", "reason", "turns", "tool_calls",
+               "model_tokens", "env_tokens", "latency_s", "finish", "detail")
+"""Columns of the report's rollout table (`data.rows` holds one list per rollout in this order)."""
+
+
+@dataclass(frozen=True)
+class Report:
+    output: Path
+    rollouts: int
+    detailed: int
+    files: tuple[str, ...]
+
+    def describe(self) -> str:
+        sampled = "" if self.detailed == self.rollouts else " (a seeded sample: the rest are in the table only)"
+        return (f"wrote {self.output}: {self.rollouts} rollouts from {', '.join(self.files)}; "
+                f"conversation and tokens embedded for {self.detailed}{sampled}")
+
+
+def percentiles(values: Sequence[float], points: Sequence[int] = (50, 90, 99)) -> dict[str, float]:
+    """Nearest-rank percentiles (`p50`, ...) of `values`; zeros when empty."""
+    ordered = sorted(values)
+    if not ordered:
+        return {f"p{point}": 0.0 for point in points}
+    return {f"p{point}": float(ordered[min(len(ordered) - 1, max(0, -(-point * len(ordered) // 100) - 1))]) for point in points}
+
+
+def histogram(rewards: Sequence[float], *, bins: int = HISTOGRAM_BINS) -> dict[str, Any]:
+    """Counts of rewards in `bins` equal bins over [min(0, lowest), max(1, highest)]."""
+    low, high = min([0.0, *rewards]), max([1.0, *rewards])
+    counts = [0] * bins
+    for reward in rewards:
+        counts[min(bins - 1, int((reward - low) / (high - low) * bins))] += 1
+    return {"low": low, "high": high, "counts": counts}
+
+
+def env_stats(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per environment: what `summarize` gives plus the histogram, top failure reasons, turn, tool-call and latency spreads."""
+    summary = summarize(rows)
+    health = tool_call_health(rows)["per_env"]
+    by_env: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_env[str(row.get("env"))].append(row)
+    stats = {}
+    for env, env_rows in sorted(by_env.items()):
+        metrics = [row.get("metrics") or {} for row in env_rows]
+        reasons = Counter(f"{row['failure_kind']}: {row.get('failure_reason')}" for row in env_rows if row.get("failure_kind"))
+        stats[env] = {
+            **summary["per_env"][env],
+            "histogram": histogram([float(row.get("reward") or 0.0) for row in env_rows if not row.get("mask_sample")]),
+            "top_reasons": reasons.most_common(5),
+            "turns": percentiles([float(m.get("turns") or 0) for m in metrics]),
+            "tool_calls": percentiles([float(m.get("tool_calls") or 0) for m in metrics]),
+            "latency_s": percentiles([float(m.get("latency_s") or 0) for m in metrics]),
+            "health": health.get(env, {}),
+        }
+    return stats
+
+
+def _table_row(position: int, run: int, record: Mapping[str, Any], detailed: bool) -> list[Any]:
+    metrics = record.get("metrics") or {}
+    tokens = record.get("tokens") or {}
+    model_tokens = sum(tokens.get("completion_mask") or [])
+    return [position, run, str(record.get("env")), record.get("task_index"), record.get("repeat_index"),
+            round(float(record.get("reward") or 0.0), 6), record.get("failure_kind") or "", str(record.get("failure_reason") or "")[:200],
+            metrics.get("turns", 0), metrics.get("tool_calls", 0), model_tokens, len(tokens.get("completion_ids") or []) - model_tokens,
+            round(float(metrics.get("latency_s") or 0.0), 4), metrics.get("finish_reason", ""), int(detailed)]
+
+
+def _detail(record: Mapping[str, Any], vocabulary: dict[int, str], decoder: Decoder) -> dict[str, Any]:
+    tokens = record.get("tokens") or {}
+    prompt_ids = list(tokens.get("prompt_ids") or [])
+    runs = segments(record)
+    for token in prompt_ids + [token for run in runs for token in run.ids]:
+        if token not in vocabulary:
+            vocabulary[token] = decoder.piece(token)
+    return {
+        "model": (record.get("response") or {}).get("model") or "",
+        "reward_components": record.get("reward_components") or {},
+        "failure_reason": record.get("failure_reason"),
+        "mask_sample": bool(record.get("mask_sample")),
+        "metrics": record.get("metrics") or {},
+        "turns": [[turn.role, turn.text, turn.name, turn.call_id] for turn in transcript(record)],
+        "prompt": prompt_ids,
+        "runs": [[run.kind, list(run.ids), [round(value, 4) for value in run.logprobs]] for run in runs],
+    }
+
+
+def task_key(record: Mapping[str, Any]) -> str:
+    """A task's identity across runs: its environment and a digest of its input row."""
+    digest = hashlib.sha1(json.dumps(input_row(dict(record)), sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return f"{record.get('env')}:{digest}"
+
+
+def compare(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per task present in either run: mean reward (unmasked rollouts) in A and B and B - A, largest change first."""
+    def means(records: Sequence[Mapping[str, Any]]) -> dict[str, tuple[float, int, Mapping[str, Any]]]:
+        rewards: dict[str, list[float]] = defaultdict(list)
+        first: dict[str, Mapping[str, Any]] = {}
+        for record in records:
+            key = task_key(record)
+            first.setdefault(key, record)
+            if not record.get("mask_sample"):
+                rewards[key].append(float(record.get("reward") or 0.0))
+        return {key: (sum(rewards[key]) / len(rewards[key]) if rewards[key] else float("nan"), len(rewards[key]), first[key]) for key in first}
+
+    in_a, in_b = means(a), means(b)
+    rows = []
+    for key in dict.fromkeys([*in_a, *in_b]):
+        mean_a, n_a, record = in_a.get(key, (float("nan"), 0, None))  # type: ignore[arg-type]
+        mean_b, n_b, record_b = in_b.get(key, (float("nan"), 0, None))  # type: ignore[arg-type]
+        source = record or record_b
+        prompt = next((turn.text for turn in transcript(source) if turn.role == "user"), "")
+        diff = mean_b - mean_a
+        rows.append({"env": str(source.get("env")), "task": source.get("task_index"), "prompt": prompt[:160],
+                     "a": None if n_a == 0 else mean_a, "b": None if n_b == 0 else mean_b, "n_a": n_a, "n_b": n_b,
+                     "diff": None if diff != diff else diff})
+    rows.sort(key=lambda row: -abs(row["diff"]) if row["diff"] is not None else 0.0)
+    return rows
+
+
+def build_data(paths: Sequence[str], *, envs: Sequence[str] = (), failed: bool = False, sort: str = "file",
+               tokenizer: str | None = None, max_detail: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """The JSON the page renders (see the module docstring). Raises DataError for unreadable input."""
+    runs = [load_rollouts(path) for path in paths]
+    selected = [select(records, envs=envs, failed=failed, sort=sort) for records in runs]
+    everything = [(run, position, record) for run, chosen in enumerate(selected) for position, record in chosen]
+    detail_ids = set(range(len(everything)))
+    if len(everything) > max_detail:
+        detail_ids = set(random.Random(seed).sample(range(len(everything)), max_detail))
+    decoder = decoder_for([record for _, _, record in everything[:50]], tokenizer=tokenizer)
+    vocabulary: dict[int, str] = {}
+    rows, details = [], {}
+    for number, (run, position, record) in enumerate(everything):
+        rows.append(_table_row(position, run, record, number in detail_ids))
+        if number in detail_ids:
+            details[f"{run}:{position}"] = _detail(record, vocabulary, decoder)
+    return {
+        "files": [Path(path).name for path in paths],
+        "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "decoder": decoder.source,
+        "columns": ROW_COLUMNS,
+        "rows": rows,
+        "details": details,
+        "vocabulary": {str(token): piece for token, piece in vocabulary.items()},
+        "stats": [env_stats([record for _, record in chosen]) for chosen in selected],
+        "sampling": {"rollouts": len(everything), "detailed": len(details), "seed": seed, "page_size": 100},
+        "compare": compare([r for _, r in selected[0]], [r for _, r in selected[1]]) if len(selected) == 2 else None,
+        "initial_sort": sort,
+    }
+
+
+def render(data: Mapping[str, Any]) -> str:
+    """The report page: the template with `data` inlined (every `<` escaped, so no text can close the script)."""
+    template = resources.files("gym_bridge.view").joinpath("report_template.html").read_text(encoding="utf-8")
+    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
+    title = html.escape(" vs ".join(data["files"]))
+    return template.replace("__TITLE__", title).replace("__DATA__", payload)
+
+
+def write_report(paths: Sequence[str], *, output: str | Path, envs: Sequence[str] = (), failed: bool = False, sort: str = "file",
+                 tokenizer: str | None = None, max_detail: int = 2000, seed: int = 0) -> Report:
+    """Write the report for one rollout file (or two, compared) to `output`, atomically; nothing is written if input is bad."""
+    data = build_data(paths, envs=envs, failed=failed, sort=sort, tokenizer=tokenizer, max_detail=max_detail, seed=seed)
+    page = render(data)
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    temp = output.with_name(output.name + ".tmp")
+    temp.write_text(page, encoding="utf-8")
+    temp.replace(output)
+    return Report(output=output, rollouts=len(data["rows"]), detailed=len(data["details"]), files=tuple(str(path) for path in paths))
