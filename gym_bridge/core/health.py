@@ -32,7 +32,7 @@ class HealthSettings:
     no_tool_call_after: int = 20
     """Warn when an environment that offers tools has seen this many rollouts and not one tool call (0: never)."""
     max_parse_error_rate: float = 0.2
-    """Warn when the share of tool calls that could not be read passes this (parse errors plus
+    """Warn when the share of tool calls that could not be read passes this (malformed calls plus
     turns holding an unparsed call, over all attempted calls)."""
     min_attempts: int = 10
     """Attempted calls an environment needs before the parse-error rate is judged."""
@@ -97,7 +97,8 @@ class _Counts:
 
     @property
     def attempts(self) -> int:
-        return self.tool_calls + self.parse_errors + self.unparsed
+        """Calls the model tried to make: those read (malformed ones included: `tool_calls` counts them) and those not seen."""
+        return self.tool_calls + self.unparsed
 
     def parse_error_rate(self) -> float:
         return (self.parse_errors + self.unparsed) / self.attempts if self.attempts else 0.0
