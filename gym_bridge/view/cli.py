@@ -36,7 +36,7 @@ def _selection_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", action="append", default=[], metavar="NAME", help="only rollouts of this environment (repeatable)")
     parser.add_argument("--failed", action="store_true", help="only rollouts that failed (a failure kind is set)")
     parser.add_argument("--sort", default="file", choices=SORT_KEYS,
-                        help="order: reward (worst first), -reward (best first), latency/turns/tokens (largest first), file")
+                        help="order: reward (worst first), best (highest reward first), latency/turns/tokens (largest first), file")
     parser.add_argument("--tokenizer", default=None, metavar="PATH",
                         help="tokenizer folder to decode token ids (default: the record's model folder, or the embedded "
                              "tokenizer for the embedded model; otherwise ids are shown)")

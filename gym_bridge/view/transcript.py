@@ -16,8 +16,8 @@ from typing import Any
 from gym_bridge.core.errors import DataError
 from gym_bridge.core.items import item_text, to_chat_messages
 
-SORT_KEYS = ("reward", "-reward", "latency", "turns", "tokens", "file")
-"""`--sort` choices: `reward` ascending (worst first), `-reward` best first, `latency`, `turns` and
+SORT_KEYS = ("reward", "best", "latency", "turns", "tokens", "file")
+"""`--sort` choices: `reward` ascending (worst first), `best` (highest reward first), `latency`, `turns` and
 `tokens` largest first, `file` (the file's order)."""
 
 
@@ -108,7 +108,7 @@ def _sort_key(name: str) -> Any:
 
     keys: dict[str, Any] = {
         "reward": lambda record: float(record.get("reward") or 0.0),
-        "-reward": lambda record: -float(record.get("reward") or 0.0),
+        "best": lambda record: -float(record.get("reward") or 0.0),
         "latency": lambda record: -metric(record, "latency_s"),
         "turns": lambda record: -metric(record, "turns"),
         "tokens": lambda record: -len((record.get("tokens") or {}).get("completion_ids") or []),
