@@ -351,7 +351,10 @@ async def _verify(args: argparse.Namespace) -> int:
     from gym_bridge.core.metrics import format_table
     from gym_bridge.evaluate import metrics_path_for, rescore_file
 
-    summary = await rescore_file(args.data, output=args.output)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as temp_dir:  # ATIF trajectories are read as rollout records first
+        summary = await rescore_file(view_cli.verify_input(args.data, temp_dir), output=args.output)
     print(format_table(summary))
     print(f"records: {args.output}\nmetrics: {metrics_path_for(args.output)}")
     return 0
@@ -553,7 +556,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _eval_parser(sub)
     v = sub.add_parser("verify", help="re-score stored rollouts with their environments' verifiers (no model)")
-    v.add_argument("--data", required=True, help="rollout records (JSONL)")
+    v.add_argument("--data", required=True, help="rollout records (JSONL), or ATIF trajectories written by gym-bridge export --format atif")
     v.add_argument("--output", required=True, help="where to write the re-scored records")
     _module_path_arguments(v)
     sub.add_parser("envs", help="list the registered environments")
