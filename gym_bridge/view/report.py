@@ -119,8 +119,9 @@ def _detail(record: Mapping[str, Any], vocabulary: dict[int, str], decoder: Deco
 
 
 def task_key(record: Mapping[str, Any]) -> str:
-    """A task's identity across runs: its environment and a digest of its input row."""
-    digest = hashlib.sha1(json.dumps(input_row(dict(record)), sort_keys=True, default=str).encode()).hexdigest()[:12]
+    """A task's identity across runs: its environment and a digest of its input row (without a trainer's `step`)."""
+    row = {key: value for key, value in input_row(dict(record)).items() if key != "step"}  # trainer records carry their step
+    digest = hashlib.sha1(json.dumps(row, sort_keys=True, default=str).encode()).hexdigest()[:12]
     return f"{record.get('env')}:{digest}"
 
 
