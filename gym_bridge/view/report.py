@@ -28,7 +28,8 @@ from gym_bridge.core.health import tool_call_health
 from gym_bridge.core.metrics import summarize
 from gym_bridge.core.rollout_file import input_row
 from gym_bridge.view.decode import Decoder, decoder_for
-from gym_bridge.view.transcript import load_rollouts, segments, select, transcript
+from gym_bridge.core.errors import DataError
+from gym_bridge.view.transcript import SORT_KEYS, iter_rollouts, segments, transcript
 
 HISTOGRAM_BINS = 10
 ROW_COLUMNS = ("id", "run", "env", "task", "repeat", "reward", "failure", "reason", "turns", "tool_calls",
@@ -152,22 +153,59 @@ def compare(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> l
     return rows
 
 
+def _light(record: Mapping[str, Any]) -> dict[str, Any]:
+    """What the summary and the comparison need of a record: no trajectory, token counts instead of token lists."""
+    tokens = record.get("tokens") or {}
+    model_tokens = sum(tokens.get("completion_mask") or [])
+    light = {key: value for key, value in record.items() if key not in ("response", "tokens")}
+    light["response"] = {"model": (record.get("response") or {}).get("model"), "output": []}
+    light["token_counts"] = {"prompt": len(tokens.get("prompt_ids") or []), "model": model_tokens,
+                             "env": len(tokens.get("completion_ids") or []) - model_tokens}
+    return light
+
+
+def _run_stats(light: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    stats = env_stats(light)
+    for env, block in stats.items():
+        counts = [row["token_counts"] for row in light if str(row.get("env")) == env]
+        block["tokens"] = {kind: sum(count[kind] for count in counts) for kind in ("prompt", "model", "env")}
+    return stats
+
+
 def build_data(paths: Sequence[str], *, envs: Sequence[str] = (), failed: bool = False, sort: str = "file",
                tokenizer: str | None = None, max_detail: int = 2000, seed: int = 0) -> dict[str, Any]:
-    """The JSON the page renders (see the module docstring). Raises DataError for unreadable input."""
-    runs = [load_rollouts(path) for path in paths]
-    selected = [select(records, envs=envs, failed=failed, sort=sort) for records in runs]
-    everything = [(run, position, record) for run, chosen in enumerate(selected) for position, record in chosen]
-    detail_ids = set(range(len(everything)))
-    if len(everything) > max_detail:
-        detail_ids = set(random.Random(seed).sample(range(len(everything)), max_detail))
-    decoder = decoder_for([record for _, _, record in everything[:50]], tokenizer=tokenizer)
+    """The JSON the page renders (see the module docstring). Records stream through once: each leaves a table
+    row and a light copy for the summary; a seeded reservoir keeps `max_detail` whole records for their
+    conversation and tokens. Raises DataError for unreadable input or an `envs` name no record has."""
+    if sort not in SORT_KEYS:
+        raise DataError(f"--sort must be one of {', '.join(SORT_KEYS)}, got {sort!r}")
+    rng = random.Random(seed)
+    rows: list[list[Any]] = []
+    lights: list[list[dict[str, Any]]] = []
+    kept: list[tuple[int, int, dict[str, Any]]] = []
+    present: set[str] = set()
+    for run, path in enumerate(paths):
+        lights.append([])
+        for position, record in enumerate(iter_rollouts(path)):
+            present.add(str(record.get("env")))
+            if (envs and str(record.get("env")) not in envs) or (failed and not record.get("failure_kind")):
+                continue
+            seen = len(rows)
+            rows.append(_table_row(position, run, record, False))
+            lights[run].append(_light(record))
+            slot = seen if seen < max_detail else rng.randint(0, seen)
+            if slot == len(kept):
+                kept.append((run, position, record))
+            elif slot < max_detail:
+                kept[slot] = (run, position, record)
+    missing = [env for env in envs if env not in present]
+    if missing:
+        raise DataError(f"no rollouts of environment(s) {', '.join(missing)}; the files have {', '.join(sorted(present)) or 'none'}")
+    decoder = decoder_for([record for _, _, record in kept[:50]], tokenizer=tokenizer)
     vocabulary: dict[int, str] = {}
-    rows, details = [], {}
-    for number, (run, position, record) in enumerate(everything):
-        rows.append(_table_row(position, run, record, number in detail_ids))
-        if number in detail_ids:
-            details[f"{run}:{position}"] = _detail(record, vocabulary, decoder)
+    details = {f"{run}:{position}": _detail(record, vocabulary, decoder) for run, position, record in kept}
+    for row in rows:
+        row[-1] = int(f"{row[1]}:{row[0]}" in details)
     return {
         "files": [Path(path).name for path in paths],
         "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -176,9 +214,9 @@ def build_data(paths: Sequence[str], *, envs: Sequence[str] = (), failed: bool =
         "rows": rows,
         "details": details,
         "vocabulary": {str(token): piece for token, piece in vocabulary.items()},
-        "stats": [env_stats([record for _, record in chosen]) for chosen in selected],
-        "sampling": {"rollouts": len(everything), "detailed": len(details), "seed": seed, "page_size": 100},
-        "compare": compare([r for _, r in selected[0]], [r for _, r in selected[1]]) if len(selected) == 2 else None,
+        "stats": [_run_stats(light) for light in lights],
+        "sampling": {"rollouts": len(rows), "detailed": len(details), "seed": seed, "page_size": 100},
+        "compare": compare(lights[0], lights[1]) if len(paths) == 2 else None,
         "initial_sort": sort,
     }
 

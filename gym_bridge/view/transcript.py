@@ -9,7 +9,7 @@ replies) and `segments(record)` into runs of model (trained) and environment (ma
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,3 +150,28 @@ def load_rollouts(path: str) -> list[dict[str, Any]]:
             raise DataError("is not a rollout record (it has no 'response'); pass the output of gym-bridge eval",
                             source=f"{path}, record {line}")
     return records
+
+
+def iter_rollouts(path: str) -> Iterator[dict[str, Any]]:
+    """The records of a rollout file one at a time (for files too large to hold: the HTML report).
+    A torn final line (a killed writer) is ignored; raises DataError as `load_rollouts` does."""
+    from pathlib import Path
+
+    from gym_bridge.core.rollout_file import load_line
+
+    if not Path(path).is_file():
+        raise DataError("file not found", source=str(path))
+    with open(path, "rb") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = load_line(line)  # type: ignore[arg-type]
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                if not line.endswith(b"\n"):
+                    return
+                raise DataError("malformed JSON (or invalid UTF-8) in a rollout file", source=f"{path}:{line_number}") from None
+            if not isinstance(record, dict) or "response" not in record:
+                raise DataError("is not a rollout record (it has no 'response'); pass the output of gym-bridge eval",
+                                source=f"{path}:{line_number}")
+            yield record
