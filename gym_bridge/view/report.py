@@ -193,10 +193,9 @@ def build_data(paths: Sequence[str], *, envs: Sequence[str] = (), failed: bool =
             seen = len(rows)
             rows.append(_table_row(position, run, record, False))
             lights[run].append(_light(record))
-            slot = seen if seen < max_detail else rng.randint(0, seen)
-            if slot == len(kept):
+            if seen < max_detail:
                 kept.append((run, position, record))
-            elif slot < max_detail:
+            elif (slot := rng.randint(0, seen)) < max_detail:
                 kept[slot] = (run, position, record)
     missing = [env for env in envs if env not in present]
     if missing:
