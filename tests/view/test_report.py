@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +16,16 @@ from gym_bridge.cli import main
 from gym_bridge.view.report import build_data, histogram, percentiles, write_report
 from tests.view.browser import Browser, chromium_path
 
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+"""Where the README's screenshots live: rewritten by this test with GYM_BRIDGE_UPDATE_SCREENSHOTS=1."""
 CHOOSE_ENV = "{{ const s = document.getElementById('f-env'); s.value = '{env}'; s.dispatchEvent(new Event('change')); }}"
+
+
+async def full_page_screenshot(browser: Browser, path: Path) -> None:
+    height = await browser.evaluate("Math.min(1700, document.documentElement.scrollHeight)")
+    await browser.send("Emulation.setDeviceMetricsOverride", width=1400, height=int(height), deviceScaleFactor=1, mobile=False)
+    await browser.screenshot(path)
+    await browser.send("Emulation.clearDeviceMetricsOverride")
 
 
 def test_percentiles_and_histogram():
@@ -64,18 +75,19 @@ def test_view_cli(capsys, mixed_file, tmp_path):
 def test_report_in_chromium(mixed_file, tmp_path):
     report = write_report([str(mixed_file)], output=tmp_path / "report.html")
     url = report.output.resolve().as_uri()
+    shots = DOCS if os.environ.get("GYM_BRIDGE_UPDATE_SCREENSHOTS") == "1" else tmp_path
     model_tokens = sum(sum(json.loads(line)["tokens"]["completion_mask"]) for line in mixed_file.read_text().splitlines()[:1])
 
     async def drive() -> dict:
         async with Browser() as browser:
             await browser.open(url)
             seen = {"all": await browser.evaluate("document.getElementById('count').textContent")}
+            await full_page_screenshot(browser, shots / "report.png")
             await browser.evaluate(CHOOSE_ENV.format(env="weather"))
             seen["weather"] = await browser.evaluate("document.getElementById('count').textContent")
             seen["weather_envs"] = await browser.evaluate("[...document.querySelectorAll('#rows tr td:nth-child(2)')].map(td => td.textContent)")
             await browser.evaluate("{ const t = document.getElementById('f-text'); t.value = 'answer'; t.dispatchEvent(new Event('input')); }")
             seen["text"] = await browser.evaluate("document.getElementById('count').textContent")
-            await browser.screenshot(tmp_path / "list.png")
             await browser.evaluate(CHOOSE_ENV.format(env="multi_step"))
             await browser.evaluate("document.querySelector('#rows tr[data-key=\"0:0\"] td').click()")
             seen["hash"] = await browser.evaluate("location.hash")
@@ -85,7 +97,7 @@ def test_report_in_chromium(mixed_file, tmp_path):
                 "['tok-p', 'tok-m', 'tok-e'].map(c => getComputedStyle(document.querySelector('.' + c)).backgroundColor)")
             seen["model_spans"] = await browser.evaluate("document.querySelectorAll('#tokens .tok-m').length")
             seen["title"] = await browser.evaluate("document.querySelector('#tokens .tok-m').title")
-            await browser.screenshot(tmp_path / "rollout.png")
+            await full_page_screenshot(browser, shots / "report_rollout.png")
             seen["requests"], seen["errors"] = list(browser.requests), list(browser.console_errors)
             return seen
 
@@ -102,4 +114,4 @@ def test_report_in_chromium(mixed_file, tmp_path):
     assert seen["model_spans"] == model_tokens == 130
     assert re.fullmatch(r"id \d+, log-prob -0\.2500", seen["title"])  # the scripted log-prob of every token
     assert seen["requests"] == [url] and seen["errors"] == []  # the page itself, nothing else
-    assert (tmp_path / "rollout.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (shots / "report_rollout.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
