@@ -98,6 +98,9 @@ def test_report_in_chromium(mixed_file, tmp_path):
             seen["model_spans"] = await browser.evaluate("document.querySelectorAll('#tokens .tok-m').length")
             seen["title"] = await browser.evaluate("document.querySelector('#tokens .tok-m').title")
             await full_page_screenshot(browser, shots / "report_rollout.png")
+            await browser.open("about:blank")
+            await browser.open(url + "#env=weather&failed=0&sort=reward&dir=1")  # a link's fragment opens the same view
+            seen["linked"] = await browser.evaluate("[document.getElementById('count').textContent, document.getElementById('f-env').value]")
             seen["requests"], seen["errors"] = list(browser.requests), list(browser.console_errors)
             return seen
 
@@ -113,5 +116,6 @@ def test_report_in_chromium(mixed_file, tmp_path):
     assert seen["colours"] == ["rgb(233, 240, 255)", "rgb(187, 240, 200)", "rgb(226, 228, 233)"]
     assert seen["model_spans"] == model_tokens == 130
     assert re.fullmatch(r"id \d+, log-prob -0\.2500", seen["title"])  # the scripted log-prob of every token
-    assert seen["requests"] == [url] and seen["errors"] == []  # the page itself, nothing else
+    assert seen["linked"][0].startswith("3 of 5 rollouts") and seen["linked"][1] == "weather"
+    assert set(seen["requests"]) <= {url, url + "#env=weather&failed=0&sort=reward&dir=1"} and seen["errors"] == []  # the page, nothing else
     assert (shots / "report_rollout.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
