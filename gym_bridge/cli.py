@@ -7,6 +7,7 @@ writes one rollout record per line plus `<output>.metrics.json`; `--resume` fini
 `serve-model` serves a transformers model over an OpenAI-compatible HTTP API. `serve` serves
 environments as NeMo Gym agent servers (`POST /run`, for NeMo RL). `data` checks, generates and
 mixes task-row files (`gym_bridge.data`) and writes them as the parquet file verl's trainer reads.
+`show`, `view` and `export` present stored rollouts (`gym_bridge.view`).
 """
 
 from __future__ import annotations
