@@ -15,18 +15,30 @@ from gym_bridge.core.health import HealthSettings
 COMMANDS = ("show", "view", "export")
 
 
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError("must be between 0 and 1")
+    return value
+
+
 def health_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--no-tool-call-after N` and `--max-parse-error-rate F` (see `HealthSettings`)."""
+    """`--no-tool-call-after N` and `--max-parse-error-rate F` (see `HealthSettings`); bad values exit 2 at parse time."""
     defaults = HealthSettings()
-    parser.add_argument("--no-tool-call-after", type=int, default=defaults.no_tool_call_after, metavar="N",
+    parser.add_argument("--no-tool-call-after", type=_count, default=defaults.no_tool_call_after, metavar="N",
                         help="warn when an environment that offers tools sees no tool call in its first N rollouts (0: never)")
-    parser.add_argument("--max-parse-error-rate", type=float, default=defaults.max_parse_error_rate, metavar="F",
+    parser.add_argument("--max-parse-error-rate", type=_fraction, default=defaults.max_parse_error_rate, metavar="F",
                         help=f"warn when more than this share of tool calls cannot be parsed (judged after {defaults.min_attempts} calls)")
 
 
 def health_settings(args: argparse.Namespace) -> HealthSettings:
-    if args.no_tool_call_after < 0 or not 0.0 <= args.max_parse_error_rate <= 1.0:
-        raise GymBridgeError("--no-tool-call-after must be >= 0 and --max-parse-error-rate between 0 and 1")
     return HealthSettings(no_tool_call_after=args.no_tool_call_after, max_parse_error_rate=args.max_parse_error_rate)
 
 

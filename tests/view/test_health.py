@@ -72,3 +72,13 @@ def test_health_per_model_family_from_stored_records(mixed_file):
 def test_no_alarm_for_an_environment_without_tools():
     alarm = ToolCallAlarm(HealthSettings(no_tool_call_after=1), tools_offered=lambda row: False)
     assert alarm.observe({"env": "chat", "metrics": {"tool_calls": 0, "finish_reason": "answer"}}) == []
+
+
+def test_eval_refuses_bad_alarm_settings_at_parse_time(capsys):
+    from gym_bridge.cli import main
+
+    for argv in (["--no-tool-call-after", "-1"], ["--max-parse-error-rate", "1.5"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["eval", "--env", "weather", *argv])
+        assert exit_info.value.code == 2
+    assert "must be between 0 and 1" in capsys.readouterr().err
