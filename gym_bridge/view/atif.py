@@ -103,11 +103,12 @@ def _agent_steps(output: Sequence[Mapping[str, Any]], model: str) -> Iterator[di
             step["_message_item"] = True
         elif kind == "function_call":
             arguments, extra = _arguments(str(item.get("arguments", "")))
-            call = {"tool_call_id": str(item.get("call_id")), "function_name": str(item.get("name", "")), "arguments": arguments}
+            call_id = str(item.get("call_id"))
+            call: dict[str, Any] = {"tool_call_id": call_id, "function_name": str(item.get("name", "")), "arguments": arguments}
             if extra:
                 call["extra"] = extra
             step.setdefault("tool_calls", []).append(call)
-            by_call[call["tool_call_id"]] = step
+            by_call[call_id] = step
         if "generation_token_ids" in item:
             ids, generated = list(item.get("prompt_token_ids") or []), list(item.get("generation_token_ids") or [])
             step["metrics"] = {"prompt_tokens": len(ids), "completion_tokens": len(generated), "prompt_token_ids": ids,

@@ -54,7 +54,7 @@ def _selection_arguments(parser: argparse.ArgumentParser) -> None:
                              "tokenizer for the embedded model; otherwise ids are shown)")
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = sub.add_parser("show", help="print rollouts as chat transcripts (prompt as the model saw it, tool calls, reward)")
     s.add_argument("rollouts", metavar="ROLLOUTS.jsonl")
     _selection_arguments(s)

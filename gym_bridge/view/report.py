@@ -126,29 +126,29 @@ def task_key(record: Mapping[str, Any]) -> str:
     return f"{record.get('env')}:{digest}"
 
 
+def _task_means(records: Sequence[Mapping[str, Any]]) -> dict[str, tuple[float | None, int, Mapping[str, Any]]]:
+    """Per task key: mean reward of the unmasked rollouts (None without one), their count, the first record."""
+    rewards: dict[str, list[float]] = defaultdict(list)
+    first: dict[str, Mapping[str, Any]] = {}
+    for record in records:
+        key = task_key(record)
+        first.setdefault(key, record)
+        if not record.get("mask_sample"):
+            rewards[key].append(float(record.get("reward") or 0.0))
+    return {key: (sum(rewards[key]) / len(rewards[key]) if rewards[key] else None, len(rewards[key]), first[key]) for key in first}
+
+
 def compare(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per task present in either run: mean reward (unmasked rollouts) in A and B and B - A, largest change first."""
-    def means(records: Sequence[Mapping[str, Any]]) -> dict[str, tuple[float, int, Mapping[str, Any]]]:
-        rewards: dict[str, list[float]] = defaultdict(list)
-        first: dict[str, Mapping[str, Any]] = {}
-        for record in records:
-            key = task_key(record)
-            first.setdefault(key, record)
-            if not record.get("mask_sample"):
-                rewards[key].append(float(record.get("reward") or 0.0))
-        return {key: (sum(rewards[key]) / len(rewards[key]) if rewards[key] else float("nan"), len(rewards[key]), first[key]) for key in first}
-
-    in_a, in_b = means(a), means(b)
-    rows = []
+    in_a, in_b = _task_means(a), _task_means(b)
+    rows: list[dict[str, Any]] = []
     for key in dict.fromkeys([*in_a, *in_b]):
-        mean_a, n_a, record = in_a.get(key, (float("nan"), 0, None))  # type: ignore[arg-type]
-        mean_b, n_b, record_b = in_b.get(key, (float("nan"), 0, None))  # type: ignore[arg-type]
-        source = record or record_b
+        mean_a, n_a, source = in_a[key] if key in in_a else (None, 0, in_b[key][2])
+        mean_b, n_b, _ = in_b.get(key, (None, 0, source))
         prompt = next((turn.text for turn in transcript(source) if turn.role == "user"), "")
-        diff = mean_b - mean_a
+        diff = None if mean_a is None or mean_b is None else mean_b - mean_a
         rows.append({"env": str(source.get("env")), "task": source.get("task_index"), "prompt": prompt[:160],
-                     "a": None if n_a == 0 else mean_a, "b": None if n_b == 0 else mean_b, "n_a": n_a, "n_b": n_b,
-                     "diff": None if diff != diff else diff})
+                     "a": mean_a, "b": mean_b, "n_a": n_a, "n_b": n_b, "diff": diff})
     rows.sort(key=lambda row: -abs(row["diff"]) if row["diff"] is not None else 0.0)
     return rows
 
