@@ -17,7 +17,8 @@ $(PY):
 # torch is pinned to the CPU build first so nothing later pulls a CUDA build: from PyTorch's CPU index where
 # it can be reached (PyPI's Linux torch is the CUDA build), else the default index (a machine whose pip is
 # configured with a local CPU wheel, like this repository's CI).
-# bubblewrap sandboxes the code environment: installed with apt when missing and we are root.
+# bubblewrap sandboxes the code environment, chromium opens the HTML report in its test (headless): installed
+# with apt when missing and we are root.
 # verl 0.9.1 (the `verl` extra, for its agent-loop tests) pins transformers<5.11: it is installed with
 # its other requirements but not that pin, so the suite runs on the transformers the other extras resolve to.
 $(STAMP): pyproject.toml | $(PY)
@@ -26,6 +27,11 @@ $(STAMP): pyproject.toml | $(PY)
 			DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap || \
 			{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap; }; \
 		else echo "note: install bubblewrap (bwrap) for the code environment's sandbox"; fi; }
+	@command -v chromium >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium || \
+			{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }; \
+		else echo "note: install chromium for the HTML report's browser test (tests/view/test_report.py)"; fi; }
 	@if $(PY) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=5)" >/dev/null 2>&1; then \
 		echo "torch: the CPU build from $(TORCH_CPU_INDEX)"; $(PIP) install --quiet torch==2.13.0 --index-url $(TORCH_CPU_INDEX); \
 	else $(PIP) install --quiet torch==2.13.0; fi

@@ -7,6 +7,7 @@ writes one rollout record per line plus `<output>.metrics.json`; `--resume` fini
 `serve-model` serves a transformers model over an OpenAI-compatible HTTP API. `serve` serves
 environments as NeMo Gym agent servers (`POST /run`, for NeMo RL). `data` checks, generates and
 mixes task-row files (`gym_bridge.data`) and writes them as the parquet file verl's trainer reads.
+`show`, `view` and `export` present stored rollouts (`gym_bridge.view`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gym_bridge.core.errors import GymBridgeError, MissingDependencyError
+from gym_bridge.view import cli as view_cli
 
 EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
 
@@ -110,6 +112,7 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--env-url", action="append", default=[], metavar="NAME=URL",
                    help="run rows routed to NAME on the NeMo Gym resources server at URL (repeatable)")
     _module_path_arguments(p)
+    view_cli.health_arguments(p)
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -324,7 +327,8 @@ async def _eval_locked(args: argparse.Namespace) -> int:
 
     freeze_startup_objects()
     try:
-        result = await run_eval(engine, tasks, output=args.output, num_repeats=args.num_repeats, resume=args.resume, on_record=on_record)
+        result = await run_eval(engine, tasks, output=args.output, num_repeats=args.num_repeats, resume=args.resume, on_record=on_record,
+                                health=view_cli.health_settings(args))
     finally:
         gc.unfreeze()
         if progress is not None:
@@ -352,7 +356,10 @@ async def _verify(args: argparse.Namespace) -> int:
     from gym_bridge.core.metrics import format_table
     from gym_bridge.evaluate import metrics_path_for, rescore_file
 
-    summary = await rescore_file(args.data, output=args.output)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as temp_dir:  # ATIF trajectories are read as rollout records first
+        summary = await rescore_file(view_cli.verify_input(args.data, temp_dir), output=args.output)
     print(format_table(summary))
     print(f"records: {args.output}\nmetrics: {metrics_path_for(args.output)}")
     return 0
@@ -556,13 +563,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _eval_parser(sub)
     v = sub.add_parser("verify", help="re-score stored rollouts with their environments' verifiers (no model)")
-    v.add_argument("--data", required=True, help="rollout records (JSONL)")
+    v.add_argument("--data", required=True, help="rollout records (JSONL), or ATIF trajectories written by gym-bridge export --format atif")
     v.add_argument("--output", required=True, help="where to write the re-scored records")
     _module_path_arguments(v)
     sub.add_parser("envs", help="list the registered environments")
     _serve_parser(sub)
     _agent_serve_parser(sub)
     _data_parser(sub)
+    view_cli.add_parsers(sub)
     return parser
 
 
@@ -587,6 +595,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _agent_serve(args)
         if args.command == "data":
             return _data(args)
+        if args.command in view_cli.COMMANDS:
+            return view_cli.run(args)
         return _envs(args)
     except GymBridgeError as error:
         print(f"error: {error}", file=sys.stderr)

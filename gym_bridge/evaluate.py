@@ -20,6 +20,7 @@ from gym_bridge.core.engine import Engine, ensure_ready
 from gym_bridge.core.environment import to_verify_result
 from gym_bridge.core.environment import Environment
 from gym_bridge.core.errors import DataError, UnknownEnvironmentError
+from gym_bridge.core.health import HealthSettings, ToolCallAlarm, tool_call_health
 from gym_bridge.core.metrics import summarize
 from gym_bridge.core.registry import get_environment, remote_url, resolve_tasks
 from gym_bridge.core.rollout_file import RolloutWriter, input_row, locked_output, prepare_resume, read_records
@@ -79,8 +80,12 @@ async def run_eval(
     num_repeats: int = 1,
     resume: bool = False,
     on_record: Callable[[dict[str, Any]], None] | None = None,
+    health: HealthSettings | None = None,
 ) -> EvalResult:
     """Run every (task, repeat) not already in `output` and write records plus `.metrics.json`.
+
+    Tool-call health is watched as records arrive (`health`: when to warn, see `ToolCallAlarm`);
+    the summary holds it under `tool_call_health` and the warnings raised under `alarms`.
 
     Raises OutputLockedError when another process is writing `output`.
     """
@@ -90,15 +95,19 @@ async def run_eval(
         skip = prepare_resume(output, tasks) if resume else set()
         started, cpu_started = time.perf_counter(), time.process_time()
         this_run: list[dict[str, Any]] = []
+        alarm = ToolCallAlarm(health or HealthSettings())
         with RolloutWriter(output, append=resume) as writer:
             async for record in engine.stream(tasks, repeats=num_repeats, skip=skip):
                 row = record.to_dict()
                 writer.write(row)
                 this_run.append(row)
+                alarm.observe(row)
                 if on_record is not None:
                     on_record(row)
         wall_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
-        summary = summarize(read_records(output), wall_s=wall_s, this_run=this_run)
+        records = read_records(output)
+        summary = summarize(records, wall_s=wall_s, this_run=this_run)
+        summary["tool_call_health"], summary["alarms"] = tool_call_health(records), alarm.alarms
         summary["cpu_s"] = round(cpu_s, 3)  # this process's CPU time over the run: what generation costs the client
         metrics_path = metrics_path_for(output)
         metrics_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")

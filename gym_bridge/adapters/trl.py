@@ -28,6 +28,7 @@ from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import FAILURE_KINDS, Environment
 from gym_bridge.core.errors import DataError, GymBridgeError, MissingDependencyError
+from gym_bridge.core.health import HealthSettings, ToolCallAlarm
 from gym_bridge.core.parsers import get_reasoning_parser, get_tool_parser
 from gym_bridge.core.policy import BackendError, Policy, SamplingParams, require_token_policy
 from gym_bridge.core.record import RolloutRecord
@@ -94,6 +95,11 @@ class RolloutOptions:
     """vLLM server mode: how long to wait for `/v1/models` at start."""
     on_records: Callable[[list[RolloutRecord]], None] | None = None
     """Called with each batch's records (to write them out, inspect them in tests)."""
+    records_path: str | None = None
+    """Append every rollout's record to this JSONL file (rank N > 0: `<stem>.rankN.jsonl`), each with the
+    trainer's `step`, for `gym-bridge show` / `view`."""
+    health: HealthSettings = HealthSettings()
+    """When to warn that an environment's rollouts call no tool or write unparsable calls (once per trainer)."""
 
 
 _LOOP = LoopThread()
@@ -110,6 +116,7 @@ class _TrainerState:
     tasks: dict[str, tuple[Task, type[Environment]]] = dataclasses.field(default_factory=dict)
     datasets_indexed: bool = False
     batches: int = 0
+    alarm: ToolCallAlarm = dataclasses.field(default_factory=ToolCallAlarm)
 
 
 class TRLRollout:
@@ -145,6 +152,7 @@ class TRLRollout:
                 f"every rollout of the first batch failed; the first as {first.failure_kind}: {first.failure_reason}"
             )
         state.batches += 1
+        _watch(records, state.alarm, path=self.options.records_path, trainer=trainer)
         if self.options.on_records is not None:
             self.options.on_records(records)
         return to_trl_batch(records, eos_token_ids=state.eos_token_ids, max_completion_length=state.max_completion_length)
@@ -201,7 +209,8 @@ class TRLRollout:
         if backend != "policy":  # a policy built here is released with its trainer; one passed in is its owner's
             weakref.finalize(trainer, _release_policy, policy)
         logger.info("gym_bridge.trl: generating with the %s backend (%s)", backend, type(policy).__name__)
-        return _TrainerState(backend=backend, engine=engine, eos_token_ids=eos_token_ids, max_completion_length=max_completion_length)
+        return _TrainerState(backend=backend, engine=engine, eos_token_ids=eos_token_ids, max_completion_length=max_completion_length,
+                             alarm=ToolCallAlarm(options.health))
 
     def _task(self, state: _TrainerState, prompt: Any, trainer: Any) -> tuple[Task, type[Environment]]:
         key = key_from_prompt(prompt)
@@ -332,6 +341,25 @@ def sampling_from_args(args: Any, *, max_new_tokens: int) -> SamplingParams:
 
 async def _run_all(engine: Engine, jobs: Sequence[tuple[Task, type[Environment]]], repeats: Sequence[int]) -> list[RolloutRecord]:
     return list(await asyncio.gather(*(engine.rollout(task, repeat, env_class=env_class) for (task, env_class), repeat in zip(jobs, repeats))))
+
+
+def _watch(records: Sequence[RolloutRecord], alarm: ToolCallAlarm, *, path: str | None, trainer: Any) -> None:
+    """Feed the tool-call alarm (it warns once per kind and environment) and append the records, with the
+    trainer's step, to `path`."""
+    step = getattr(getattr(trainer, "state", None), "global_step", None)
+    rows = [{**record.to_dict(), "step": step} for record in records]
+    for row in rows:
+        alarm.observe(row)
+    if path is not None:
+        from pathlib import Path
+
+        from gym_bridge.core.rollout_file import RolloutWriter
+
+        rank = _rank(trainer)
+        target = Path(path) if rank == 0 else Path(path).with_name(f"{Path(path).stem}.rank{rank}.jsonl")
+        with RolloutWriter(target, append=True) as writer:
+            for row in rows:
+                writer.write(row)
 
 
 def _check_token_ids(records: Sequence[RolloutRecord]) -> None:
@@ -507,8 +535,9 @@ def env_reward(prompts: list[Any], completions: list[Any], env_reward: list[floa
     which TRL leaves out of the group baseline).
 
     With TRL's `log_metric` it logs per-environment reward and reward components, failure
-    fractions by kind and turns (see `reward_metrics`); with `log_extra` it adds `env_name`
-    and `failure_kind` columns to the completions table. Raises ValueError when the rows did
+    fractions by kind, turns and tool calls (see `reward_metrics`); with `log_extra` it adds `env_name`,
+    `failure_kind`, `num_turns` and `tool_calls` columns to the completions table (W&B / trackio show it
+    with `log_completions=True`). Raises ValueError when the rows did
     not come from a gym_bridge rollout function.
     """
     if env_reward is None:
@@ -521,6 +550,7 @@ def env_reward(prompts: list[Any], completions: list[Any], env_reward: list[floa
             reward_components=kwargs.get("reward_components") or [{}] * len(env_reward),
             failure_kinds=kwargs.get("failure_kind") or [None] * len(env_reward),
             num_turns=kwargs.get("num_turns") or [],
+            tool_calls=kwargs.get("tool_calls") or [],
             parse_errors=kwargs.get("parse_errors") or [],
             unparsed_tool_calls=kwargs.get("unparsed_tool_calls") or [],
         )
@@ -529,6 +559,9 @@ def env_reward(prompts: list[Any], completions: list[Any], env_reward: list[floa
     if log_extra is not None:
         log_extra("env_name", list(kwargs.get("env_name") or [""] * len(env_reward)))
         log_extra("failure_kind", [kind or "" for kind in kwargs.get("failure_kind") or [None] * len(env_reward)])
+        for column in ("num_turns", "tool_calls"):
+            if kwargs.get(column) is not None:
+                log_extra(column, list(kwargs[column]))
     return [None if value is None else float(value) for value in env_reward]
 
 
@@ -539,13 +572,15 @@ def reward_metrics(
     reward_components: Sequence[Mapping[str, float]],
     failure_kinds: Sequence[str | None],
     num_turns: Sequence[int] = (),
+    tool_calls: Sequence[int] = (),
     parse_errors: Sequence[int] = (),
     unparsed_tool_calls: Sequence[int] = (),
 ) -> dict[str, float]:
     """Batch metrics under `gym_bridge/`: `failed` and `failed/<kind>` (fractions of rows, every
     kind every time, so ranks agree), `masked`, `<env>/reward` and `<env>/<component>` (means over
     that environment's scored rows), `num_turns` (mean), `parse_errors` and `unparsed_tool_calls`
-    (per rollout: tool calls the parser could not read, turns taken as answers that hold a call)."""
+    (per rollout: tool calls the parser could not read, turns taken as answers that hold a call), `tool_calls`
+    (per rollout) and `<env>/tool_call_rate` (share of that environment's rows with a tool call)."""
     count = len(rewards)
     if count == 0:
         return {}
@@ -564,7 +599,13 @@ def reward_metrics(
             metrics[f"gym_bridge/{env}/{name}"] = sum(reward_components[row].get(name, 0.0) for row in rows) / len(rows)
     if num_turns:
         metrics["gym_bridge/num_turns"] = sum(num_turns) / len(num_turns)
-    for name, values in (("parse_errors", parse_errors), ("unparsed_tool_calls", unparsed_tool_calls)):
+    if tool_calls:
+        calling: dict[str, list[bool]] = {}
+        for env, calls in zip(env_names, tool_calls):
+            calling.setdefault(env, []).append(calls > 0)
+        for env, flags in sorted(calling.items()):
+            metrics[f"gym_bridge/{env}/tool_call_rate"] = sum(flags) / len(flags)
+    for name, values in (("tool_calls", tool_calls), ("parse_errors", parse_errors), ("unparsed_tool_calls", unparsed_tool_calls)):
         if values:
             metrics[f"gym_bridge/{name}"] = sum(values) / len(values)
     return metrics

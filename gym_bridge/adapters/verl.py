@@ -19,6 +19,7 @@ from gym_bridge.adapters.verl_data import AGENT_LOOP_CONFIG, AGENT_NAME, ROW_COL
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.errors import MissingDependencyError
+from gym_bridge.core.health import HealthSettings, ToolCallAlarm
 from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest, SamplingParams
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import resolve_tasks
@@ -38,11 +39,14 @@ __all__ = [
 REWARD_EXTRA_KEYS = (
     "gym_bridge_reward", "gym_bridge_masked", "gym_bridge_failed", "gym_bridge_turns", "gym_bridge_tool_calls",
     "gym_bridge_env", "gym_bridge_failure_kind", "gym_bridge_reward_components",
+    "gym_bridge_parse_errors", "gym_bridge_unparsed_tool_calls", "gym_bridge_no_answer",
 )
 """`reward_extra_info` keys of every sample, whatever its environment: verl stacks them across a batch
 (from the first sample's keys) and logs them. Components are JSON text, since their names differ by environment."""
 
 _templates: dict[int, tuple[Any, ChatTemplate]] = {}
+_alarm = ToolCallAlarm(HealthSettings())
+"""The tool-call alarm of this agent-loop worker process: it warns once per environment and kind (see `gym_bridge.core.health`)."""
 
 
 def template_for(tokenizer: Any) -> ChatTemplate:
@@ -148,6 +152,7 @@ class GymBridgeAgentLoop(AgentLoopBase):
             deadline_s=self.deadline_s, template_check=self.template_check,
         )
         record = await Engine(policy, self.template, config).rollout(task, 0, env_class=env_class)
+        _alarm.observe(record)
         return to_agent_loop_output(record, policy=policy, prompt_length=self.prompt_length, response_length=self.response_length)
 
 
@@ -167,6 +172,8 @@ def to_agent_loop_output(record: RolloutRecord, *, policy: VerlServerPolicy, pro
         "gym_bridge_reward": float(record.reward), "gym_bridge_masked": float(masked), "gym_bridge_failed": float(record.failed),
         "gym_bridge_turns": record.turns, "gym_bridge_tool_calls": record.tool_calls, "gym_bridge_env": record.env,
         "gym_bridge_failure_kind": record.failure_kind or "", "gym_bridge_reward_components": json.dumps(components, sort_keys=True),
+        "gym_bridge_parse_errors": record.parse_errors, "gym_bridge_unparsed_tool_calls": record.unparsed_tool_calls,
+        "gym_bridge_no_answer": float(record.finish_reason != "answer" and not record.failed),
     }
     extra_fields: dict[str, Any] = {
         "reward_extra_info": reward_extra_info, "gym_bridge_masked": masked, "gym_bridge_failure_kind": record.failure_kind,

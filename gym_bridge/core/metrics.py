@@ -12,6 +12,8 @@ import math
 from collections import Counter, defaultdict
 from typing import Any, Iterable, Mapping
 
+from gym_bridge.core.health import format_health
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Probability that at least one of k samples drawn from n (c of them correct) is correct."""
@@ -114,6 +116,8 @@ def format_table(summary: Mapping[str, Any]) -> str:
             f"{throughput['model_tokens_per_s']:.1f} model tokens/s"
             + (f" (this run's {throughput['rollouts']} rollouts; the rest were kept from the earlier run)" if resumed else "")
         )
+    health = format_health(summary.get("tool_call_health") or {}, alarms=summary.get("alarms") or ())
+    extras += [health] if health else []
     if pass_keys:
         extras.append("pass@k: share of tasks with at least one of their first k rollouts at full reward "
                       "(mean_reward and pass@1 differ when rewards are partial)")

@@ -218,7 +218,7 @@ def test_env_reward_returns_the_rows_rewards_and_logs_metrics():
     assert logged["gym_bridge/math/reward"] == 1.0 and logged["gym_bridge/math/correct"] == 1.0
     assert logged["gym_bridge/weather/reward"] == 0.25 and logged["gym_bridge/num_turns"] == 2.0  # (0 + 0.5) / 2; 8 / 4
     assert logged["gym_bridge/parse_errors"] == 0.75 and logged["gym_bridge/unparsed_tool_calls"] == 0.25  # 3 / 4; 1 / 4
-    assert extra == {"env_name": ["math", "math", "weather", "weather"], "failure_kind": ["", "timeout", "", ""]}
+    assert extra == {"env_name": ["math", "math", "weather", "weather"], "failure_kind": ["", "timeout", "", ""], "num_turns": [1, 2, 3, 2]}
     with pytest.raises(ValueError, match="pass rollout_func=gym_bridge.trl.rollout"):
         env_reward(["p"], ["c"])
     assert reward_metrics([], env_names=[], reward_components=[], failure_kinds=[]) == {}

@@ -1,0 +1,133 @@
+"""The `show`, `view` and `export` commands, and `eval`'s tool-call alarm options.
+
+Kept apart from `gym_bridge.cli` so that module only registers them; imports stay lazy (no
+tokenizer or template is loaded until a command runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gym_bridge.core.errors import GymBridgeError
+from gym_bridge.core.health import HealthSettings
+
+COMMANDS = ("show", "view", "export")
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError("must be between 0 and 1")
+    return value
+
+
+def health_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--no-tool-call-after N` and `--max-parse-error-rate F` (see `HealthSettings`); bad values exit 2 at parse time."""
+    defaults = HealthSettings()
+    parser.add_argument("--no-tool-call-after", type=_count, default=defaults.no_tool_call_after, metavar="N",
+                        help="warn when an environment that offers tools sees no tool call in its first N rollouts (0: never)")
+    parser.add_argument("--max-parse-error-rate", type=_fraction, default=defaults.max_parse_error_rate, metavar="F",
+                        help=f"warn when more than this share of tool calls cannot be parsed (judged after {defaults.min_attempts} calls)")
+
+
+def health_settings(args: argparse.Namespace) -> HealthSettings:
+    return HealthSettings(no_tool_call_after=args.no_tool_call_after, max_parse_error_rate=args.max_parse_error_rate)
+
+
+def _selection_arguments(parser: argparse.ArgumentParser) -> None:
+    from gym_bridge.view.transcript import SORT_KEYS
+
+    parser.add_argument("--env", action="append", default=[], metavar="NAME", help="only rollouts of this environment (repeatable)")
+    parser.add_argument("--failed", action="store_true", help="only rollouts that failed (a failure kind is set)")
+    parser.add_argument("--sort", default="file", choices=SORT_KEYS,
+                        help="order: reward (worst first), best (highest reward first), latency/turns/tokens (largest first), file")
+    parser.add_argument("--tokenizer", default=None, metavar="PATH",
+                        help="tokenizer folder to decode token ids (default: the record's model folder, or the embedded "
+                             "tokenizer for the embedded model; otherwise ids are shown)")
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    s = sub.add_parser("show", help="print rollouts as chat transcripts (prompt as the model saw it, tool calls, reward)")
+    s.add_argument("rollouts", metavar="ROLLOUTS.jsonl")
+    _selection_arguments(s)
+    s.add_argument("-n", type=int, default=5, metavar="N", help="rollouts to print at most (0: all) (default: 5)")
+    s.add_argument("--tokens", action="store_true", help="also print the completion as trained (model) and masked (env) token runs")
+    s.add_argument("--color", choices=["auto", "always", "never"], default="auto", help="colour (default: auto, when the output is a terminal)")
+    v = sub.add_parser("view", help="write one self-contained HTML report of rollouts (two files: compared side by side)")
+    v.add_argument("rollouts", nargs="+", metavar="ROLLOUTS.jsonl", help="one file, or two to compare (A B: per-task reward differences)")
+    _selection_arguments(v)
+    v.add_argument("--output", default="report.html", metavar="FILE.html", help="where to write the report")
+    v.add_argument("--max-detail", type=int, default=2000, metavar="N",
+                   help="rollouts whose conversation and tokens are embedded, at most; beyond it a seeded sample (default: 2000)")
+    v.add_argument("--seed", type=int, default=0, help="seed of that sample (default: 0)")
+    e = sub.add_parser("export", help="write rollouts in another format: Harbor's ATIF v1.7 trajectories")
+    e.add_argument("rollouts", metavar="ROLLOUTS.jsonl")
+    e.add_argument("--format", choices=["atif"], required=True, help="atif: ATIF-v1.7 (one trajectory per rollout)")
+    e.add_argument("--output", required=True, metavar="OUT",
+                   help="a .jsonl file (one trajectory per line) or a folder (one <env>-<task>-<repeat>.json each)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.command == "show":
+        return _show(args)
+    if args.command == "view":
+        return _view(args)
+    return _export(args)
+
+
+def _show(args: argparse.Namespace) -> int:
+    from gym_bridge.view.decode import decoder_for
+    from gym_bridge.view.show import format_rollout
+    from gym_bridge.view.transcript import load_rollouts, select
+
+    if args.n < 0:
+        raise GymBridgeError("-n must be >= 0")
+    records = load_rollouts(args.rollouts)
+    chosen = select(records, envs=args.env, failed=args.failed, sort=args.sort)
+    shown = chosen if args.n == 0 else chosen[: args.n]
+    decoder = decoder_for([record for _, record in shown], tokenizer=args.tokenizer)
+    colour = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
+    for position, record in shown:
+        print(format_rollout(position, record, decoder, tokens=args.tokens, colour=colour))
+        print()
+    print(f"showed {len(shown)} of {len(chosen)} selected rollouts ({len(records)} in the file)"
+          + ("; -n 0 shows all" if len(shown) < len(chosen) else ""))
+    return 0
+
+
+def _view(args: argparse.Namespace) -> int:
+    from gym_bridge.view.report import write_report
+
+    if len(args.rollouts) > 2:
+        raise GymBridgeError("view takes one rollout file, or two to compare")
+    if args.max_detail < 0:
+        raise GymBridgeError("--max-detail must be >= 0")
+    report = write_report(args.rollouts, output=args.output, envs=args.env, failed=args.failed, sort=args.sort,
+                          tokenizer=args.tokenizer, max_detail=args.max_detail, seed=args.seed)
+    print(report.describe())
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from gym_bridge.view.atif import export_atif
+
+    count, where = export_atif(args.rollouts, output=args.output)
+    print(f"wrote {count} ATIF-v1.7 trajectories to {where}")
+    return 0
+
+
+def verify_input(path: str, temp_dir: str) -> str:
+    """`gym-bridge verify --data`: ATIF trajectories become rollout records in `temp_dir` first; other files pass through."""
+    from gym_bridge.view.atif import is_atif_file, write_records_from_atif
+
+    if not is_atif_file(path):
+        return path
+    return str(write_records_from_atif(path, output=f"{temp_dir}/from_atif.jsonl"))
