@@ -58,5 +58,13 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/engine_overhead.py
 
+# DeepSpeed for the `slow` test of the recipe's ZeRO configs on two CPU ranks (tests/test_deepspeed_recipe.py).
+# Not part of `install`: PyPI has only its source, built against the installed torch (without build isolation,
+# which would fetch a CUDA torch), and on first use DeepSpeed compiles its CPU shared-memory op (needs g++).
+.PHONY: install-deepspeed
+install-deepspeed: $(STAMP)
+	$(PIP) install --quiet setuptools wheel ninja
+	DS_BUILD_OPS=0 $(PIP) install --quiet --no-build-isolation deepspeed==0.19.8
+
 clean:
 	rm -rf $(VENV) out .pytest_cache
