@@ -19,7 +19,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 from gym_bridge.adapters.trl import to_trl_batch
 from gym_bridge.adapters.verl_data import AGENT_LOOP_CONFIG, AGENT_NAME, ROW_COLUMN, check_verl_files, plain, task_from_columns
@@ -204,7 +204,7 @@ class RolloutSlots:
     """The bound on rollouts one agent-loop worker runs at once (verl builds an agent loop per sample,
     so the bound lives here, one per process and event loop, not in a per-rollout `Engine`)."""
 
-    _shared: dict[tuple[int, int | None], RolloutSlots] = {}
+    _shared: ClassVar[dict[tuple[int, int | None], RolloutSlots]] = {}
 
     def __init__(self, *, max_concurrency: int, per_env_concurrency: int | None) -> None:
         if max_concurrency < 1 or (per_env_concurrency is not None and per_env_concurrency < 1):
@@ -235,17 +235,19 @@ class RolloutSlots:
             self._loop, self._global, self._per_env = loop, asyncio.Semaphore(self.max_concurrency), {}
         assert self._global is not None
         env_slot = self._per_env.setdefault(env_name, asyncio.Semaphore(self.per_env_concurrency)) if self.per_env_concurrency else None
-        async with self._global:
+        if env_slot is not None:  # first, so a rollout waiting for its environment holds no global slot
+            await env_slot.acquire()
+        try:
+            async with self._global:
+                self.in_flight += 1
+                self.peak = max(self.peak, self.in_flight)
+                try:
+                    yield
+                finally:
+                    self.in_flight -= 1
+        finally:
             if env_slot is not None:
-                await env_slot.acquire()
-            self.in_flight += 1
-            self.peak = max(self.peak, self.in_flight)
-            try:
-                yield
-            finally:
-                self.in_flight -= 1
-                if env_slot is not None:
-                    env_slot.release()
+                env_slot.release()
 
 
 def to_agent_loop_output(record: RolloutRecord, *, policy: VerlServerPolicy, prompt_length: int, response_length: int) -> AgentLoopOutput:

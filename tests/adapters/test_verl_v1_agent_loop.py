@@ -242,6 +242,11 @@ def test_max_concurrency_bounds_the_rollouts_of_a_worker(config, data_file, toke
     assert [o.reward_score for o in outputs] == [1.0] * 6 and len(server.calls) == 6
     assert server.peak == 2 and loop().slots.peak == 2
     assert sorted(o.extra_fields["gym_bridge_repeat_index"] for o in outputs) == list(range(6))
+    # per_env_concurrency bounds one environment's rollouts under a wider global bound
+    entry.max_concurrency, entry.per_env_concurrency = 8, 1
+    server.peak = 0
+    outputs = asyncio.run(many())
+    assert [o.reward_score for o in outputs] == [1.0] * 6 and server.peak == 1 and loop().slots.peak == 1
 
 
 @pytest.mark.slow
