@@ -254,8 +254,8 @@ ROLLOUT_INDEX_KEY = "_ng_rollout_index"
 def aggregate_metrics(verify_responses: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """NeMo Gym 0.7.0's `/aggregate_metrics` answer for the stripped `/run` results it collected
     (`AggregateMetricsRequest.verify_responses`): `AggregateMetrics` with `agent_metrics` (mean, max,
-    min, median, std of `reward` and of every other top-level number over the measured rollouts),
-    `key_metrics` (`mean/reward`), `group_level_metrics` (the same per `_ng_task_index`) and
+    min, median, sample std of `reward` and of every other top-level number over the measured rollouts),
+    `key_metrics` (the means, as NeMo Gym's default), `group_level_metrics` (the same per `_ng_task_index`) and
     `repeat_level_metrics` (mean reward per `_ng_rollout_index`). Rollouts with `mask_sample` are
     left out of the quality numbers and counted under `coverage/...`, as NeMo Gym does; when every
     rollout was masked only the coverage is reported."""
@@ -281,7 +281,7 @@ def aggregate_metrics(verify_responses: Sequence[Mapping[str, Any]]) -> dict[str
     group_level = [{TASK_INDEX_KEY: task, **_number_stats(rows)} for task, rows in sorted(groups.items(), key=lambda item: str(item[0]))]
     repeat_level = [{ROLLOUT_INDEX_KEY: repeat, "mean/reward": _mean([_number(row.get("reward")) or 0.0 for row in rows])}
                     for repeat, rows in sorted(repeats.items(), key=lambda item: str(item[0]))]
-    key_metrics = {name: agent_metrics[name] for name in ("mean/reward", *coverage) if name in agent_metrics}
+    key_metrics = {name: value for name, value in agent_metrics.items() if name.startswith(("mean/", "coverage/"))}
     return {"group_level_metrics": group_level, "agent_metrics": agent_metrics, "key_metrics": key_metrics,
             "repeat_level_metrics": repeat_level}
 
@@ -312,7 +312,7 @@ def _number_stats(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         stats.update({
             f"mean/{name}": mean, f"max/{name}": ordered[-1], f"min/{name}": ordered[0],
             f"median/{name}": ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2,
-            f"std/{name}": math.sqrt(sum((value - mean) ** 2 for value in values) / len(values)),
+            f"std/{name}": math.sqrt(sum((value - mean) ** 2 for value in values) / (len(values) - 1)) if len(values) > 1 else 0.0,
         })
     return stats
 

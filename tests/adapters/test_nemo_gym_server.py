@@ -461,10 +461,11 @@ def test_aggregate_metrics_answers_what_nemo_gym_collection_reads(agent_server, 
     assert set(metrics) == {"group_level_metrics", "agent_metrics", "key_metrics", "repeat_level_metrics"}
     agent = metrics["agent_metrics"]
     assert agent["mean/reward"] == pytest.approx(2 / 3) and agent["max/reward"] == 1.0 and agent["min/reward"] == 0.0
-    assert agent["median/reward"] == 1.0 and agent["std/reward"] == pytest.approx(math.sqrt(2 / 9))
+    assert agent["median/reward"] == 1.0 and agent["std/reward"] == pytest.approx(math.sqrt(1 / 3))  # sample std, as NeMo Gym's pandas
     assert agent["coverage/masked_rollouts"] == 1 and agent["coverage/measured_rollouts"] == 3
     assert agent["coverage/fully_masked_tasks"] == 0 and "mean/mask_sample" not in agent and "mean/_ng_task_index" not in agent
-    assert metrics["key_metrics"]["mean/reward"] == pytest.approx(2 / 3)
+    assert metrics["key_metrics"]["mean/reward"] == pytest.approx(2 / 3) and "max/reward" not in metrics["key_metrics"]
+    assert metrics["key_metrics"]["coverage/masked_rollouts"] == 1
     groups = {group["_ng_task_index"]: group for group in metrics["group_level_metrics"]}
     assert groups[0]["mean/reward"] == 0.5 and groups[1]["mean/reward"] == 1.0
     repeats = {row["_ng_rollout_index"]: row["mean/reward"] for row in metrics["repeat_level_metrics"]}
