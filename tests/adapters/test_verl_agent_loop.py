@@ -364,3 +364,19 @@ def test_gym_bridge_grpo_keeps_masked_samples_out_of_the_group_statistics():
     # and verl's GRPO lets the failed rollout's 0.0 pull group a's mean down to 1/2
     grpo, _ = compute_grpo_outcome_advantage(rewards[:4], mask[:4], uid[:4])
     assert grpo[0, 0] == pytest.approx((1.0 - 0.5) / (torch.tensor([1.0, 0.0, 1.0, 0.0]).std().item() + 1e-6), rel=1e-5)
+
+
+def test_the_legacy_worker_numbers_the_repeats_of_a_row(worker, config, data_file, tokenizer):
+    """`trainer.use_v1=false`: verl's trainer gives each row a `uid` and repeats it `rollout.n` times
+    (`DataProto.repeat(interleave=True)`); each repeat is its own rollout (repeat index, session id)."""
+    import uuid
+
+    import numpy as np
+
+    worker_obj, _ = worker
+    batch = batch_of(data_file, config, tokenizer)
+    batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+    batch = batch.repeat(repeat_times=2, interleave=True)
+    output = asyncio.run(worker_obj.generate_sequences(batch))
+    assert list(output.non_tensor_batch["gym_bridge_repeat_index"]) == [0, 1] * 3
+    assert list(output.non_tensor_batch["gym_bridge_masked"]) == [False] * 6

@@ -3,12 +3,15 @@
 The agent loop talks to a real `verl.workers.rollout.llm_server.LLMServerClient` whose server
 acquisition (a Ray actor in verl) is replaced by `ScriptedVerlServer`. Its `generate` has the
 signature of `vLLMHttpServer.generate` (`verl/workers/rollout/vllm_rollout/vllm_async_server.py`)
-and answers like it: at most `max_tokens` ids, log-probs when `logprobs` is asked for, a
-`TokenOutput` with `stop_reason="completed"` and `global_steps` in `extra_fields`.
+and answers like it: `max_tokens` clamped to what is left of `max_model_len` (a prompt with no room
+left raises its ValueError), at most that many ids, log-probs when `logprobs` is asked for, a
+`TokenOutput` with `stop_reason="completed"` whether the generation stopped or was cut, and
+`global_steps` in `extra_fields`. `delay_s` keeps each call in flight a while (`peak` counts them).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -37,6 +40,10 @@ class ScriptedVerlServer:
     calls: list[Call] = field(default_factory=list)
     acquired: list[str] = field(default_factory=list)
     """The request ids the client asked the load balancer for (verl keeps one rollout on one server by it)."""
+    max_model_len: int = 4096
+    delay_s: float = 0.0
+    in_flight: int = 0
+    peak: int = 0
 
     async def generate(
         self,
@@ -53,7 +60,17 @@ class ScriptedVerlServer:
         generation = self.answer(self.tokenizer.decode(prompt_ids, skip_special_tokens=False))
         if isinstance(generation, BaseException):
             raise generation
-        max_tokens = sampling_params.pop("max_tokens")  # the real server pops it, too
+        room = self.max_model_len - len(prompt_ids)
+        if room < 1:
+            raise ValueError(f"Prompt length ({len(prompt_ids)}) leaves no room to generate within the model's maximum context length "
+                             f"({self.max_model_len}); need at least 1 token of headroom.")
+        max_tokens = max(1, min(sampling_params.pop("max_tokens"), room))  # the real server pops and clamps it, too
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            await asyncio.sleep(self.delay_s)
+        finally:
+            self.in_flight -= 1
         ids = generation.token_ids[:max_tokens]
         log_probs = generation.logprobs[:max_tokens] if sampling_params.pop("logprobs", False) else None
         self.calls.append(Call(request_id, list(prompt_ids), dict(sampling_params, max_tokens=max_tokens), ids, log_probs))
