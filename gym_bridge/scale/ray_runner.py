@@ -87,6 +87,14 @@ def check_reachable(address: str, *, timeout_s: float) -> None:
         raise GymBridgeError(f"cannot reach the Ray cluster at {address}: {error}; is `ray start --head` running there?") from None
 
 
+def preflight(options: RayOptions) -> None:
+    """Fail fast, before a model is loaded: Ray missing (with the install command), or a cluster address
+    that cannot be reached."""
+    import_ray()
+    if options.address not in (None, "auto", "local"):
+        check_reachable(options.address, timeout_s=options.connect_timeout_s)
+
+
 def connect(options: RayOptions) -> Any:
     """Join the cluster at `options.address`, or start a local Ray; returns the `ray` module."""
     ray = import_ray()
@@ -138,6 +146,12 @@ class RolloutWorker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    async def close(self) -> None:
+        """Close the policy's connections (before the actor is killed)."""
+        aclose = getattr(self.engine.policy, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 @dataclass
@@ -418,9 +432,13 @@ class RayRollouts:
 
     def shutdown(self) -> None:
         """Stop the workers (the cluster stays up; `ray.shutdown()` ends a local one)."""
-        for pool in self._pools.values():
-            for worker in pool:
-                self._ray.kill(worker.handle)
+        handles = [worker.handle for pool in self._pools.values() for worker in pool]
+        try:
+            self._ray.get([handle.close.remote() for handle in handles], timeout=10)
+        except Exception:  # a dead or stuck worker is killed all the same
+            pass
+        for handle in handles:
+            self._ray.kill(handle)
         self._pools.clear()
         self._pool_of_env.clear()
 
