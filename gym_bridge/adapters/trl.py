@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from gym_bridge.adapters.loop_thread import LoopThread
 from gym_bridge.adapters.trl_dataset import REGISTRY, example_data_paths, key_from_prompt, load_dataset
@@ -34,6 +34,9 @@ from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.task import Task, parse_task
 from gym_bridge.core.template import ChatTemplate
+
+if TYPE_CHECKING:
+    from gym_bridge.scale.ray_runner import RayOptions, RayRollouts
 
 __all__ = [
     "RolloutOptions", "TRLRollout", "env_reward", "example_data_paths", "load_dataset", "make_rollout",
@@ -94,6 +97,9 @@ class RolloutOptions:
     """vLLM server mode: how long to wait for `/v1/models` at start."""
     on_records: Callable[[list[RolloutRecord]], None] | None = None
     """Called with each batch's records (to write them out, inspect them in tests)."""
+    ray: RayOptions | None = None
+    """Run the rollouts (environments, tools, verifiers) on Ray workers instead of this process; generation
+    then goes from the workers to the vLLM servers (needs `use_vllm=True, vllm_mode="server"`). See `gym_bridge.scale`."""
 
 
 _LOOP = LoopThread()
@@ -105,6 +111,7 @@ class _TrainerState:
 
     backend: BackendName
     engine: Engine
+    ray: RayRollouts | None = None
     eos_token_ids: tuple[int, ...]
     max_completion_length: int
     tasks: dict[str, tuple[Task, type[Environment]]] = dataclasses.field(default_factory=dict)
@@ -137,7 +144,10 @@ class TRLRollout:
         jobs = [self._task(state, prompt, trainer) for prompt in prompts]
         repeats = repeat_indices(prompts, group_size=_group_size(trainer), offset=_rank(trainer) * len(prompts))
         with _generation_context(state.backend, trainer):
-            records = _LOOP.run(_run_all(state.engine, jobs, repeats))
+            if state.ray is not None:
+                records = _LOOP.run(state.ray.run_pairs([(task, repeat) for (task, _), repeat in zip(jobs, repeats)]))
+            else:
+                records = _LOOP.run(_run_all(state.engine, jobs, repeats))
         _check_token_ids(records)
         if state.batches == 0 and records and all(record.failed for record in records):
             first = records[0]
@@ -201,7 +211,8 @@ class TRLRollout:
         if backend != "policy":  # a policy built here is released with its trainer; one passed in is its owner's
             weakref.finalize(trainer, _release_policy, policy)
         logger.info("gym_bridge.trl: generating with the %s backend (%s)", backend, type(policy).__name__)
-        return _TrainerState(backend=backend, engine=engine, eos_token_ids=eos_token_ids, max_completion_length=max_completion_length)
+        return _TrainerState(backend=backend, engine=engine, eos_token_ids=eos_token_ids, max_completion_length=max_completion_length,
+                             ray=_on_ray(options, backend, policy, template, config))
 
     def _task(self, state: _TrainerState, prompt: Any, trainer: Any) -> tuple[Task, type[Environment]]:
         key = key_from_prompt(prompt)
@@ -432,6 +443,20 @@ def _pick_backend(trainer: Any, options: RolloutOptions) -> tuple[BackendName, P
     model = trainer.accelerator.unwrap_model(trainer.model)
     local_batch = int(getattr(args, "per_device_train_batch_size", 1) * (getattr(args, "steps_per_generation", None) or 1))
     return "transformers", TransformersPolicy(model, tokenizer, max_batch_size=options.max_batch_size or max(local_batch, 1))
+
+
+def _on_ray(options: RolloutOptions, backend: BackendName, policy: Any, template: ChatTemplate, config: EngineConfig) -> RayRollouts | None:
+    """Ray workers for `RolloutOptions(ray=...)`: each builds the same engine over the same vLLM servers."""
+    if options.ray is None:
+        return None
+    if backend != "vllm_server":
+        raise ValueError("RolloutOptions(ray=...) needs GRPOConfig(use_vllm=True, vllm_mode='server'): Ray workers "
+                         "generate on the vLLM servers, not with the trainer's own model or engine")
+    from gym_bridge.scale.ray_runner import RayRollouts, RemoteEngineFactory
+
+    factory = RemoteEngineFactory(tuple(policy.base_urls), policy.model, template, config)
+    return RayRollouts(factory, options.ray, max_concurrency=options.max_concurrency,
+                       engine_limits={"per_env": options.per_env_concurrency, "replica_connections": policy.max_connections})
 
 
 def _release_policy(policy: Any) -> None:

@@ -21,6 +21,7 @@ import os
 import socket
 import sys
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -320,6 +321,20 @@ class RayRollouts:
             by_task.setdefault(record.task.index, []).append(record)
         return [sorted(by_task[task.index], key=lambda record: record.repeat_index) for task in tasks]
 
+    async def run_pairs(self, pairs: Sequence[tuple[Task, int]]) -> list[RolloutRecord]:
+        """One record per (task, repeat index), in the order given; the repeats of one task run together
+        on one worker (what a trainer adapter hands over: its batch, groups possibly split across ranks)."""
+        tasks = {task.index: task for task, _ in pairs}
+        if not self._pools or any(task.env_name not in self._pool_of_env for task in tasks.values()):
+            self.start(list(tasks.values()), group_size=max(Counter(task.index for task, _ in pairs).values(), default=1))
+        groups: dict[int, _Group] = {}
+        for task, repeat in pairs:
+            groups.setdefault(task.index, _Group(task, [])).repeats.append(repeat)
+        by_pair: dict[tuple[int, int], RolloutRecord] = {}
+        async for records in self._run(list(groups.values()), resolve_tasks(tasks.values())):
+            by_pair.update(((record.task.index, record.repeat_index), record) for record in records)
+        return [by_pair[(task.index, repeat)] for task, repeat in pairs]
+
     async def _run(self, groups: list[_Group], env_classes: Mapping[str, type[Environment]]) -> AsyncIterator[list[RolloutRecord]]:
         waiting = list(reversed(groups))  # popped from the end: task order
         running: dict[asyncio.Future[Any], tuple[_Group, _Worker]] = {}
@@ -441,6 +456,25 @@ class RayRollouts:
             self._ray.kill(handle)
         self._pools.clear()
         self._pool_of_env.clear()
+
+
+@dataclass(frozen=True)
+class RemoteEngineFactory:
+    """Builds, inside a worker, an engine that generates on OpenAI-compatible servers (a trainer's vLLM
+    servers): the trainer's template and engine settings, a fresh `RemotePolicy` over the same replicas."""
+
+    base_urls: tuple[str, ...]
+    model: str
+    template: Any
+    config: Any
+
+    def __call__(self) -> Engine:
+        from dataclasses import replace
+
+        from gym_bridge.policies.remote import RemotePolicy
+
+        policy = RemotePolicy(list(self.base_urls), model=self.model)
+        return Engine(policy, self.template, replace(self.config, template_check="off"))  # checked in the trainer's process
 
 
 def _describe(error: BaseException) -> str:

@@ -132,3 +132,25 @@ def test_three_sandbox_workers_do_not_fit_two_sandboxes_and_the_statement_says_s
     # the cluster has 2 `sandbox` units, each worker asks for 1: 2 workers x 4 rollouts = 8 of the 12 asked
     assert any("ray: 2 workers for tests.scale.engines:SandboxWeather" in line for line in lines)
     assert any("cluster resources (room for 2 of 3 workers) caps rollouts in flight at 8, below the 12 asked" in line for line in lines)
+
+
+@pytest.mark.slow
+def test_trainer_path_workers_generate_on_the_replicas_with_affinity(smol_template):
+    """What `RolloutOptions(ray=...)` runs: workers rebuilding the trainer's engine over its vLLM servers
+    (stub replicas here); a batch's pairs come back in order, a task's repeats on one worker."""
+    from gym_bridge.scale.ray_runner import RemoteEngineFactory
+    from tests.scale.stub_replicas import stub_replicas
+
+    tasks = _weather_tasks(4)
+    pairs = [(task, repeat) for task in tasks for repeat in (0, 1)][1:]  # the first group starts on an earlier rank
+    with stub_replicas(2, delay_s=0.01) as replicas:
+        factory = RemoteEngineFactory(tuple(r.url for r in replicas), "stub", smol_template, EngineConfig(model_name="stub"))
+        rollouts = RayRollouts(factory, RayOptions(num_workers=2), max_concurrency=8, report=lambda line: None)
+        try:
+            records = asyncio.run(rollouts.run_pairs(pairs))
+            stats = rollouts.replica_stats()
+        finally:
+            rollouts.shutdown()
+    assert [(r.task.index, r.repeat_index) for r in records] == [(t.index, i) for t, i in pairs]
+    assert all(r.reward == 1.0 and not r.failed for r in records)
+    assert stats["affinity_hit_rate"] == 1.0 and sum(r["episodes"] for r in stats["replicas"]) == 7
