@@ -111,12 +111,13 @@ class _TrainerState:
 
     backend: BackendName
     engine: Engine
-    ray: RayRollouts | None = None
     eos_token_ids: tuple[int, ...]
     max_completion_length: int
     tasks: dict[str, tuple[Task, type[Environment]]] = dataclasses.field(default_factory=dict)
     datasets_indexed: bool = False
     batches: int = 0
+    ray: RayRollouts | None = None
+    """Set with `RolloutOptions(ray=...)`: the batch runs on these Ray workers instead of `engine`."""
 
 
 class TRLRollout:
