@@ -298,6 +298,8 @@ async def _eval_locked(args: argparse.Namespace) -> int:
     policy = engine.policy
     if args.ray is not None:
         engine = _ray_rollouts(args, engine, tasks)
+    else:
+        _warn_admission(args, engine)
     progress = None
     if not args.no_progress:
         from tqdm import tqdm
@@ -398,6 +400,16 @@ def _ray_rollouts(args: argparse.Namespace, engine: Any, tasks: Sequence[Any]) -
     rollouts = RayRollouts(EvalEngineFactory(worker_args), options, max_concurrency=args.concurrency, engine_limits=limits)
     rollouts.start(tasks, group_size=args.num_repeats)
     return rollouts
+
+
+def _warn_admission(args: argparse.Namespace, engine: Any) -> None:
+    """Say which hop caps a local run below --concurrency (the connection pool to the servers)."""
+    from gym_bridge.scale.admission import check, plan
+
+    connections = getattr(engine.policy, "max_connections", None)
+    problem = check(plan(requested=args.concurrency, engine_concurrency=engine.config.max_concurrency, replica_connections=connections))
+    if problem is not None:
+        print(f"warning: {problem}", file=sys.stderr)
 
 
 def _ray_options(args: argparse.Namespace) -> Any:
