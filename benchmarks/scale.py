@@ -47,6 +47,9 @@ WEATHER_TURNS = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa
 class CpuVerifierWeather(WeatherEnvironment):
     """`weather` whose verifier also spends `GYM_BRIDGE_BURN_MS` of CPU (a math checker, a unit-test run)."""
 
+    name = "weather_cpu_verifier"
+    aliases = ()
+
     def verify(self, task, output):  # type: ignore[no-untyped-def]
         result = super().verify(task, output)
         deadline = time.thread_time() + BURN_MS / 1000

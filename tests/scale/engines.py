@@ -59,10 +59,14 @@ def _weather_class():  # type: ignore[no-untyped-def]
 class SandboxWeather(_weather_class()):  # type: ignore[misc]
     """The weather environment, asking Ray for one unit of a custom `sandbox` resource per worker."""
 
+    name = "weather_sandboxed"
+    aliases = ()
     ray_resources = {"num_cpus": 0.5, "sandbox": 1}
 
 
 class GpuWeather(_weather_class()):  # type: ignore[misc]
     """The weather environment, asking for a GPU no test cluster has."""
 
+    name = "weather_gpu"
+    aliases = ()
     ray_resources = {"num_gpus": 1}

@@ -112,7 +112,7 @@ def test_workers_are_placed_by_the_environment_s_resources(smol_tokenizer):
         records = asyncio.run(rollouts.run_groups(tasks, group_size=1))
     finally:
         rollouts.shutdown()
-    assert [r[0].env for r in records] == ["weather", "weather"] and not any(r[0].failed for r in records)
+    assert [r[0].env for r in records] == ["weather_sandboxed", "weather_sandboxed"] and not any(r[0].failed for r in records)
 
     gpu_tasks = [replace(task, env_name="tests.scale.engines:GpuWeather") for task in _weather_tasks(1)]
     with pytest.raises(GymBridgeError, match="no node of the Ray cluster has the resources.*num_gpus"):
