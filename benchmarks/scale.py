@@ -143,7 +143,7 @@ def time_ray(tasks, workers: int, repeats: int, *, factory=None) -> tuple[list[f
 def one_machine(args: argparse.Namespace) -> dict:
     import ray
 
-    ray.init(num_cpus=2, object_store_memory=100 * 1024**2, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, object_store_memory=100 * 1024**2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"], "HF_HUB_OFFLINE": "1", "GYM_BRIDGE_BURN_MS": str(BURN_MS)}})
     try:
         results: dict = {}

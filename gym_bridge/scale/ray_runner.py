@@ -104,8 +104,8 @@ def connect(options: RayOptions) -> Any:
     if options.address not in (None, "auto", "local"):
         check_reachable(options.address, timeout_s=options.connect_timeout_s)
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True, **options.init_kwargs}
-    if options.address is not None:
-        kwargs["address"] = options.address
+    # None: a new local Ray, never whatever cluster /tmp/ray last pointed at (possibly another user's, or dead)
+    kwargs["address"] = "local" if options.address is None else options.address
     kwargs.setdefault("runtime_env", {"env_vars": _forwarded_env()})
     try:
         ray.init(**kwargs)

@@ -22,7 +22,7 @@ ray = pytest.importorskip("ray")
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
     os.environ.setdefault("PYTHONPATH", os.getcwd())
-    ray.init(num_cpus=2, resources={"sandbox": 2}, object_store_memory=100 * 1024**2, include_dashboard=False,
+    ray.init(address="local", num_cpus=2, resources={"sandbox": 2}, object_store_memory=100 * 1024**2, include_dashboard=False,
              log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"], "HF_HUB_OFFLINE": "1"}})
     yield
     ray.shutdown()
