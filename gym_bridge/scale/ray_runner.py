@@ -270,7 +270,7 @@ class RayRollouts:
     def _start_pool(self, options: Mapping[str, Any], samples: Sequence[Task], *, count: int) -> list[_Worker]:
         from ray import cloudpickle
 
-        blob = cloudpickle.dumps(self.build_engine)
+        blob: bytes = cloudpickle.dumps(self.build_engine)  # type: ignore[no-untyped-call]  # ray ships no stubs for it
         env_names = [task.env_name for task in samples]
         actor_options = {**options, "max_concurrency": self.worker_concurrency + 4, "max_restarts": self.options.max_worker_restarts,
                          "max_task_retries": 0}

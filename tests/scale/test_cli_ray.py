@@ -16,6 +16,8 @@ from gym_bridge.cli import main
 from gym_bridge.evaluate import select_tasks
 from tests.scale.stub_replicas import stub_replicas
 
+pytestmark = pytest.mark.ray
+
 
 def test_without_ray_the_flag_says_how_to_install_it(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError

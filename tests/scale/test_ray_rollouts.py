@@ -17,6 +17,7 @@ from gym_bridge.scale.ray_runner import RayOptions, RayRollouts, wait_for_worker
 from tests.scale.engines import ScriptedEngine, scripted_policy
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module", autouse=True)
