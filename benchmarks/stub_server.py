@@ -18,6 +18,7 @@ a client pays here exactly what it would pay against vLLM. `GET /v1/models`, `PO
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import os
 import re
@@ -120,7 +121,7 @@ class Stub:
         }
 
 
-def build_app(stub: Stub) -> web.Application:
+def build_app(stub: Stub, *, delay_s: float = 0.0) -> web.Application:
     def json_response(data: object) -> web.Response:
         return web.Response(body=orjson.dumps(data), content_type="application/json")
 
@@ -129,6 +130,8 @@ def build_app(stub: Stub) -> web.Application:
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError:
             raise web.HTTPBadRequest(text='{"error": {"message": "body is not JSON"}}', content_type="application/json") from None
+        if delay_s:
+            await asyncio.sleep(delay_s)
         return json_response(stub.completion(body))
 
     async def models(request: web.Request) -> web.Response:
@@ -157,6 +160,7 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--tokenizer", default=None, help="folder with tokenizer.json (default: the embedded SmolLM2's)")
+    parser.add_argument("--delay-s", type=float, default=0.0, help="wait this long before each completion (a slower model)")
     args = parser.parse_args()
     if args.tokenizer is None:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -167,8 +171,6 @@ def main() -> None:
         tokenizer_dir = Path(args.tokenizer)
     stub = Stub(tokenizer_dir)
 
-    import asyncio
-
     try:
         import uvloop
 
@@ -177,7 +179,7 @@ def main() -> None:
         pass
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    app = build_app(stub)
+    app = build_app(stub, delay_s=args.delay_s)
     runner = web.AppRunner(app, access_log=None)
     loop.run_until_complete(runner.setup())
     site = web.TCPSite(runner, args.host, args.port, backlog=4096)

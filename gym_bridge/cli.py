@@ -17,6 +17,7 @@ import asyncio
 import gc
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -111,8 +112,19 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
                         "llm_judge.judge_base_url=http://127.0.0.1:8001/v1 (repeatable; `gym-bridge envs` lists the settings)")
     p.add_argument("--env-url", action="append", default=[], metavar="NAME=URL",
                    help="run rows routed to NAME on the NeMo Gym resources server at URL (repeatable)")
+    _ray_arguments(p)
     _module_path_arguments(p)
     view_cli.health_arguments(p)
+
+
+def _ray_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="run the rollouts on Ray workers: a running cluster's head (host:port, or `auto`), or a local Ray "
+                        "when no address is given (needs pip install 'gym-bridge[ray]')")
+    p.add_argument("--ray-workers", type=int, default=2, metavar="N",
+                   help="with --ray: worker actors per kind of environment resources; --concurrency is spread over them")
+    p.add_argument("--ray-max-retries", type=int, default=2, metavar="N",
+                   help="with --ray: times a group whose worker died runs again before it is recorded as `infra` failures")
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -175,6 +187,7 @@ async def _remote_setup(args: argparse.Namespace) -> tuple[Any, Any, str]:
 
     from gym_bridge.policies.remote import RemotePolicy, served_models
 
+    urls = await _live_base_urls(urls, api_key=api_key, timeout_s=min(args.request_timeout_s, 30.0))
     try:
         models = await served_models(urls[0], api_key=api_key, timeout_s=min(args.request_timeout_s, 30.0))
     except BackendError as error:
@@ -276,36 +289,24 @@ async def _eval(args: argparse.Namespace) -> int:
 
 
 async def _eval_locked(args: argparse.Namespace) -> int:
-    from gym_bridge.core.agent_loop import Limits
-    from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready, freeze_startup_objects
+    from gym_bridge.core.engine import ensure_ready, freeze_startup_objects
     from gym_bridge.core.registry import resolve_tasks
-    from gym_bridge.core.policy import SamplingParams
     from gym_bridge.core.metrics import format_table
-    from gym_bridge.core.template import ChatTemplate
     from gym_bridge.evaluate import run_eval, select_tasks
 
     _apply_env_options(args.env_setting, args.env_url)
     tasks = select_tasks(env_names=args.env, data_paths=args.data, limit=args.limit)
     ensure_ready(resolve_tasks(tasks).values())  # refuse (no sandbox, say) before loading a model or touching --output
-    if _base_urls(args):
-        policy, template, model_name = await _remote_setup(args)
+    if args.ray is not None:
+        from gym_bridge.scale.ray_runner import preflight
+
+        preflight(_ray_options(args))  # Ray missing, a cluster not reachable: said before a model is loaded
+    engine = await _build_engine(args)
+    policy = engine.policy
+    if args.ray is not None:
+        engine = _ray_rollouts(args, engine, tasks)
     else:
-        policy = _load_policy(args.model)
-        template = ChatTemplate(policy.tokenizer, eos_token_ids=sorted(policy.eos_token_ids))
-        model_name = args.model or f"{EMBEDDED_MODEL_NAME} (embedded)"
-    config = EngineConfig(
-        sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens, seed=args.seed),
-        limits=Limits(max_turns=args.max_turns, max_completion_tokens=args.max_completion_tokens,
-                      max_tool_output_chars=args.max_tool_output_chars),
-        max_concurrency=args.concurrency,
-        deadline_s=args.deadline_s,
-        model_name=model_name,
-        template_check=args.template_check,
-        tool_parser=args.tool_parser,
-        reasoning_parser=args.reasoning_parser,
-        chat_template_kwargs=args.chat_template_kwargs,
-    )
-    engine = Engine(policy, template, config)
+        _warn_admission(args, engine)
     progress = None
     if not args.no_progress:
         from tqdm import tqdm
@@ -335,6 +336,8 @@ async def _eval_locked(args: argparse.Namespace) -> int:
             ticker.cancel()
             progress.close()
         await _close(policy)
+        if args.ray is not None:
+            engine.shutdown()
     summary = result.summary
     print(format_table(summary))
     print(f"records: {result.output}\nmetrics: {result.metrics_path}")
@@ -343,6 +346,102 @@ async def _eval_locked(args: argparse.Namespace) -> int:
         print(f"error: {summary['failed']} of {summary['rollouts']} rollouts failed (more than --max-failure-fraction {args.max_failure_fraction})", file=sys.stderr)
         return EXIT_TOO_MANY_FAILED
     return EXIT_OK
+
+
+async def _build_engine(args: argparse.Namespace) -> Any:
+    """The engine `eval` runs: its policy (a server's, or a local model), chat template and settings."""
+    from gym_bridge.core.agent_loop import Limits
+    from gym_bridge.core.engine import Engine, EngineConfig
+    from gym_bridge.core.policy import SamplingParams
+    from gym_bridge.core.template import ChatTemplate
+
+    if _base_urls(args):
+        policy, template, model_name = await _remote_setup(args)
+    else:
+        policy = _load_policy(args.model)
+        template = ChatTemplate(policy.tokenizer, eos_token_ids=sorted(policy.eos_token_ids))
+        model_name = args.model or f"{EMBEDDED_MODEL_NAME} (embedded)"
+    config = EngineConfig(
+        sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens, seed=args.seed),
+        limits=Limits(max_turns=args.max_turns, max_completion_tokens=args.max_completion_tokens,
+                      max_tool_output_chars=args.max_tool_output_chars),
+        max_concurrency=args.concurrency,
+        deadline_s=args.deadline_s,
+        model_name=model_name,
+        template_check=args.template_check,
+        tool_parser=args.tool_parser,
+        reasoning_parser=args.reasoning_parser,
+        chat_template_kwargs=args.chat_template_kwargs,
+    )
+    return Engine(policy, template, config)
+
+
+@dataclass(frozen=True)
+class EvalEngineFactory:
+    """Builds `eval`'s engine inside a Ray worker from the driver's arguments: the same environment
+    settings, module-path limits, policy and template as the driver's (the model name and the live
+    replicas as the driver found them)."""
+
+    args: dict[str, Any]
+
+    def __call__(self) -> Any:
+        from concurrent.futures import ThreadPoolExecutor
+
+        args = argparse.Namespace(**self.args)
+        _apply_env_options(args.env_setting, args.env_url)
+        if args.no_module_paths or args.allow_module:
+            _limit_module_paths(args)
+        with ThreadPoolExecutor(1) as thread:  # an actor's own event loop may already run in this thread
+            return thread.submit(asyncio.run, _build_engine(args)).result()
+
+
+def _ray_rollouts(args: argparse.Namespace, engine: Any, tasks: Sequence[Any]) -> Any:
+    """`eval --ray`: the rollouts of `engine`'s settings on Ray workers; their workers are started and
+    checked here, and every hop's concurrency stated, before any rollout runs."""
+    from gym_bridge.scale.ray_runner import RayRollouts
+
+    worker_args = {**vars(args), "model": engine.config.model_name if _base_urls(args) else args.model,
+                   "base_url": list(getattr(engine.policy, "base_urls", _base_urls(args)))}
+    options = _ray_options(args)
+    limits = {"engine": None, "per_env": engine.config.per_env_concurrency,
+              "replica_connections": getattr(engine.policy, "max_connections", None)}
+    rollouts = RayRollouts(EvalEngineFactory(worker_args), options, max_concurrency=args.concurrency, engine_limits=limits)
+    rollouts.start(tasks, group_size=args.num_repeats)
+    return rollouts
+
+
+def _warn_admission(args: argparse.Namespace, engine: Any) -> None:
+    """Say which hop caps a local run below --concurrency (the connection pool to the servers)."""
+    from gym_bridge.scale.admission import check, plan
+
+    connections = getattr(engine.policy, "max_connections", None)
+    problem = check(plan(requested=args.concurrency, engine_concurrency=engine.config.max_concurrency, replica_connections=connections))
+    if problem is not None:
+        print(f"warning: {problem}", file=sys.stderr)
+
+
+def _ray_options(args: argparse.Namespace) -> Any:
+    from gym_bridge.scale.ray_runner import RayOptions
+
+    if args.ray_workers < 1 or args.ray_max_retries < 0:
+        raise GymBridgeError("--ray-workers must be at least 1 and --ray-max-retries at least 0")
+    return RayOptions(address=None if args.ray == "local" else args.ray, num_workers=args.ray_workers, max_retries=args.ray_max_retries)
+
+
+async def _live_base_urls(urls: list[str], *, api_key: str | None, timeout_s: float) -> list[str]:
+    """The replicas that answer `/models` now, when several are given (all of them when none answers: the
+    caller then reports the first one's error); says which ones are left out."""
+    if len(urls) < 2:
+        return urls
+    from gym_bridge.policies.remote import served_models
+    from gym_bridge.scale.router import live_replicas
+
+    live, dead = await live_replicas(urls, lambda url: served_models(url, api_key=api_key, timeout_s=timeout_s))
+    if not live:
+        return urls
+    for url, reason in dead.items():
+        print(f"warning: replica {url} does not answer ({reason}); starting on the {len(live)} live one(s)", file=sys.stderr)
+    return live
 
 
 async def _tick(progress: Any, every_s: float = 1.0) -> None:

@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, AsyncIterator, Callable, Iterable, Protocol, Sequence
 
 from gym_bridge.core.bounded_call import call_environment, describe_error
 from gym_bridge.core.engine import Engine, ensure_ready
@@ -22,6 +22,7 @@ from gym_bridge.core.environment import Environment
 from gym_bridge.core.errors import DataError, UnknownEnvironmentError
 from gym_bridge.core.health import HealthSettings, ToolCallAlarm, tool_call_health
 from gym_bridge.core.metrics import summarize
+from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import get_environment, remote_url, resolve_tasks
 from gym_bridge.core.rollout_file import RolloutWriter, input_row, locked_output, prepare_resume, read_records
 from gym_bridge.core.task import Task, iter_jsonl, parse_task, routing_name
@@ -72,8 +73,23 @@ def metrics_path_for(output: str | Path) -> Path:
     return output.with_name(output.stem + ".metrics.json")
 
 
+class RolloutSource(Protocol):
+    """What `run_eval` runs: the local `Engine`, or `gym_bridge.scale.ray_runner.RayRollouts`."""
+
+    def stream(self, tasks: Sequence[Task], *, repeats: int = 1, skip: Iterable[tuple[int, int]] = ()) -> AsyncIterator[RolloutRecord]: ...
+
+
+def replica_metrics(engine: Engine | RolloutSource) -> dict[str, Any]:
+    """`{"replicas": ...}`: per-replica calls, errors, load and the episode-affinity hit rate, where the
+    run's policy routes over model servers (Ray workers' routers added together); else `{}`."""
+    ray_stats = getattr(engine, "replica_stats", None)
+    router = getattr(getattr(engine, "policy", None), "router", None)
+    stats = ray_stats() if callable(ray_stats) else router.stats() if router is not None else {}
+    return {"replicas": stats} if stats else {}
+
+
 async def run_eval(
-    engine: Engine,
+    engine: Engine | RolloutSource,
     tasks: Sequence[Task],
     *,
     output: str | Path,
@@ -109,6 +125,7 @@ async def run_eval(
         summary = summarize(records, wall_s=wall_s, this_run=this_run)
         summary["tool_call_health"], summary["alarms"] = tool_call_health(records), alarm.alarms
         summary["cpu_s"] = round(cpu_s, 3)  # this process's CPU time over the run: what generation costs the client
+        summary.update(replica_metrics(engine))
         metrics_path = metrics_path_for(output)
         metrics_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return EvalResult(summary=summary, output=output, metrics_path=metrics_path)

@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from gym_bridge.adapters.loop_thread import LoopThread
 from gym_bridge.adapters.trl_dataset import REGISTRY, example_data_paths, key_from_prompt, load_dataset
@@ -35,6 +35,9 @@ from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.task import Task, parse_task
 from gym_bridge.core.template import ChatTemplate
+
+if TYPE_CHECKING:
+    from gym_bridge.scale.ray_runner import RayOptions, RayRollouts
 
 __all__ = [
     "RolloutOptions", "TRLRollout", "env_reward", "example_data_paths", "load_dataset", "make_rollout",
@@ -100,6 +103,9 @@ class RolloutOptions:
     trainer's `step`, for `gym-bridge show` / `view`."""
     health: HealthSettings = HealthSettings()
     """When to warn that an environment's rollouts call no tool or write unparsable calls (once per trainer)."""
+    ray: RayOptions | None = None
+    """Run the rollouts (environments, tools, verifiers) on Ray workers instead of this process; generation
+    then goes from the workers to the vLLM servers (needs `use_vllm=True, vllm_mode="server"`). See `gym_bridge.scale`."""
 
 
 _LOOP = LoopThread()
@@ -117,6 +123,8 @@ class _TrainerState:
     datasets_indexed: bool = False
     batches: int = 0
     alarm: ToolCallAlarm = dataclasses.field(default_factory=ToolCallAlarm)
+    ray: RayRollouts | None = None
+    """Set with `RolloutOptions(ray=...)`: the batch runs on these Ray workers instead of `engine`."""
 
 
 class TRLRollout:
@@ -144,7 +152,10 @@ class TRLRollout:
         jobs = [self._task(state, prompt, trainer) for prompt in prompts]
         repeats = repeat_indices(prompts, group_size=_group_size(trainer), offset=_rank(trainer) * len(prompts))
         with _generation_context(state.backend, trainer):
-            records = _LOOP.run(_run_all(state.engine, jobs, repeats))
+            if state.ray is not None:
+                records = _LOOP.run(state.ray.run_pairs([(task, repeat) for (task, _), repeat in zip(jobs, repeats)]))
+            else:
+                records = _LOOP.run(_run_all(state.engine, jobs, repeats))
         _check_token_ids(records)
         if state.batches == 0 and records and all(record.failed for record in records):
             first = records[0]
@@ -210,7 +221,8 @@ class TRLRollout:
             weakref.finalize(trainer, _release_policy, policy)
         logger.info("gym_bridge.trl: generating with the %s backend (%s)", backend, type(policy).__name__)
         return _TrainerState(backend=backend, engine=engine, eos_token_ids=eos_token_ids, max_completion_length=max_completion_length,
-                             alarm=ToolCallAlarm(options.health))
+                             alarm=ToolCallAlarm(options.health),
+                             ray=_on_ray(options, backend, policy, template, config))
 
     def _task(self, state: _TrainerState, prompt: Any, trainer: Any) -> tuple[Task, type[Environment]]:
         key = key_from_prompt(prompt)
@@ -460,6 +472,20 @@ def _pick_backend(trainer: Any, options: RolloutOptions) -> tuple[BackendName, P
     model = trainer.accelerator.unwrap_model(trainer.model)
     local_batch = int(getattr(args, "per_device_train_batch_size", 1) * (getattr(args, "steps_per_generation", None) or 1))
     return "transformers", TransformersPolicy(model, tokenizer, max_batch_size=options.max_batch_size or max(local_batch, 1))
+
+
+def _on_ray(options: RolloutOptions, backend: BackendName, policy: Any, template: ChatTemplate, config: EngineConfig) -> RayRollouts | None:
+    """Ray workers for `RolloutOptions(ray=...)`: each builds the same engine over the same vLLM servers."""
+    if options.ray is None:
+        return None
+    if backend != "vllm_server":
+        raise ValueError("RolloutOptions(ray=...) needs GRPOConfig(use_vllm=True, vllm_mode='server'): Ray workers "
+                         "generate on the vLLM servers, not with the trainer's own model or engine")
+    from gym_bridge.scale.ray_runner import RayRollouts, RemoteEngineFactory
+
+    factory = RemoteEngineFactory(tuple(policy.base_urls), policy.model, template, config)
+    return RayRollouts(factory, options.ray, max_concurrency=options.max_concurrency,
+                       engine_limits={"per_env": options.per_env_concurrency, "replica_connections": policy.max_connections})
 
 
 def _release_policy(policy: Any) -> None:

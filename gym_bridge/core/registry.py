@@ -143,11 +143,12 @@ def configure(name: str, **settings: Any) -> type[Environment]:
     """Change settings of a registered environment for this process; returns the configured class.
 
     A subclass carrying the new values is registered in the original's place (names and aliases
-    route to it). Only the class's `settings` and its timeouts may be set; raises
+    route to it). Only the class's `settings`, its timeouts and `ray_resources` (what a Ray worker running it
+    asks for, see `gym_bridge.scale`) may be set; raises
     UnknownEnvironmentError, or GymBridgeError naming the settings that exist.
     """
     env_class = get_environment(name)
-    allowed = {"tool_timeout_s", "verify_timeout_s", *env_class.settings}
+    allowed = {"tool_timeout_s", "verify_timeout_s", "ray_resources", *env_class.settings}
     unknown = sorted(set(settings) - allowed)
     if unknown:
         raise GymBridgeError(f"environment {env_class.name!r} has no setting {', '.join(map(repr, unknown))}; its settings: {', '.join(sorted(allowed))}")

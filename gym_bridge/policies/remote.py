@@ -25,8 +25,6 @@ import random
 import re
 import time
 import weakref
-import zlib
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +36,7 @@ import orjson
 from yarl import URL
 
 from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest, SamplingParams
+from gym_bridge.scale.router import ReplicaRouter
 
 if TYPE_CHECKING:
     import httpx
@@ -49,7 +48,6 @@ CONTEXT_OVERFLOW_PATTERN = re.compile(
 )
 """What vLLM, OpenAI and serve-model say (with status 400) when a prompt does not fit."""
 
-MAX_STICKY_SESSIONS = 65_536
 KEEPALIVE_S = 4.0
 """Idle pooled connections are closed after this long: below uvicorn's 5 s default (vLLM's server),
 so the client never reuses a connection the server is closing."""
@@ -403,10 +401,8 @@ class RemotePolicy:
         self._transport = transport
         self._headers = {**_JSON_HEADERS, **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
         self._urls = [URL(url + "/completions", encoded=True) for url in self.base_urls]
-        self._in_flight = [0] * len(self.base_urls)
-        self._down_until = [0.0] * len(self.base_urls)
-        self._sticky: OrderedDict[str, int] = OrderedDict()
-        """Session -> its server; a session in here has had its prompt echo checked."""
+        self.router = ReplicaRouter(self.base_urls, down_for_s=down_for_s)
+        """Which server each call goes to (episode affinity, least busy, failover); a session it knows has had its prompt echo checked."""
         self._heads: dict[tuple[SamplingParams, bool], bytes] = {}
         self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pool] = weakref.WeakKeyDictionary()
 
@@ -422,7 +418,7 @@ class RemotePolicy:
         `BackendError` after the retries are spent or on an answer that cannot be retried.
         """
         started = time.perf_counter()
-        echo_prompt = not request.session_id or request.session_id not in self._sticky
+        echo_prompt = not self.router.knows(request.session_id)
         body = self._encode(request, echo_prompt=echo_prompt)
         tried: set[int] = set()
         failures: list[str] = []
@@ -430,7 +426,7 @@ class RemotePolicy:
         for attempt in range(self.max_retries + 1):
             if attempt:
                 await asyncio.sleep(self._backoff_s(attempt, retry_after_s))
-            server = self._choose(request.session_id, avoid=tried)
+            server = self.router.choose(request.session_id, avoid=tried)
             tried.add(server)
             try:
                 generation = await self._attempt(server, body, request)
@@ -463,17 +459,19 @@ class RemotePolicy:
         return head + orjson.dumps(prompt if isinstance(prompt, (list, tuple)) else list(prompt)) + b"}"
 
     async def _attempt(self, server: int, body: bytes, request: GenerationRequest) -> Generation:
-        self._in_flight[server] += 1
+        self.router.started(server)
         try:
             async with asyncio.timeout(self.request_timeout_s):
                 answer = await self._post(server, body)
         except (_TransportError, TimeoutError) as error:
-            self._down_until[server] = time.monotonic() + self.down_for_s
+            self.router.finished(server, ok=False, reached=False)
             what = f"no answer within {self.request_timeout_s:g} s" if isinstance(error, TimeoutError) else str(error)
             raise _RetryableAnswer(what) from None
-        finally:
-            self._in_flight[server] -= 1
+        except BaseException:
+            self.router.finished(server, ok=False)
+            raise
         status = answer.status
+        self.router.finished(server, ok=status == 200)
         if status == 200:
             try:
                 data = orjson.loads(answer.body)
@@ -517,27 +515,6 @@ class RemotePolicy:
         if retry_after_s is not None:
             delay_s = max(delay_s, min(retry_after_s, self.max_backoff_s))
         return delay_s
-
-    def _choose(self, session_id: str, *, avoid: set[int]) -> int:
-        """The session's server while it is up and not yet tried in this call; else the least busy one."""
-        current = self._sticky.get(session_id) if session_id else None
-        if current is not None and current not in avoid and self._down_until[current] <= time.monotonic():
-            self._sticky.move_to_end(session_id)
-            return current
-        everyone = range(len(self.base_urls))
-        now = time.monotonic()
-        candidates = [i for i in everyone if i not in avoid] or list(everyone)
-        up = [i for i in candidates if self._down_until[i] <= now] or candidates
-        if current in up:
-            self._sticky.move_to_end(session_id)
-            return current  # type: ignore[return-value]
-        chosen = min(up, key=lambda i: (self._in_flight[i], zlib.crc32(f"{session_id}|{i}".encode()))) if len(up) > 1 else up[0]
-        if session_id:
-            self._sticky[session_id] = chosen
-            self._sticky.move_to_end(session_id)
-            if len(self._sticky) > MAX_STICKY_SESSIONS:
-                self._sticky.popitem(last=False)
-        return chosen
 
     async def _pool(self) -> _Pool:
         """The connection pool of the running event loop (each loop gets its own)."""

@@ -1,0 +1,72 @@
+"""Picklable engine factories for Ray workers in the scale tests and benchmarks: a scripted policy
+(optionally slow, so a worker can be killed mid-run) on the embedded model's real chat template."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from gym_bridge.core.engine import Engine, EngineConfig
+from gym_bridge.core.policy import Generation, GenerationRequest, ScriptedPolicy
+
+WEATHER_TURNS = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', "It is cold in Paris, wear a coat.")
+
+
+@dataclass
+class SlowPolicy:
+    """A scripted policy whose every call first sleeps `delay_s`."""
+
+    inner: ScriptedPolicy
+    delay_s: float
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        await asyncio.sleep(self.delay_s)
+        return await self.inner.generate(request)
+
+
+def scripted_policy(tokenizer, texts=WEATHER_TURNS) -> ScriptedPolicy:  # type: ignore[no-untyped-def]
+    turns: list[Generation | BaseException] = []
+    for text in texts:
+        ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+        turns.append(Generation(token_ids=ids, logprobs=[-0.25] * len(ids), finish_reason="stop"))
+    return ScriptedPolicy(script={"": turns}, record_calls=False)
+
+
+@dataclass(frozen=True)
+class ScriptedEngine:
+    """Builds an engine whose policy answers every rollout with `texts`, one per call, after `delay_s`."""
+
+    texts: tuple[str, ...] = WEATHER_TURNS
+    delay_s: float = 0.0
+    max_concurrency: int = 64
+
+    def __call__(self) -> Engine:
+        from gym_bridge.core.template import ChatTemplate
+        from gym_bridge.policies.embedded import load_embedded_tokenizer
+
+        tokenizer = load_embedded_tokenizer()
+        policy = scripted_policy(tokenizer, self.texts)
+        chosen = SlowPolicy(policy, self.delay_s) if self.delay_s else policy
+        return Engine(chosen, ChatTemplate(tokenizer), EngineConfig(max_concurrency=self.max_concurrency, model_name="scripted"))
+
+
+def _weather_class():  # type: ignore[no-untyped-def]
+    from environments.weather import WeatherEnvironment
+
+    return WeatherEnvironment
+
+
+class SandboxWeather(_weather_class()):  # type: ignore[misc]
+    """The weather environment, asking Ray for one unit of a custom `sandbox` resource per worker."""
+
+    name = "weather_sandboxed"
+    aliases = ()
+    ray_resources = {"num_cpus": 0.5, "sandbox": 1}
+
+
+class GpuWeather(_weather_class()):  # type: ignore[misc]
+    """The weather environment, asking for a GPU no test cluster has."""
+
+    name = "weather_gpu"
+    aliases = ()
+    ray_resources = {"num_gpus": 1}

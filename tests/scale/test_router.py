@@ -1,0 +1,106 @@
+"""The replica router: an episode's calls stay on one replica, new episodes go to the least busy, a
+dead replica's episodes fail over, and the counters say so. Real stub servers on loopback, no Ray."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+
+from gym_bridge.cli import main
+from gym_bridge.core.engine import Engine, EngineConfig
+from gym_bridge.core.task import parse_task
+from gym_bridge.policies.remote import RemotePolicy
+from gym_bridge.scale.router import ReplicaRouter, merge_stats
+from tests.scale.stub_replicas import stub_replicas
+
+CITIES = ["Paris", "Oslo", "Lima", "Cairo", "Quito", "Hanoi", "Dakar", "Perth", "Riga", "Sofia", "Tunis", "Accra"]
+
+
+def _weather_rows() -> list[dict]:
+    tool = {"type": "function", "name": "get_weather", "description": "Get the current weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+    return [{"responses_create_params": {"input": [{"role": "user", "content": f"What is the weather in {city}?"}], "tools": [tool]},
+             "environment": "weather"} for city in CITIES]
+
+
+def test_episodes_stick_new_ones_go_to_the_least_busy_and_failover_counts_a_miss():
+    router = ReplicaRouter(["http://a/v1", "http://b/v1"], down_for_s=60)
+    first = router.choose("e1")
+    router.started(first)  # e1's call is in flight on `first`
+    second = router.choose("e2")
+    assert second != first  # the least busy replica takes the new episode
+    router.finished(first, ok=True)
+    assert router.choose("e1") == first  # hit 1
+    router.started(first)
+    router.finished(first, ok=False, reached=False)  # `first` stops answering: down for 60 s
+    assert router.choose("e1") == second  # miss 1: failed over
+    assert router.choose("e1") == second  # hit 2: e1 now lives on `second`
+    stats = router.stats()
+    assert (stats["affinity_hits"], stats["affinity_misses"], stats["affinity_hit_rate"]) == (2, 1, round(2 / 3, 4))
+    assert [r["errors"] for r in stats["replicas"]][first] == 1
+    merged = merge_stats([stats, stats])
+    assert merged["affinity_hits"] == 4 and merged["replicas"][first]["calls"] == 4  # 2 calls on `first` per router, 2 routers
+
+
+def _run(urls: list[str], smol_template, *, on_record=None, concurrency: int = 12):  # type: ignore[no-untyped-def]
+    policy = RemotePolicy(urls, model="stub", request_timeout_s=10, max_retries=3, backoff_s=0.01, down_for_s=60)
+    engine = Engine(policy, smol_template, EngineConfig(max_concurrency=concurrency, model_name="stub"))
+
+    async def run():  # type: ignore[no-untyped-def]
+        records = []
+        async for record in engine.stream([parse_task(row, index=i) for i, row in enumerate(_weather_rows())]):
+            records.append(record)
+            if on_record is not None:
+                on_record(record)
+        await policy.aclose()
+        return records
+
+    return asyncio.run(run()), policy.router.stats()
+
+
+def test_every_call_of_an_episode_goes_to_one_replica_and_both_replicas_work(smol_template):
+    with stub_replicas(2, delay_s=0.02) as replicas:
+        records, stats = _run([replica.url for replica in replicas], smol_template)
+    assert [record.failure_kind for record in records] == [None] * 12 and all(record.reward == 1.0 for record in records)
+    where = {}
+    for position, replica in enumerate(replicas):
+        for episode in replica.episodes:
+            where.setdefault(episode, set()).add(position)
+    assert len(where) == 12 and all(len(places) == 1 for places in where.values())  # affinity, seen by the servers
+    per_replica = Counter(next(iter(places)) for places in where.values())
+    assert per_replica[0] == 6 and per_replica[1] == 6  # 12 concurrent new episodes balanced by in-flight load
+    assert stats["affinity_hit_rate"] == 1.0 and stats["affinity_hits"] == 12  # each episode's second call found its replica
+
+
+def test_a_replica_killed_mid_run_fails_over_and_its_errors_are_counted(smol_template):
+    with stub_replicas(2, delay_s=0.2) as replicas:
+        killed = []
+
+        def kill_first(record) -> None:  # type: ignore[no-untyped-def]
+            if not killed:
+                killed.append(True)
+                replicas[0].stop()  # type: ignore[operator]
+
+        # 12 episodes of 2 calls, 4 at a time: the first one finishes with both replicas up, then replica 0
+        # goes away while episodes that live on it wait for their second call, and 8 episodes are still to start
+        records, stats = _run([replica.url for replica in replicas], smol_template, on_record=kill_first, concurrency=4)
+    assert len(records) == 12 and [record.failure_kind for record in records] == [None] * 12
+    assert {record.task.index for record in records} == set(range(12))
+    assert stats["replicas"][0]["errors"] >= 1 and stats["affinity_misses"] >= 1  # moved episodes: misses
+    assert stats["replicas"][1]["calls"] > 12  # replica 1 took over replica 0's remaining calls
+
+
+def test_eval_starts_on_the_live_replicas_and_says_which_is_dead(tmp_path, capsys):
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in _weather_rows()[:4]))
+    with stub_replicas(1) as replicas:
+        dead = "http://127.0.0.1:9/v1"
+        code = main(["eval", "--data", str(data), "--base-url", dead, "--base-url", replicas[0].url, "--no-progress",
+                     "--output", str(tmp_path / "out.jsonl")])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert f"replica {dead} does not answer" in err and "starting on the 1 live one(s)" in err
+    metrics = json.loads((tmp_path / "out.metrics.json").read_text())
+    assert [r["url"] for r in metrics["replicas"]["replicas"]] == [replicas[0].url]
+    assert metrics["replicas"]["replicas"][0]["episodes"] == 4
