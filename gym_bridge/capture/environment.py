@@ -134,6 +134,7 @@ class HarnessEnvironment(Environment):
     model_name: ClassVar[str] = "gym-bridge-policy"
     """The model name the endpoint serves (given to commands as `OPENAI_MODEL`); other names get a 404."""
     agent_loop: ClassVar[HarnessLoop] = HarnessLoop()
+    tools_from_row = True  # the agent runs its own tools; a row's tool schemas are passed to it as they are
 
     session: CaptureSession | None = None
     outcome: AgentOutcome | None = None
