@@ -98,7 +98,7 @@ def _fill_trajectory(ctx: RolloutContext, session: CaptureSession) -> None:
 def _finish(env: HarnessEnvironment, session: CaptureSession, outcome: AgentOutcome) -> str:
     stop = session.stop
     if stop is not None and stop.kind in ("context_overflow", "infra"):
-        raise RolloutFailure(stop.kind, stop.reason)  # type: ignore[arg-type]
+        raise RolloutFailure(stop.kind, stop.reason)
     limit = type(env).harness_timeout_s
     if outcome.timed_out:
         raise RolloutFailure("timeout", f"the harness did not finish within {limit:g} s{_tails(outcome)}")
@@ -134,6 +134,7 @@ class HarnessEnvironment(Environment):
     model_name: ClassVar[str] = "gym-bridge-policy"
     """The model name the endpoint serves (given to commands as `OPENAI_MODEL`); other names get a 404."""
     agent_loop: ClassVar[HarnessLoop] = HarnessLoop()
+    settings: ClassVar[tuple[str, ...]] = ("harness_timeout_s", "tail_chars")
     tools_from_row = True  # the agent runs its own tools; a row's tool schemas are passed to it as they are
 
     session: CaptureSession | None = None

@@ -89,7 +89,7 @@ class CaptureSession:
         """The content of the last assistant message the session answered (None before any call)."""
         for item in reversed(self.output):
             if item["type"] == "message" and item.get("role") == "assistant":
-                return "".join(part.get("text", "") for part in item["content"])  # type: ignore[typeddict-item]
+                return "".join(part.get("text", "") for part in item["content"])
         return None
 
     def fail(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None) -> ApiError:

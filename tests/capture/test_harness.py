@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import openai
@@ -118,14 +119,18 @@ def test_a_command_that_crashes_hangs_or_calls_no_model_is_a_typed_failure(smol_
         assert "boom" in record["failure_reason"] and "partial work" in record["failure_reason"]
 
 
-def test_a_hanging_command_is_killed_with_its_children(smol_template, tmp_path) -> None:
+@pytest.mark.parametrize("by", ["harness_timeout", "engine_deadline"])
+def test_a_hanging_command_is_killed_with_its_children(smol_template, tmp_path, by) -> None:
     pid_file = tmp_path / "child.pid"
     source = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
               f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)")
+    # room for two interpreters to start on a loaded machine; the engine's deadline cancels the loop
     eng, _ = engine(smol_template, {"": []})
-    record = rollout(eng, command_env(source, timeout_s=6.0))  # room for two interpreters to start on a loaded machine
+    if by == "engine_deadline":
+        eng.config = replace(eng.config, deadline_s=6.0)
+    record = rollout(eng, command_env(source, timeout_s=6.0 if by == "harness_timeout" else 50.0))
     assert record["failure_kind"] == "timeout"
-    assert pid_file.exists(), "the command was killed before it started its child; raise timeout_s"
+    assert pid_file.exists(), "the command was killed before it started its child; raise the limits"
     child = int(pid_file.read_text())
     status = Path(f"/proc/{child}/stat")
     assert not status.exists() or status.read_text().split()[2] == "Z"  # gone (or a zombie awaiting its reaper)
