@@ -32,7 +32,8 @@ REASON_TAIL_CHARS = 800
 
 
 class HarnessLoop:
-    """Runs the environment's agent against a capture session; returns `answer`, `max_turns` or `budget`.
+    """Runs the environment's agent against a capture session; returns `answer`, `length` (its last call hit
+    its token limit), `max_turns` or `budget`.
 
     Raises RolloutFailure: `timeout` (wall limit), `context_overflow`, `infra` (backend), `env`
     (the agent could not start, crashed, or called no model).
@@ -109,7 +110,7 @@ def _finish(env: HarnessEnvironment, session: CaptureSession, outcome: AgentOutc
         raise RolloutFailure("env", f"the harness exited with status {outcome.exit_code}{errors}{_tails(outcome)}")
     if not session.calls:
         raise RolloutFailure("env", f"the harness finished without calling the model{_tails(outcome)}")
-    return "answer"
+    return "length" if session.last_finish_reason == "length" else "answer"
 
 
 def _tails(outcome: AgentOutcome) -> str:

@@ -79,6 +79,8 @@ class CaptureSession:
     errors: list[EndpointError] = field(default_factory=list)
     stop: SessionStop | None = None
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
+    last_finish_reason: str = ""
+    """`stop` or `length` of the last call served."""
     token_in_calls: int = 0
     """Calls whose prompt was built from the previous call's exact ids (the rest were rendered whole)."""
     _context: _Context | None = None
@@ -184,6 +186,7 @@ class CaptureSession:
         if not tools and parsed.calls:  # no tools offered: a call-shaped text is plain content
             parsed = ParsedTurn(reasoning=parsed.reasoning, content=parsed.content or text)
         message = self._message(parsed)
+        self.last_finish_reason = generation.finish_reason
         self.calls.append(CapturedCall(prompt_ids=list(prompt_ids), completion_ids=list(ids), logprobs=list(generation.logprobs)))
         self._turn_items(parsed, message, prompt_ids, generation)
         echoed = _template_messages([_MessageIn.model_validate(message)], self.template)

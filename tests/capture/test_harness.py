@@ -175,3 +175,9 @@ def test_rows_can_name_their_own_command(smol_template, turn) -> None:
     record = asyncio.run(eng.rollout(parse_task(row, index=0), env_class=HarnessExampleEnvironment)).to_dict()
     assert record["failure_kind"] is None and record["reward"] == 1.0
     assert record["metrics"]["verify"]["stdout_tail"].strip() == "42"
+
+
+def test_a_last_answer_cut_at_its_token_limit_finishes_as_length(smol_template, turn) -> None:
+    eng, _ = engine(smol_template, {"": [turn("42 is the", eos=False, finish_reason="length")]})
+    record = rollout(eng, command_env(CALL_ONCE))
+    assert record["failure_kind"] is None and record["metrics"]["finish_reason"] == "length"
