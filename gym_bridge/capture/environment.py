@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, ClassVar
 
 from gym_bridge.capture.assembly import assemble
@@ -73,12 +75,17 @@ class HarnessLoop:
             finally:
                 await client.close()
         argv = env.harness_command(task)
-        variables = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": session.token, "OPENAI_MODEL": session.model_name}
-        try:
-            return await run_command(argv, env=variables, stdin=json.dumps(payload).encode(), timeout_s=env_class.harness_timeout_s,
-                                     stop=session.stopped, tail_chars=env_class.tail_chars)
-        except OSError as error:
-            raise RolloutFailure("env", f"cannot start the harness {list(argv)}: {error}") from None
+        text = json.dumps(payload)
+        with tempfile.TemporaryDirectory(prefix="gym_bridge_harness_") as folder:
+            task_file = Path(folder) / "task.json"
+            task_file.write_text(text)
+            variables = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": session.token,
+                         "OPENAI_MODEL": session.model_name, "GYM_BRIDGE_TASK_FILE": str(task_file)}
+            try:
+                return await run_command(argv, env=variables, stdin=text.encode(), timeout_s=env_class.harness_timeout_s,
+                                         stop=session.stopped, tail_chars=env_class.tail_chars)
+            except OSError as error:
+                raise RolloutFailure("env", f"cannot start the harness {list(argv)}: {error}") from None
 
 
 def _fill_trajectory(ctx: RolloutContext, session: CaptureSession) -> None:

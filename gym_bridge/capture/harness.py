@@ -2,7 +2,8 @@
 or an async Python callable `agent(client, task)` given an `openai.AsyncOpenAI` client.
 
 Both point at the rollout's capture endpoint. A command gets `OPENAI_BASE_URL`, `OPENAI_API_KEY`
-and `OPENAI_MODEL` in its environment and the task as JSON on stdin. It is bounded by a wall limit; on timeout, on cancel or when the session
+and `OPENAI_MODEL` in its environment and the task as JSON on stdin (`HarnessLoop` also writes it to the file named by
+`GYM_BRIDGE_TASK_FILE`). It is bounded by a wall limit; on timeout, on cancel or when the session
 stops serving (a budget spent) the whole process group is killed. Only the last characters of
 stdout and stderr are kept. What happened is returned as an `AgentOutcome`; nothing here raises
 for a harness that crashes or hangs.

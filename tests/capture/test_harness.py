@@ -105,6 +105,16 @@ CALL_ONCE = ("import json, os, sys, openai; task = json.load(sys.stdin); c = ope
              "r = c.chat.completions.create(model=os.environ['OPENAI_MODEL'], messages=task['messages']); print(r.choices[0].message.content)")
 
 
+def test_a_command_that_cannot_start_is_an_env_failure_and_a_task_file_is_given(smol_template, turn) -> None:
+    eng, _ = engine(smol_template, {"": []})
+    record = rollout(eng, type("Missing", (command_env(""),), {"command": ("/nonexistent/agent",)}))
+    assert record["failure_kind"] == "env" and "cannot start the harness ['/nonexistent/agent']" in record["failure_reason"]
+    from_file = CALL_ONCE.replace("json.load(sys.stdin)", "json.load(open(os.environ['GYM_BRIDGE_TASK_FILE']))")
+    eng, _ = engine(smol_template, {"": [turn("42")]})
+    record = rollout(eng, command_env(from_file))
+    assert record["failure_kind"] is None and record["metrics"]["verify"]["stdout_tail"].strip() == "42"
+
+
 @pytest.mark.parametrize(("source", "kind", "says"), [
     ("import sys; print('partial work'); sys.stderr.write('boom\\n'); sys.exit(3)", "env", "exited with status 3"),
     ("print('I answer without a model')", "env", "without calling the model"),
