@@ -8,7 +8,7 @@ records the prompt it saw, which is by construction the whole stream before it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from gym_bridge.core.items import Item
 
@@ -29,7 +29,7 @@ class TokenView:
     """Every token segment of a harness that rewrote its history (the flat view is the last); empty otherwise."""
 
     def to_dict(self) -> dict[str, list]:
-        view: dict[str, list] = {
+        view: dict[str, Any] = {
             "prompt_ids": self.prompt_ids,
             "completion_ids": self.completion_ids,
             "completion_mask": self.completion_mask,
