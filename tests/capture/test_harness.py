@@ -16,7 +16,7 @@ from environments.harness_example import HarnessExampleEnvironment
 from gym_bridge.capture import HarnessEnvironment
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig
-from gym_bridge.core.policy import ContextOverflowError, ScriptedPolicy, SamplingParams
+from gym_bridge.core.policy import BackendError, ContextOverflowError, ScriptedPolicy, SamplingParams
 from gym_bridge.core.task import load_tasks, parse_task
 
 EXAMPLE = Path(__file__).parents[2] / "environments" / "harness_example" / "data" / "example.jsonl"
@@ -172,10 +172,14 @@ def test_calling_past_the_turn_budget_ends_the_rollout_as_max_turns(smol_templat
     assert any("limit of 2 model calls" in error for error in record["metrics"]["verify"]["endpoint_errors"])
 
 
-def test_a_context_overflow_is_the_context_overflow_failure(smol_template) -> None:
-    eng, _ = engine(smol_template, {"": [ContextOverflowError("prompt of 9000 tokens, context 8192")]})
+@pytest.mark.parametrize(("error", "kind", "says"), [
+    (ContextOverflowError("prompt of 9000 tokens, context 8192"), "context_overflow", "9000 tokens"),
+    (BackendError("connection refused"), "infra", "generation backend: connection refused"),
+])
+def test_a_context_overflow_or_a_backend_error_is_its_failure_kind(smol_template, error, kind, says) -> None:
+    eng, _ = engine(smol_template, {"": [error]})
     record = rollout(eng, command_env(CALL_ONCE))
-    assert record["failure_kind"] == "context_overflow" and "9000 tokens" in record["failure_reason"]
+    assert record["failure_kind"] == kind and says in record["failure_reason"]
 
 
 def test_rows_can_name_their_own_command(smol_template, turn) -> None:
