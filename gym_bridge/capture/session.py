@@ -28,7 +28,12 @@ from gym_bridge.core.items import Item, function_call_item, function_call_output
 from gym_bridge.core.parsers.call import ParsedTurn
 from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest, Policy, SamplingParams
 from gym_bridge.core.template import ChatTemplate
-from gym_bridge.server import ApiError, ChatBody, _MessageIn, _responses_tool, _template_messages
+from gym_bridge.core.errors import MissingDependencyError
+
+try:  # serve-model's request models and message conversion, shared rather than copied (gym_bridge.server imports FastAPI)
+    from gym_bridge.server import ApiError, ChatBody, _MessageIn, _responses_tool, _template_messages
+except ModuleNotFoundError as missing:  # pragma: no cover - the test extra installs FastAPI
+    raise MissingDependencyError(f"the capture endpoint needs FastAPI ({missing.name} is missing): pip install 'gym-bridge[serve]'") from None
 
 StopKind = Literal["max_turns", "budget", "context_overflow", "infra"]
 

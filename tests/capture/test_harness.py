@@ -195,3 +195,24 @@ def test_a_last_answer_cut_at_its_token_limit_finishes_as_length(smol_template, 
     eng, _ = engine(smol_template, {"": [turn("42 is the", eos=False, finish_reason="length")]})
     record = rollout(eng, command_env(CALL_ONCE))
     assert record["failure_kind"] is None and record["metrics"]["finish_reason"] == "length"
+
+
+async def crashing_agent(client: openai.AsyncOpenAI, task: dict) -> str:
+    await client.chat.completions.create(model=task["model"], messages=list(task["messages"]))
+    raise RuntimeError("agent bug 7")
+
+
+class Crashing(HarnessEnvironment):
+    name = "crashing_harness"
+    agent = crashing_agent
+
+    def score(self, task, answer):  # type: ignore[no-untyped-def]
+        return 1.0
+
+
+def test_a_callable_that_raises_is_an_env_failure_with_its_traceback_and_keeps_its_tokens(smol_template, turn) -> None:
+    answer = turn("hello")
+    eng, _ = engine(smol_template, {"": [answer]})
+    record = rollout(eng, Crashing)
+    assert record["failure_kind"] == "env" and "RuntimeError: agent bug 7" in record["failure_reason"]
+    assert record["tokens"]["completion_ids"] == answer.token_ids  # what was captured before the crash is kept
