@@ -8,7 +8,7 @@ records the prompt it saw, which is by construction the whole stream before it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from gym_bridge.core.items import Item
 
@@ -25,14 +25,19 @@ class TokenView:
     """1 for model tokens (trainable), 0 for environment tokens."""
     completion_logprobs: list[float]
     """The sampled log-prob of each model token; 0.0 on environment tokens."""
+    segments: tuple[TokenView, ...] = ()
+    """Every token segment of a harness that rewrote its history (the flat view is the last); empty otherwise."""
 
     def to_dict(self) -> dict[str, list]:
-        return {
+        view: dict[str, Any] = {
             "prompt_ids": self.prompt_ids,
             "completion_ids": self.completion_ids,
             "completion_mask": self.completion_mask,
             "completion_logprobs": self.completion_logprobs,
         }
+        if self.segments:
+            view["segments"] = [segment.to_dict() for segment in self.segments]
+        return view
 
 
 @dataclass
@@ -52,6 +57,8 @@ class Trajectory:
     """Tool calls the model wrote that could not be read (shown to the model as errors)."""
     unparsed_tool_calls: int = 0
     """Turns without a parsed call that hold a tool-call marker of some syntax (scored as answers)."""
+    segments: list[TokenView] = field(default_factory=list)
+    """Every token segment, when a harness rewrote its history (`gym_bridge.capture`); the flat lists are the last."""
 
     def context_ids(self) -> list[int]:
         """Everything so far: the prompt of the next model call."""
@@ -84,4 +91,5 @@ class Trajectory:
             completion_ids=self.completion_ids,
             completion_mask=self.completion_mask,
             completion_logprobs=self.completion_logprobs,
+            segments=tuple(self.segments),
         )

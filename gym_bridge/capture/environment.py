@@ -1,0 +1,187 @@
+"""The `harness` environment kind: an existing agent program is the rollout.
+
+A `HarnessEnvironment` names an agent (a command line, or an async callable `agent(client, task)`);
+its loop, `HarnessLoop`, opens a capture session for the rollout, runs the agent against it with
+limits, assembles the captured calls into token segments and leaves them on the trajectory: the
+flat `tokens` view is the last segment, and when the harness rewrote its history every segment
+is kept under `tokens.segments`. The environment's `score(task, answer)` grades the agent's final
+answer (what a callable returned, else the content of its last model answer); `verify` adds the
+capture's metrics (calls, segments, rewrites, endpoint errors, output tails).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+from gym_bridge.capture.assembly import assemble
+from gym_bridge.capture.harness import AgentCallable, AgentOutcome, run_callable, run_command
+from gym_bridge.capture.server import capture_server
+from gym_bridge.capture.session import CaptureSession
+from gym_bridge.core.agent_loop import RolloutContext, RolloutFailure
+from gym_bridge.core.environment import Environment, VerifyResult, to_verify_result
+from gym_bridge.core.items import Item
+from gym_bridge.core.policy import Policy, is_token_policy
+from gym_bridge.core.task import Task
+from gym_bridge.core.template import to_chat_tool
+
+REASON_TAIL_CHARS = 800
+"""Characters of stdout and stderr quoted in a failure reason."""
+
+
+class HarnessLoop:
+    """Runs the environment's agent against a capture session; returns `answer`, `length` (its last call hit
+    its token limit), `max_turns` or `budget`.
+
+    Raises RolloutFailure: `timeout` (wall limit), `context_overflow`, `infra` (backend), `env`
+    (the agent could not start, crashed, or called no model).
+    """
+
+    async def run(self, ctx: RolloutContext) -> str:
+        env = ctx.env
+        if not isinstance(env, HarnessEnvironment):
+            raise RolloutFailure("env", f"HarnessLoop needs a HarnessEnvironment, got {type(env).__name__}")
+        if ctx.template is None or not is_token_policy(ctx.policy):
+            raise RolloutFailure("infra", "a harness environment needs a token-in/token-out policy (scripted, transformers, "
+                                          "remote or vLLM engine): chat API policies cannot be captured")
+        policy: Policy = ctx.policy  # type: ignore[assignment]
+        session = CaptureSession(policy=policy, template=ctx.template, sampling=ctx.sampling, limits=ctx.limits,
+                                 model_name=type(env).model_name, label=ctx.session_id)
+        payload = {"messages": list(ctx.task.messages), "tools": [to_chat_tool(schema) for schema in ctx.tools],
+                   "model": session.model_name, "row": ctx.task.row}
+        try:
+            async with capture_server().session(session) as base_url:
+                outcome = await self._run_agent(env, ctx.task, session, base_url, payload)
+        finally:
+            _fill_trajectory(ctx, session)
+        env.session, env.outcome = session, outcome
+        return _finish(env, session, outcome)
+
+    async def _run_agent(self, env: HarnessEnvironment, task: Task, session: CaptureSession, base_url: str,
+                         payload: dict[str, Any]) -> AgentOutcome:
+        env_class = type(env)
+        agent = env_class.agent
+        if agent is not None:
+            import openai
+
+            client = openai.AsyncOpenAI(base_url=base_url, api_key=session.token, max_retries=0, timeout=env_class.harness_timeout_s)
+            try:
+                return await run_callable(agent, client, payload, timeout_s=env_class.harness_timeout_s,
+                                          stop=session.stopped, tail_chars=env_class.tail_chars)
+            finally:
+                await client.close()
+        argv = env.harness_command(task)
+        text = json.dumps(payload)
+        with tempfile.TemporaryDirectory(prefix="gym_bridge_harness_") as folder:
+            task_file = Path(folder) / "task.json"
+            task_file.write_text(text)
+            variables = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": session.token,
+                         "OPENAI_MODEL": session.model_name, "GYM_BRIDGE_TASK_FILE": str(task_file)}
+            try:
+                return await run_command(argv, env=variables, stdin=text.encode(), timeout_s=env_class.harness_timeout_s,
+                                         stop=session.stopped, tail_chars=env_class.tail_chars)
+            except OSError as error:
+                raise RolloutFailure("env", f"cannot start the harness {list(argv)}: {error}") from None
+
+
+def _fill_trajectory(ctx: RolloutContext, session: CaptureSession) -> None:
+    """The captured calls as the trajectory: items, the last segment as the flat view, every segment when there are several."""
+    trajectory = ctx.trajectory
+    trajectory.output = list(session.output)
+    trajectory.model_calls = len(session.calls)
+    trajectory.tool_calls = sum(1 for item in session.output if item["type"] == "function_call")
+    assembly = assemble(session.calls)
+    last = assembly.last
+    if last is None:
+        return
+    trajectory.prompt_ids, trajectory.completion_ids = list(last.prompt_ids), list(last.completion_ids)
+    trajectory.completion_mask, trajectory.completion_logprobs = list(last.completion_mask), list(last.completion_logprobs)
+    trajectory.segments = list(assembly.segments) if len(assembly.segments) > 1 else []
+
+
+def _finish(env: HarnessEnvironment, session: CaptureSession, outcome: AgentOutcome) -> str:
+    stop = session.stop
+    if stop is not None and stop.kind in ("context_overflow", "infra"):
+        raise RolloutFailure(stop.kind, stop.reason)
+    limit = type(env).harness_timeout_s
+    if outcome.timed_out:
+        raise RolloutFailure("timeout", f"the harness did not finish within {limit:g} s{_tails(outcome)}")
+    if stop is not None:
+        return stop.kind  # a spent budget is scored, like the default loop's `max_turns` / `budget`
+    if outcome.exit_code != 0:
+        errors = "".join(f"; the endpoint answered {e.status}: {e.message}" for e in session.errors[-3:])
+        raise RolloutFailure("env", f"the harness exited with status {outcome.exit_code}{errors}{_tails(outcome)}")
+    if not session.calls:
+        raise RolloutFailure("env", f"the harness finished without calling the model{_tails(outcome)}")
+    return "length" if session.last_finish_reason == "length" else "answer"
+
+
+def _tails(outcome: AgentOutcome) -> str:
+    parts = [f"; {name} ends with: {text[-REASON_TAIL_CHARS:]!r}" for name, text in
+             (("stdout", outcome.stdout_tail), ("stderr", outcome.stderr_tail)) if text.strip()]
+    return "".join(parts)
+
+
+class HarnessEnvironment(Environment):
+    """An environment whose rollouts are runs of an agent program; subclasses set `command` or
+    `agent` and implement `score`. A row may give its own command as `harness: {"command": [...]}`
+    (only rows you trust: the command runs with your permissions)."""
+
+    command: ClassVar[tuple[str, ...]] = ()
+    """The agent's command line (run in its own process group)."""
+    agent: ClassVar[AgentCallable | None] = None
+    """Or an async callable `agent(client, task)`; it wins over `command`."""
+    harness_timeout_s: ClassVar[float] = 300.0
+    """Wall limit of one agent run; the engine's rollout deadline also applies."""
+    tail_chars: ClassVar[int] = 4000
+    """Characters of stdout and stderr kept."""
+    model_name: ClassVar[str] = "gym-bridge-policy"
+    """The model name the endpoint serves (given to commands as `OPENAI_MODEL`); other names get a 404."""
+    agent_loop: ClassVar[HarnessLoop] = HarnessLoop()
+    settings: ClassVar[tuple[str, ...]] = ("harness_timeout_s", "tail_chars")
+    tools_from_row = True  # the agent runs its own tools; a row's tool schemas are passed to it as they are
+
+    session: CaptureSession | None = None
+    outcome: AgentOutcome | None = None
+
+    def harness_command(self, task: Task) -> tuple[str, ...]:
+        """The command line for `task`: the row's `harness.command`, else the class's `command`."""
+        spec = task.row.get("harness")
+        command = spec.get("command") if isinstance(spec, dict) else None
+        if command is None:
+            command = self.command
+        if isinstance(command, str) or not command or not all(isinstance(part, str) for part in command):
+            raise RolloutFailure("env", f"{type(self).__name__} needs `command` (a list of strings) or `agent`; got {command!r}")
+        return tuple(command)
+
+    @property
+    def final_answer(self) -> str:
+        """What a callable agent returned, else the content of the last model answer ('' when none)."""
+        if self.outcome is not None and self.outcome.answer is not None:
+            return self.outcome.answer
+        return (self.session.final_answer if self.session is not None else None) or ""
+
+    def score(self, task: Task, answer: str) -> VerifyResult | float:
+        """The reward of `answer` for `task`; subclasses implement it."""
+        raise NotImplementedError(f"{type(self).__name__} must implement score(task, answer)")
+
+    def verify(self, task: Task, output: list[Item]) -> VerifyResult:
+        result = to_verify_result(self.score(task, self.final_answer))
+        return replace(result, metrics={**result.metrics, **self.capture_metrics()})
+
+    def capture_metrics(self) -> dict[str, Any]:
+        """Calls, segments, rewrites, token-in calls, endpoint errors and the output tails of this rollout."""
+        session, outcome = self.session, self.outcome
+        if session is None:
+            return {}
+        assembly = assemble(session.calls)
+        metrics: dict[str, Any] = {"model_calls": len(session.calls), "segments": len(assembly.segments),
+                                   "rewrites": assembly.rewrites, "token_in_calls": session.token_in_calls,
+                                   "endpoint_errors": [f"{e.status}: {e.message}" for e in session.errors]}
+        if outcome is not None:
+            metrics.update(harness_exit_code=outcome.exit_code, stdout_tail=outcome.stdout_tail, stderr_tail=outcome.stderr_tail)
+        return metrics

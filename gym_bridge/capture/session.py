@@ -1,0 +1,242 @@
+"""One rollout's capture session: serves a harness's chat-completions calls from a token policy
+and keeps every call's prompt ids, completion ids and log-probs.
+
+Prompts are token-in where the harness allows it: when a request's messages are the previous
+request's messages, the assistant message this session answered (as the harness sends it back)
+and then only tool or user messages, the prompt is the previous prompt and sampled ids followed
+by the template's rendering of the new messages, so the sampled tokens are never re-tokenized.
+Any other request (a rewritten history) is rendered whole with the chat template; the assembly
+then sees, on token ids, that it starts a new segment. The run's sampling settings apply (the
+harness's temperature is ignored, so log-probs mean what the trainer expects); the harness's
+`max_tokens` only lowers the cap. Once a budget is spent the session answers every call with
+an error and records why (`stop`), so the harness can be ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import pydantic
+
+from gym_bridge.capture.assembly import CapturedCall
+from gym_bridge.core.agent_loop import Limits
+from gym_bridge.core.items import Item, function_call_item, function_call_output_item, message_item, reasoning_item, user_message_item
+from gym_bridge.core.parsers.call import ParsedTurn
+from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest, Policy, SamplingParams
+from gym_bridge.core.template import ChatTemplate
+from gym_bridge.core.errors import MissingDependencyError
+
+try:  # serve-model's request models and message conversion, shared rather than copied (gym_bridge.server imports FastAPI)
+    from gym_bridge.server import ApiError, ChatBody, _MessageIn, _responses_tool, _template_messages
+except ModuleNotFoundError as missing:  # pragma: no cover - the test extra installs FastAPI
+    raise MissingDependencyError(f"the capture endpoint needs FastAPI ({missing.name} is missing): pip install 'gym-bridge[serve]'") from None
+
+StopKind = Literal["max_turns", "budget", "context_overflow", "infra"]
+
+
+@dataclass(frozen=True)
+class SessionStop:
+    """Why a session stopped serving: a budget spent (`max_turns`, `budget`), the context window
+    overflowed (`context_overflow`) or the generation backend failed (`infra`)."""
+
+    kind: StopKind
+    reason: str
+
+
+@dataclass(frozen=True)
+class EndpointError:
+    """A call the session answered with an error status, as the harness saw it."""
+
+    status: int
+    message: str
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What the next call may extend: the conversation as rendered, and its exact ids."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    ids: list[int]
+    last_token: int | None
+
+
+@dataclass
+class CaptureSession:
+    """Serves one rollout's calls; mutated only by `chat_completions`."""
+
+    policy: Policy
+    template: ChatTemplate
+    sampling: SamplingParams
+    limits: Limits
+    model_name: str
+    label: str = ""
+    """The rollout's session id (passed to the policy so a balancer keeps its calls together)."""
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(16))
+    """The session's key: in the URL path and accepted as the API key."""
+    calls: list[CapturedCall] = field(default_factory=list)
+    output: list[Item] = field(default_factory=list)
+    """Responses items of every call (tool outputs it was sent, reasoning, message, calls)."""
+    errors: list[EndpointError] = field(default_factory=list)
+    stop: SessionStop | None = None
+    stopped: asyncio.Event = field(default_factory=asyncio.Event)
+    last_finish_reason: str = ""
+    """`stop` or `length` of the last call served."""
+    token_in_calls: int = 0
+    """Calls whose prompt was built from the previous call's exact ids (the rest were rendered whole)."""
+    _context: _Context | None = None
+    _items: int = 0
+
+    @property
+    def final_answer(self) -> str | None:
+        """The content of the last assistant message the session answered (None before any call)."""
+        for item in reversed(self.output):
+            if item["type"] == "message" and item.get("role") == "assistant":
+                return "".join(part.get("text", "") for part in item["content"])
+        return None
+
+    def fail(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None) -> ApiError:
+        """Record an error answer and return it to raise."""
+        self.errors.append(EndpointError(status=status, message=message))
+        error = ApiError(status, message, kind)
+        error.code = code  # type: ignore[attr-defined]
+        return error
+
+    def _stop(self, kind: StopKind, reason: str) -> ApiError:
+        if self.stop is None:
+            self.stop = SessionStop(kind=kind, reason=reason)
+            self.stopped.set()
+        code = "context_length_exceeded" if kind == "context_overflow" else "rollout_budget_exceeded"
+        return self.fail(400, reason, code=code)
+
+    async def chat_completions(self, data: Any) -> dict[str, Any]:
+        """The answer to one request body, as OpenAI's API gives it; raises ApiError for a 4xx/5xx."""
+        body = self._body(data)
+        if self.stop is not None:
+            raise self.fail(400, f"this rollout is over ({self.stop.kind}): {self.stop.reason}", code="rollout_budget_exceeded")
+        if len(self.calls) >= self.limits.max_turns:
+            raise self._stop("max_turns", f"the rollout's limit of {self.limits.max_turns} model calls is reached")
+        use_tools = bool(body.tools) and body.tool_choice != "none"
+        tools = [_responses_tool(tool) for tool in body.tools or []] if use_tools else None
+        try:
+            messages = _template_messages(body.messages, self.template)
+        except ApiError as error:
+            raise self.fail(error.status, error.message) from None
+        prompt_ids = self._prompt_ids(messages, tools)
+        spent = sum(len(call.completion_ids) for call in self.calls)
+        left = self.limits.max_completion_tokens - spent
+        if left <= 0:
+            raise self._stop("budget", f"the rollout's budget of {self.limits.max_completion_tokens} completion tokens is spent")
+        requested = body.max_completion_tokens or body.max_tokens or self.sampling.max_new_tokens
+        sampling = replace(self.sampling, max_new_tokens=min(requested, self.sampling.max_new_tokens, left))
+        generation = await self._generate(prompt_ids, sampling)
+        return self._answer(messages, tools, prompt_ids, generation)
+
+    def _body(self, data: Any) -> ChatBody:
+        if not isinstance(data, dict):
+            raise self.fail(400, "request body must be a JSON object")
+        try:
+            body = ChatBody.model_validate(data)
+        except pydantic.ValidationError as error:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()[:5])
+            raise self.fail(400, f"invalid request: {problems}") from None
+        if body.stream:
+            raise self.fail(400, "stream=true is not supported by the gym_bridge capture endpoint; send stream=false", code="unsupported_parameter")
+        if body.n != 1:
+            raise self.fail(400, f"n={body.n} is not supported by the gym_bridge capture endpoint; send n=1", code="unsupported_parameter")
+        if body.model not in (None, self.model_name):
+            raise self.fail(404, f"The model `{body.model}` does not exist; this endpoint serves `{self.model_name}`",
+                            code="model_not_found")
+        if body.tool_choice not in (None, "auto", "none"):
+            raise self.fail(400, "tool_choice must be 'auto' or 'none' on the gym_bridge capture endpoint", code="unsupported_parameter")
+        return body
+
+    def _prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        """The previous ids plus the rendered new messages when the request extends the last answer; else a whole render."""
+        context = self._context
+        if context is not None and tools == context.tools and messages[: len(context.messages)] == context.messages:
+            new = messages[len(context.messages):]
+            if new and all(message["role"] in ("tool", "user") for message in new):
+                closing = self.template.closing_text(context.last_token)
+                self.token_in_calls += 1
+                self._input_items(new)
+                return context.ids + self.template.encode(self.template.delta_text(new, closing_sampled=closing))
+        try:
+            return self.template.prompt_ids(messages, tools)
+        except Exception as error:
+            raise self.fail(400, f"the chat template cannot render these messages: {type(error).__name__}: {error}") from None
+
+    async def _generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+        try:
+            return await self.policy.generate(GenerationRequest(prompt_ids=prompt_ids, sampling=sampling, session_id=self.label))
+        except ContextOverflowError as error:
+            raise self._stop("context_overflow", f"This model's maximum context length is exceeded: {error}") from None
+        except BackendError as error:
+            if self.stop is None:
+                self.stop = SessionStop(kind="infra", reason=f"generation backend: {error}")
+                self.stopped.set()
+            self.errors.append(EndpointError(status=500, message=str(error)))
+            raise ApiError(500, f"generation backend failed: {error}", "server_error") from None
+
+    def _answer(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                prompt_ids: list[int], generation: Generation) -> dict[str, Any]:
+        ids = generation.token_ids
+        last_token = ids[-1] if ids and ids[-1] in self.template.eos_token_ids else None
+        text = self.template.tokenizer.decode(ids[:-1] if last_token is not None else ids, skip_special_tokens=False)
+        parsed = self.template.parse(text, prompt_ids=prompt_ids, tools=tools or ())
+        if not tools and parsed.calls:  # no tools offered: a call-shaped text is plain content
+            parsed = ParsedTurn(reasoning=parsed.reasoning, content=parsed.content or text)
+        message = self._message(parsed)
+        self.last_finish_reason = generation.finish_reason
+        self.calls.append(CapturedCall(prompt_ids=list(prompt_ids), completion_ids=list(ids), logprobs=list(generation.logprobs)))
+        self._turn_items(parsed, message, prompt_ids, generation)
+        echoed = _template_messages([_MessageIn.model_validate(message)], self.template)
+        self._context = _Context(messages=messages + echoed, tools=tools, ids=list(prompt_ids) + list(ids), last_token=last_token)
+        finish = "tool_calls" if message.get("tool_calls") and generation.finish_reason == "stop" else generation.finish_reason
+        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids), "total_tokens": len(prompt_ids) + len(ids)}
+        return {"id": f"chatcmpl-{secrets.token_hex(12)}", "object": "chat.completion", "created": int(time.time()),
+                "model": self.model_name, "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+                "usage": usage}
+
+    def _message(self, parsed: ParsedTurn) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+        good = [call for call in parsed.calls if call.error is None]
+        if good:
+            message["content"] = parsed.content or None
+            message["tool_calls"] = [
+                {"id": self.template.call_id(f"{len(self.calls)}x{n}", written=call.call_id), "type": "function",
+                 "function": {"name": call.name, "arguments": call.arguments}}
+                for n, call in enumerate(good)
+            ]
+        if parsed.reasoning:
+            message["reasoning_content"] = parsed.reasoning
+        return message
+
+    def _item_id(self, prefix: str) -> str:
+        self._items += 1
+        return f"{prefix}_{self.label or 'capture'}_{self._items}"
+
+    def _input_items(self, new: list[dict[str, Any]]) -> None:
+        for message in new:
+            if message["role"] == "tool":
+                self.output.append(function_call_output_item(message["content"], call_id=message.get("tool_call_id", "")))
+            else:
+                self.output.append(user_message_item(message["content"], item_id=self._item_id("msg")))
+
+    def _turn_items(self, parsed: ParsedTurn, message: dict[str, Any], prompt_ids: list[int], generation: Generation) -> None:
+        items: list[Any] = []
+        if parsed.reasoning:
+            items.append(reasoning_item(parsed.reasoning, item_id=self._item_id("rs")))
+        calls = message.get("tool_calls") or []
+        if message["content"] or not calls:
+            items.append(dict(message_item(message["content"] or "", item_id=self._item_id("msg"))))
+        for call in calls:
+            items.append(function_call_item(call["function"]["name"], call["function"]["arguments"], call_id=call["id"],
+                                            item_id=self._item_id("fc")))
+        items[-1].update(prompt_token_ids=list(prompt_ids), generation_token_ids=list(generation.token_ids),
+                         generation_log_probs=list(generation.logprobs))
+        self.output.extend(items)
