@@ -123,7 +123,7 @@ def final_text(output: list[Item]) -> str:
     """The text of the last assistant message of a trajectory ('' if it has none)."""
     for item in reversed(output):
         if item["type"] == "message" and item.get("role", "assistant") == "assistant":
-            return item_text(item)  # type: ignore[arg-type]
+            return item_text(item)
     return ""
 
 

@@ -70,7 +70,9 @@ async def run_in_process(fn: Callable[..., Any], *args: Any, timeout_s: float) -
         ) from None
     async with _POOL.slot():
         for attempt in range(2):
-            worker = _POOL.take_idle() or await asyncio.to_thread(_POOL.start_worker)
+            worker = _POOL.take_idle()
+            if worker is None:
+                worker = await asyncio.to_thread(_POOL.start_worker)
             healthy = False
             try:
                 outcome = await _run_once(worker, job, fn, timeout_s)

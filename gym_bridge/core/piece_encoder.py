@@ -46,13 +46,17 @@ class PieceEncoder:
         if self.backend.get_vocab_size(with_added_tokens=True) != self._vocab_size:
             self._refresh()
         if self.splitter is None:
+            whole: list[int]  # the backend is untyped (tokenizers' Tokenizer)
             if len(text) >= GIL_FREE_CHARS:
-                return self.backend.encode_batch([text], add_special_tokens=False)[0].ids
-            return self.backend.encode(text, add_special_tokens=False).ids
+                whole = self.backend.encode_batch([text], add_special_tokens=False)[0].ids
+            else:
+                whole = self.backend.encode(text, add_special_tokens=False).ids
+            return whole
         parts = self.splitter.added.split(text)
         part_ids = self._part_ids
         if self.splitter.lines is None:
-            return self._encode_pieces([part for part in parts if part])
+            joined: list[int] = self._encode_pieces([part for part in parts if part])
+            return joined
         known_parts = [part_ids.get(part) for part in parts]
         if all(ids is not None for ids in known_parts):
             return [token for ids in known_parts for token in ids]  # type: ignore[union-attr]
@@ -159,4 +163,5 @@ def splitter_for(backend: Any) -> _Splitter | None:
 
 def _splits_exactly(backend: Any, splitter: _Splitter, text: str) -> bool:
     pieces = [backend.encode(piece, add_special_tokens=False).ids for piece in splitter.pieces(text) if piece]
-    return [token for ids in pieces for token in ids] == backend.encode(text, add_special_tokens=False).ids
+    whole: list[int] = backend.encode(text, add_special_tokens=False).ids
+    return [token for ids in pieces for token in ids] == whole

@@ -28,7 +28,7 @@ class TokenView:
     segments: tuple[TokenView, ...] = ()
     """Every token segment of a harness that rewrote its history (the flat view is the last); empty otherwise."""
 
-    def to_dict(self) -> dict[str, list]:
+    def to_dict(self) -> dict[str, Any]:
         view: dict[str, Any] = {
             "prompt_ids": self.prompt_ids,
             "completion_ids": self.completion_ids,

@@ -29,9 +29,15 @@ __all__ = [
 
 
 class ReasoningParser(Protocol):
-    name: str
-    opener: str | None
-    """What a generation prompt ends with when it opens the reasoning block itself (None: never)."""
+    @property
+    def name(self) -> str:
+        """The parser's name, as vLLM names it."""
+        ...
+
+    @property
+    def opener(self) -> str | None:
+        """What a generation prompt ends with when it opens the reasoning block itself (None: never)."""
+        ...
 
     def split(self, text: str, *, opened: bool = False) -> tuple[str, str]:
         """(reasoning, the rest of the turn)."""

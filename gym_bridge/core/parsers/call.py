@@ -47,9 +47,15 @@ class ParsedTurn:
 class ToolParser(Protocol):
     """Reads and writes one family's tool-call syntax."""
 
-    name: str
-    markers: tuple[str, ...]
-    """Substrings that open a call in this syntax (a cheap test before any regex)."""
+    @property
+    def name(self) -> str:
+        """The parser's name, as vLLM names it."""
+        ...
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """Substrings that open a call in this syntax (a cheap test before any regex)."""
+        ...
 
     def parse(self, text: str, tools: Sequence[Mapping[str, Any]] = ()) -> ParsedTurn:
         """Content and calls of `text` (reasoning already split off); `tools` are the offered

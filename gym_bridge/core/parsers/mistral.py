@@ -66,10 +66,10 @@ def _read(segment: str) -> _Read:
         head, _, arguments = body.partition(_ARGS)
         name, _, written_id = head.partition(_CALL_ID)
         return _named_call(name.strip(), arguments, call_id=written_id.strip() or None)
-    name = _NAME.match(body)
-    after = body[name.end():] if name else ""
-    if name and (not after.strip() or after.lstrip().startswith("{")):
-        return _named_call(name.group(0), after)
+    bare_name = _NAME.match(body)
+    after = body[bare_name.end():] if bare_name else ""
+    if bare_name and (not after.strip() or after.lstrip().startswith("{")):
+        return _named_call(bare_name.group(0), after)
     start = _JSON_START.search(body)
     if start:
         return _json_calls(body[start.start():], before=body[:start.start()].strip())
