@@ -89,9 +89,11 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", default=None, metavar="PATH",
                    help="with --api completions: tokenizer folder for templating (default: the served model's name or "
                         "root when it is a local folder, else the embedded tokenizer)")
-    p.add_argument("--request-timeout-s", type=float, default=120.0, help="with --base-url: timeout of each HTTP request")
+    p.add_argument("--request-timeout-s", type=float, default=600.0,
+                   help="with --base-url: timeout of each model request; a timed-out request is not retried (the server is "
+                        "still generating it, and a retry would start over): on a slow server raise this, not --max-retries")
     p.add_argument("--max-retries", type=int, default=3,
-                   help="with --base-url: retries of a request after connection errors, timeouts, 429 and 5xx")
+                   help="with --base-url: retries of a request after connection errors, 429 and 5xx")
     from gym_bridge.core.parsers import REASONING_PARSERS, TOOL_PARSERS
 
     p.add_argument("--tool-parser", default=None, choices=list(TOOL_PARSERS), metavar="NAME",
@@ -151,6 +153,20 @@ def _base_urls(args: argparse.Namespace) -> list[str]:
     return [url.strip() for entry in args.base_url for url in entry.split(",") if url.strip()]
 
 
+def check_urls(urls: Sequence[str], *, flag: str) -> None:
+    """Raise GymBridgeError naming `flag` for a URL that is not `http(s)://host[:port][/path]` (a missing scheme)."""
+    from urllib.parse import urlsplit
+
+    for url in urls:
+        parts = urlsplit(url.strip())
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise GymBridgeError(f"{flag} {url!r} is not an http(s) URL; write it with its scheme, e.g. http://{url.split('://')[-1]}")
+        try:
+            parts.port
+        except ValueError as error:
+            raise GymBridgeError(f"{flag} {url!r}: {error}") from None
+
+
 async def _remote_setup(args: argparse.Namespace) -> tuple[Any, Any, str]:
     """The policy, chat template (None for chat APIs) and model name for `eval --base-url`.
 
@@ -170,11 +186,14 @@ async def _remote_setup(args: argparse.Namespace) -> tuple[Any, Any, str]:
                                request_timeout_s=args.request_timeout_s, max_retries=args.max_retries)
         return policy, None, args.model
 
-    from gym_bridge.policies.remote import RemotePolicy, served_models
+    from gym_bridge.policies.remote import RemotePolicy, ServerUnreachableError, served_models
 
     try:
         models = await served_models(urls[0], api_key=api_key, timeout_s=min(args.request_timeout_s, 30.0))
     except BackendError as error:
+        if not args.model and isinstance(error, ServerUnreachableError):
+            raise GymBridgeError(f"no server answers at {urls[0]} ({error}): start it first (e.g. `gym-bridge serve-model "
+                                 "--port 8000`) or fix --base-url") from None
         if not args.model:
             raise GymBridgeError(f"cannot learn the served model's name ({error}); pass --model NAME") from None
         print(f"warning: {error}; rollouts will fail as `infra` while no server answers", file=sys.stderr)
@@ -278,6 +297,7 @@ async def _eval_locked(args: argparse.Namespace) -> int:
     from gym_bridge.core.template import ChatTemplate
     from gym_bridge.evaluate import run_eval, select_tasks
 
+    check_urls(_base_urls(args), flag="--base-url")
     _apply_env_options(args.env_setting, args.env_url)
     tasks = select_tasks(env_names=args.env, data_paths=args.data, limit=args.limit)
     if _base_urls(args):
@@ -394,8 +414,10 @@ def _serve_model(args: argparse.Namespace) -> int:
         import uvicorn  # noqa: F401
     except ImportError:
         raise MissingDependencyError("serve-model needs FastAPI and uvicorn: pip install 'gym-bridge[serve]'") from None
+    from gym_bridge.server import bind_socket, serve
+
+    sock = bind_socket(args.host, args.port)  # a busy port fails now, not after the model has loaded
     from gym_bridge.policies.transformers import TransformersPolicy
-    from gym_bridge.server import serve
 
     policy = TransformersPolicy.from_pretrained(args.model, device=args.device, max_batch_size=args.max_batch_size, batch_wait_s=args.batch_wait_s,
                                                 max_batch_tokens=args.max_batch_tokens,
@@ -412,7 +434,7 @@ def _serve_model(args: argparse.Namespace) -> int:
         print(f"serving {name} at {url}", flush=True)
 
     serve(policy, model_name=name, model_root=root, host=args.host, port=args.port, logprobs_mode=mode,
-          max_request_bytes=args.max_request_bytes, on_ready=ready)
+          max_request_bytes=args.max_request_bytes, on_ready=ready, sock=sock)
     return 0
 
 

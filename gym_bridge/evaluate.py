@@ -97,7 +97,7 @@ async def run_eval(
                 if on_record is not None:
                     on_record(row)
         wall_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
-        summary = summarize(read_records(output), wall_s=wall_s, this_run=this_run)
+        summary = summarize(read_records(output), wall_s=wall_s, this_run=this_run, num_repeats=num_repeats)
         summary["cpu_s"] = round(cpu_s, 3)  # this process's CPU time over the run: what generation costs the client
         metrics_path = metrics_path_for(output)
         metrics_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
