@@ -167,6 +167,20 @@ def check_urls(urls: Sequence[str], *, flag: str) -> None:
             raise GymBridgeError(f"{flag} {url!r}: {error}") from None
 
 
+def check_hosts_resolve(urls: Sequence[str], *, flag: str) -> None:
+    """Raise GymBridgeError naming `flag` for a URL whose host name does not resolve (a typo; a server that is
+    not up yet is fine)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    for url in urls:
+        host = urlsplit(url.strip()).hostname or ""
+        try:
+            socket.getaddrinfo(host, None)
+        except (socket.gaierror, UnicodeError) as error:
+            raise GymBridgeError(f"{flag} {url!r}: host {host!r} does not resolve ({error}); check the URL") from None
+
+
 async def _remote_setup(args: argparse.Namespace) -> tuple[Any, Any, str]:
     """The policy, chat template (None for chat APIs) and model name for `eval --base-url`.
 
@@ -557,6 +571,9 @@ def _agent_serve(args: argparse.Namespace) -> int:
         raise MissingDependencyError("gym-bridge serve needs FastAPI and uvicorn: pip install 'gym-bridge[serve]'") from None
     from gym_bridge.adapters.nemo_gym_server import serve, settings_from_args
 
+    urls = [url.strip() for entry in args.model_base_url for url in entry.split(",") if url.strip()]
+    check_urls(urls, flag="--model-base-url")
+    check_hosts_resolve(urls, flag="--model-base-url")
     settings = settings_from_args(
         args.env, args.model_base_url, model=args.model, max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
         max_completion_tokens=args.max_completion_tokens, deadline_s=args.deadline_s, max_concurrency=args.max_concurrency,
