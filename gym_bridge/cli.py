@@ -7,6 +7,7 @@ writes one rollout record per line plus `<output>.metrics.json`; `--resume` fini
 `serve-model` serves a transformers model over an OpenAI-compatible HTTP API. `serve` serves
 environments as NeMo Gym agent servers (`POST /run`, for NeMo RL). `data` checks, generates and
 mixes task-row files (`gym_bridge.data`) and writes them as the parquet file verl's trainer reads.
+`env check` exercises an environment's tools and verifier without a model (`gym_bridge.env_check`).
 """
 
 from __future__ import annotations
@@ -504,6 +505,10 @@ def _data(args: argparse.Namespace) -> int:
     from gym_bridge import data
 
     if args.data_command == "validate":
+        if args.env:  # a typo fails here; a module path registers its class, so rows may use its name
+            from gym_bridge.core.registry import get_environment
+
+            get_environment(args.env)
         failed = False
         for path in args.files:
             report = data.validate_file(path, default_env=args.env)
@@ -584,6 +589,27 @@ def _agent_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _env_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("env", help="for environment authors: check an environment without a model")
+    env = p.add_subparsers(dest="env_command", required=True)
+    c = env.add_parser("check", help="validate rows, show what the model is shown, run scripted tool calls and verify known answers")
+    c.add_argument("env", metavar="ENV", help="environment name or module path, e.g. my_env:OrderStatus (found in the current directory)")
+    c.add_argument("--data", action="append", default=[], metavar="FILE.jsonl", help="task rows (default: the environment's example data)")
+    c.add_argument("--limit", type=int, default=3, help="rows to check")
+    c.add_argument("--call", action="append", default=[], metavar="NAME=JSON",
+                   help="a tool call of the scripted trajectory, run on each row's session, e.g. lookup='{\"order_id\": \"42\"}' (repeatable, in order)")
+    c.add_argument("--answer", default=None, help="final answer to verify (default: the row's expected_answer, ground_truth, answer, ...)")
+    _module_path_arguments(c)
+
+
+def _env_check(args: argparse.Namespace) -> int:
+    from gym_bridge.env_check import check_environment, parse_call
+
+    calls = [parse_call(text) for text in args.call]
+    problems = asyncio.run(check_environment(args.env, data_paths=args.data, calls=calls, answer=args.answer, limit=args.limit))
+    return 1 if problems else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gym-bridge", description="RL environments for language models, inside your trainer.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -596,7 +622,15 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_parser(sub)
     _agent_serve_parser(sub)
     _data_parser(sub)
+    _env_parser(sub)
     return parser
+
+
+def _import_from_working_directory() -> None:
+    """Environments named by module path (`my_env:MyEnv`) are found in the current directory, as with
+    `python -m`: the `gym-bridge` script alone would not look there. Appended, so it shadows no package."""
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -605,9 +639,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from gym_bridge.core.registry import allow_module_paths
 
     args = build_parser().parse_args(argv)
+    _import_from_working_directory()
     if not faulthandler.is_enabled():  # a segfault in environment or model code prints where it happened
         faulthandler.enable()
-    limited = args.command in ("eval", "verify") and bool(args.no_module_paths or args.allow_module)
+    limited = args.command in ("eval", "verify", "env") and bool(args.no_module_paths or args.allow_module)
     previous = _limit_module_paths(args) if limited else None
     try:
         if args.command == "eval":
@@ -620,6 +655,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _agent_serve(args)
         if args.command == "data":
             return _data(args)
+        if args.command == "env":
+            return _env_check(args)
         return _envs(args)
     except GymBridgeError as error:
         print(f"error: {error}", file=sys.stderr)
