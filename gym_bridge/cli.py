@@ -339,7 +339,10 @@ async def _eval_locked(args: argparse.Namespace) -> int:
         from tqdm import tqdm
 
         # smoothing=0: the ETA uses the run's average rate, which suits rollouts that finish in batches
-        progress = tqdm(total=len(tasks) * args.num_repeats, desc="rollouts", unit="rollout", file=sys.stderr, smoothing=0)
+        total = len(tasks) * args.num_repeats
+        progress = tqdm(total=total, desc="rollouts", unit="rollout", file=sys.stderr, smoothing=0,
+                        bar_format=progress_format(0, first_wave=min(args.concurrency, total)))
+        progress.set_postfix_str("generating the first batch", refresh=False)
         ticker = asyncio.ensure_future(_tick(progress))
     scored = {"count": 0, "reward": 0.0}
 
@@ -349,8 +352,9 @@ async def _eval_locked(args: argparse.Namespace) -> int:
                 scored["count"] += 1
                 scored["reward"] += row["reward"]
             # no redraw here: `update` redraws at most every `mininterval`, not once per record
-            progress.set_postfix(mean_reward=f"{scored['reward'] / max(1, scored['count']):.3f}",
+            progress.set_postfix(mean_reward=f"{scored['reward'] / max(1, scored['count']):.3f}" if scored["count"] else "n/a",
                                  failed=progress.n + 1 - scored["count"], refresh=False)
+            progress.bar_format = progress_format(progress.n + 1, first_wave=min(args.concurrency, progress.total))
             progress.update(1)
 
     freeze_startup_objects()
@@ -370,6 +374,15 @@ async def _eval_locked(args: argparse.Namespace) -> int:
         print(f"error: {summary['failed']} of {summary['rollouts']} rollouts failed (more than --max-failure-fraction {args.max_failure_fraction})", file=sys.stderr)
         return EXIT_TOO_MANY_FAILED
     return EXIT_OK
+
+
+def progress_format(finished: int, *, first_wave: int) -> str:
+    """The progress bar's layout: no ETA until the first wave of rollouts (as many as run at once) has
+    finished. Rollouts start together and finish together, so the rate of the first few to finish says
+    nothing about the rest (it showed an hour for a run that took minutes)."""
+    if finished < first_wave:
+        return "{desc}: {n_fmt}/{total_fmt} [{elapsed} elapsed, ETA after the first " + str(first_wave) + " rollouts{postfix}]"
+    return "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
 
 
 async def _tick(progress: Any, every_s: float = 1.0) -> None:

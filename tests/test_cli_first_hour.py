@@ -50,3 +50,45 @@ def test_serve_refuses_a_model_url_whose_host_does_not_resolve(capsys):
     assert "host 'no-such-host.invalid' does not resolve" in capsys.readouterr().err
     assert main(["serve", "--env", "math", "--port", "0", "--model-base-url", "vllm-host:8000/v1"]) == 2
     assert "is not an http(s) URL" in capsys.readouterr().err
+
+
+def test_the_progress_bar_shows_no_eta_until_the_first_wave_has_finished():
+    """Item 18: 11 rollouts in one batch showed 0/11, then an ETA of an hour after the first finished."""
+    import io
+
+    from tqdm import tqdm
+
+    from gym_bridge.cli import progress_format
+
+    bar = tqdm(total=11, desc="rollouts", file=io.StringIO(), bar_format=progress_format(0, first_wave=11))
+    bar.set_postfix_str("generating the first batch", refresh=False)
+    assert str(bar).startswith("rollouts: 0/11 [00:00 elapsed, ETA after the first 11 rollouts, generating the first batch]")
+    bar.bar_format = progress_format(1, first_wave=11)
+    bar.update(1)
+    assert "<" not in str(bar) and "ETA after the first 11" in str(bar)
+    bar.bar_format = progress_format(11, first_wave=11)
+    bar.update(10)
+    assert "11/11 [" in str(bar) and "<00:00" in str(bar)  # elapsed<remaining once the wave is done
+    bar.close()
+
+
+def test_no_lock_file_is_left_behind(tmp_path):
+    """Item 18: `out.jsonl.lock` stayed after every run."""
+    import subprocess
+    import sys
+
+    from gym_bridge.core.rollout_file import locked_output
+
+    output = tmp_path / "out.jsonl"
+    with locked_output(output):
+        assert (tmp_path / "out.jsonl.lock").exists()
+        code = f"from gym_bridge.core.rollout_file import locked_output\nwith locked_output({str(output)!r}): pass"
+        other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert "OutputLockedError" in other.stderr  # still exclusive across processes
+    assert sorted(path.name for path in tmp_path.iterdir()) == []
+    with locked_output(output):  # a later run locks again (and a stale file from a killed run is taken over)
+        pass
+    (tmp_path / "out.jsonl.lock").write_text("12345\n")
+    with locked_output(output):
+        pass
+    assert not (tmp_path / "out.jsonl.lock").exists()
