@@ -19,6 +19,8 @@ TOP_REASONS = 5
 """Failure reasons listed under the table (the records hold all of them)."""
 _REQUEST_TIMEOUT = re.compile(r"request timed out after (\d+(?:\.\d+)?) s")
 """How the remote policy words a model request that got no answer in time (it is not retried)."""
+_DEADLINE = re.compile(r"rollout exceeded its deadline of (\d+(?:\.\d+)?) s")
+"""How the engine words a rollout that ran past `deadline_s`."""
 _VARYING_NUMBER = re.compile(r"\d+\.\d+")
 
 
@@ -89,14 +91,18 @@ def failure_reasons(rows: Iterable[Mapping[str, Any]], *, top: int = TOP_REASONS
             for (kind, reason), count in counts.most_common(top)]
 
 
-def request_timeouts(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
-    """Rollouts whose model request timed out, by the timeout (`"120"` -> count)."""
+def _timeouts(rows: Iterable[Mapping[str, Any]], pattern: re.Pattern[str]) -> dict[str, int]:
     found: Counter[str] = Counter()
     for row in rows:
-        match = _REQUEST_TIMEOUT.search(str(row.get("failure_reason") or "")) if row.get("failure_kind") else None
+        match = pattern.search(str(row.get("failure_reason") or "")) if row.get("failure_kind") else None
         if match:
             found[match.group(1)] += 1
     return dict(found)
+
+
+def request_timeouts(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Rollouts whose model request timed out, by the timeout (`"120"` -> count)."""
+    return _timeouts(rows, _REQUEST_TIMEOUT)
 
 
 def summarize(records: Iterable[Any], *, wall_s: float | None = None, pass_threshold: float = 1.0,
@@ -111,6 +117,7 @@ def summarize(records: Iterable[Any], *, wall_s: float | None = None, pass_thres
     summary = _block(rows, pass_threshold=pass_threshold, num_repeats=repeats)
     summary["failure_reasons"] = failure_reasons(rows)
     summary["request_timeouts"] = request_timeouts(rows)
+    summary["deadline_timeouts"] = _timeouts(rows, _DEADLINE)
     by_env: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for row in rows:
         by_env[str(row.get("env"))].append(row)
@@ -140,6 +147,9 @@ def _failure_lines(summary: Mapping[str, Any]) -> list[str]:
     for timeout_s, count in summary.get("request_timeouts", {}).items():
         lines.append(f"{count} requests timed out after {timeout_s} s; raise --request-timeout-s "
                      "(a timed-out request is not retried: the server was still generating, and a retry starts over)")
+    for deadline_s, count in summary.get("deadline_timeouts", {}).items():
+        lines.append(f"{count} rollouts ran past their deadline of {deadline_s} s; raise --deadline-s (against a slow "
+                     "server also --request-timeout-s), or ask for less: --limit, --max-new-tokens")
     return lines
 
 
