@@ -371,7 +371,7 @@ class RemotePolicy:
         *,
         model: str,
         api_key: str | None = None,
-        request_timeout_s: float = 600.0,
+        request_timeout_s: float = 120.0,
         connect_timeout_s: float = 10.0,
         max_retries: int = 3,
         backoff_s: float = 0.5,
