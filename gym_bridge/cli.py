@@ -140,7 +140,8 @@ def _limit_module_paths(args: argparse.Namespace) -> tuple[str, ...] | None:
     trusted); returns the previous setting."""
     from gym_bridge.core.registry import allow_module_paths
 
-    trusted = [name.partition(":")[0] for name in getattr(args, "env", []) if ":" in name or "." in name]
+    names = getattr(args, "env", None) or []
+    trusted = [name.partition(":")[0] for name in ([names] if isinstance(names, str) else names) if ":" in name or "." in name]
     return allow_module_paths([*args.allow_module, *trusted])
 
 

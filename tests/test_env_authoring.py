@@ -123,3 +123,10 @@ def test_env_check_reports_a_crashing_tool_and_a_bad_row(author_dir):
     assert "bad.jsonl:1\n  PROBLEM: responses_create_params.input: row has no input" in done.stdout
     assert "PROBLEM: tool 'lookup' raised RuntimeError: database down" in done.stdout
     assert "2 of 3 row(s) checked: 2 problem(s)" in done.stdout
+
+
+def test_env_check_with_module_paths_off_still_trusts_its_own_argument(author_dir):
+    done = _console_script(["env", "check", "order_env:OrderStatus", "--data", "rows.jsonl", "--no-module-paths", "--limit", "1",
+                            "--answer", "shipped"], author_dir)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "verify(answer 'shipped') -> reward 1" in done.stdout
