@@ -92,3 +92,21 @@ def test_no_lock_file_is_left_behind(tmp_path):
     with locked_output(output):
         pass
     assert not (tmp_path / "out.jsonl.lock").exists()
+
+
+@pytest.mark.parametrize(("requested", "load", "expected"), [
+    (None, 0.5, 2),   # a quiet 2-core machine: torch's default
+    (None, 2.0, 1),   # as busy as it has cores: 1 thread (2 generated 10-20x slower here)
+    (None, 15.0, 1),
+    (None, None, 2),  # no load average on this system
+    (3, 15.0, 3),     # --threads wins
+])
+def test_serve_model_threads(requested, load, expected):
+    from gym_bridge.cli import torch_threads
+
+    assert torch_threads(requested, default=2, cores=2, load=load) == expected
+
+
+def test_serve_model_threads_must_be_positive(capsys):
+    assert main(["serve-model", "--port", "0", "--threads", "0"]) == 2
+    assert "--threads must be at least 1" in capsys.readouterr().err
