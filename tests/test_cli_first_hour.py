@@ -110,3 +110,37 @@ def test_serve_model_threads(requested, load, expected):
 def test_serve_model_threads_must_be_positive(capsys):
     assert main(["serve-model", "--port", "0", "--threads", "0"]) == 2
     assert "--threads must be at least 1" in capsys.readouterr().err
+
+
+def test_an_eval_against_a_server_still_computing_says_to_raise_the_request_timeout(tmp_path, smol_template):
+    """Item 15 end to end: a server that takes longer than the request timeout (it accepts and never answers);
+    each request is sent once, the rollouts fail as infra, and the summary names the option to raise."""
+    import asyncio
+
+    from gym_bridge.core.engine import Engine, EngineConfig
+    from gym_bridge.core.metrics import format_table
+    from gym_bridge.core.policy import SamplingParams
+    from gym_bridge.core.task import load_tasks
+    from gym_bridge.evaluate import run_eval
+    from gym_bridge.policies.remote import RemotePolicy
+
+    tasks = load_tasks("environments/math/data/example.jsonl", limit=3)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        policy = RemotePolicy(f"http://127.0.0.1:{sock.getsockname()[1]}/v1", model="m", request_timeout_s=0.5, max_retries=3)
+        config = EngineConfig(sampling=SamplingParams(max_new_tokens=8), model_name="m", deadline_s=30)
+
+        async def run():
+            try:
+                return await run_eval(Engine(policy, smol_template, config), tasks, output=tmp_path / "out.jsonl")
+            finally:
+                await policy.aclose()
+
+        started = time.monotonic()
+        result = asyncio.run(run())
+    assert time.monotonic() - started < 10  # one 0.5 s attempt per rollout, not 4
+    assert result.summary["failures_by_kind"] == {"infra": 3}
+    table = format_table(result.summary)
+    assert "3 requests timed out after 0.5 s; raise --request-timeout-s" in table
+    assert "  3 x infra: generation backend: http://127.0.0.1:" in table

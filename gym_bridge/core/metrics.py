@@ -21,7 +21,8 @@ _REQUEST_TIMEOUT = re.compile(r"request timed out after (\d+(?:\.\d+)?) s")
 """How the remote policy words a model request that got no answer in time (it is not retried)."""
 _DEADLINE = re.compile(r"rollout exceeded its deadline of (\d+(?:\.\d+)?) s")
 """How the engine words a rollout that ran past `deadline_s`."""
-_VARYING_NUMBER = re.compile(r"\d+\.\d+")
+_ELAPSED = re.compile(r"(?<=\bin )\d+(?:\.\d+)? s\b")
+"""An elapsed time in a reason (`4 attempts failed in 12.3 s`): reasons that differ only in it count as one."""
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -79,12 +80,12 @@ def record_id(row: Mapping[str, Any]) -> str:
 def failure_reasons(rows: Iterable[Mapping[str, Any]], *, top: int = TOP_REASONS) -> list[dict[str, Any]]:
     """The most frequent failure reasons: `{kind, reason, count, example}`, most frequent first.
 
-    Reasons that differ only in decimal numbers (elapsed seconds) count as one."""
+    Reasons that differ only in an elapsed time (`failed in 12.3 s`) count as one."""
     counts: Counter[tuple[str, str]] = Counter()
     examples: dict[tuple[str, str], str] = {}
     for row in rows:
         if row.get("failure_kind"):
-            key = (str(row["failure_kind"]), _VARYING_NUMBER.sub("#", str(row.get("failure_reason") or "(no reason given)")))
+            key = (str(row["failure_kind"]), _ELAPSED.sub("# s", str(row.get("failure_reason") or "(no reason given)")))
             counts[key] += 1
             examples.setdefault(key, record_id(row))
     return [{"kind": kind, "reason": reason, "count": count, "example": examples[(kind, reason)]}
