@@ -146,8 +146,9 @@ def _limit_module_paths(args: argparse.Namespace) -> tuple[str, ...] | None:
 
 
 def _load_policy(model: str | None):  # type: ignore[no-untyped-def]
-    from gym_bridge.policies.transformers import TransformersPolicy
+    from gym_bridge.policies.transformers import TransformersPolicy, cpu_threads
 
+    cpu_threads(torch_threads(None, default=cpu_threads(), cores=os.cpu_count() or 1, load=_load_average()))
     return TransformersPolicy.from_pretrained(model)
 
 
@@ -441,7 +442,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def torch_threads(requested: int | None, *, default: int, cores: int, load: float | None) -> int:
-    """CPU threads for serve-model's generations: `requested`, else `default` unless the machine is already at
+    """CPU threads of one generation (serve-model, and eval's local model): `requested`, else `default` unless the machine is already at
     least as busy as it has cores (1-minute load average), then 1. torch's threads wait for each other at
     every operation; on a loaded 2-core machine 2 threads generated 10-20x slower than 1."""
     if requested is not None:
