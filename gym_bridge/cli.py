@@ -471,6 +471,7 @@ def _serve_model(args: argparse.Namespace) -> int:
     from gym_bridge.policies.transformers import TransformersPolicy, cpu_threads
 
     threads = cpu_threads(torch_threads(args.threads, default=cpu_threads(), cores=os.cpu_count() or 1, load=_load_average()))
+    print(f"serve-model: {threads} CPU thread{'s' if threads > 1 else ''} per generation (--threads N to change)", file=sys.stderr, flush=True)
 
     policy = TransformersPolicy.from_pretrained(args.model, device=args.device, max_batch_size=args.max_batch_size, batch_wait_s=args.batch_wait_s,
                                                 max_batch_tokens=args.max_batch_tokens,
@@ -484,7 +485,7 @@ def _serve_model(args: argparse.Namespace) -> int:
     mode = "processed" if args.logprobs_mode.startswith("processed") else "raw"
 
     def ready(url: str) -> None:
-        print(f"serving {name} at {url} ({threads} CPU thread{'s' if threads > 1 else ''} per generation)", flush=True)
+        print(f"serving {name} at {url}", flush=True)
 
     serve(policy, model_name=name, model_root=root, host=args.host, port=args.port, logprobs_mode=mode,
           max_request_bytes=args.max_request_bytes, on_ready=ready, sock=sock)
