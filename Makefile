@@ -59,7 +59,7 @@ test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check gym_bridge environments tests benchmarks
+	$(VENV)/bin/ruff check .
 
 bench: $(STAMP)
 	$(PY) benchmarks/engine_overhead.py

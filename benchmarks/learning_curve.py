@@ -116,13 +116,14 @@ def spread(values: list[float], name: str) -> dict[str, float]:
     return {name: round(statistics.median(values), 4), f"{name}_min": round(min(values), 4), f"{name}_max": round(max(values), 4)}
 
 
-def plot(path: Path, curves: dict[int, list[float]], before: float, after: dict[int, float], steps: int, grpo: dict) -> None:
+def plot(path: Path, curves: dict[int, list[float]], before: float, after: dict[int, float], steps: int, grpo: dict) -> Any:
+    """Draw the curves into `path` and return the figure. The legend sits under the axes, where it covers no curve."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(7, 4), dpi=110)
+    figure, axis = plt.subplots(figsize=(7, 5.2), dpi=110)
     for seed, rewards in curves.items():
         axis.plot(range(1, len(rewards) + 1), rewards, alpha=0.35, linewidth=1, label=f"train reward, seed {seed}")
     mean = [statistics.fmean(values) for values in zip(*curves.values())]
@@ -136,11 +137,12 @@ def plot(path: Path, curves: dict[int, list[float]], before: float, after: dict[
     axis.set_xlabel(f"GRPO step ({completions} completions: {completions // groups} problems x {groups})")
     axis.set_ylabel("reward")
     axis.set_title("Embedded SmolLM2-135M-Instruct, GRPO on 2 CPU cores (arithmetic)")
-    axis.legend(fontsize=7, loc="lower right")
+    axis.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
     axis.grid(alpha=0.3)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path)
+    figure.savefig(path, bbox_inches="tight")
+    return figure
 
 
 def recipe_config(config: str, overrides: list[str]) -> dict[str, Any]:

@@ -2,8 +2,9 @@
 
 The core (`gym_bridge.core`) runs multi-turn, tool-calling rollouts token-in/token-out and scores
 them; adapters hand the exact tokens, masks, log-probs and rewards to a trainer. Importing this
-package loads no torch, trainer, vLLM or Ray: `gym_bridge.trl`, `gym_bridge.verl`,
-`gym_bridge.nemo_rl` and the model backends resolve on first use.
+package loads no torch, trainer, vLLM or Ray: `gym_bridge.trl`, `gym_bridge.verl` and
+`gym_bridge.nemo_rl` are real modules (`from gym_bridge.trl import rollout`) whose names resolve on
+first use, like the model backends.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ __all__ = [
     "RowProblem", "last_boxed", "last_tagged", "output_text",
 ]
 
-_LAZY_MODULES = {"trl": "gym_bridge.adapters.trl", "verl": "gym_bridge.adapters.verl", "nemo_rl": "gym_bridge.adapters.nemo_rl"}
+_LAZY_MODULES = {"trl": "gym_bridge.trl", "verl": "gym_bridge.verl", "nemo_rl": "gym_bridge.nemo_rl"}
 _LAZY_ATTRS = {
     "TransformersPolicy": "gym_bridge.policies.transformers",
 }

@@ -8,6 +8,7 @@ writes one rollout record per line plus `<output>.metrics.json`; `--resume` fini
 environments as NeMo Gym agent servers (`POST /run`, for NeMo RL). `data` checks, generates and
 mixes task-row files (`gym_bridge.data`) and writes them as the parquet file verl's trainer reads.
 `show`, `view` and `export` present stored rollouts (`gym_bridge.view`).
+`env check` exercises an environment's tools and verifier without a model (`gym_bridge.env_check`).
 """
 
 from __future__ import annotations
@@ -92,9 +93,11 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", default=None, metavar="PATH",
                    help="with --api completions: tokenizer folder for templating (default: the served model's name or "
                         "root when it is a local folder, else the embedded tokenizer)")
-    p.add_argument("--request-timeout-s", type=float, default=120.0, help="with --base-url: timeout of each HTTP request")
+    p.add_argument("--request-timeout-s", type=float, default=600.0,
+                   help="with --base-url: timeout of each model request; a timed-out request is not retried (the server is "
+                        "still generating it, and a retry would start over): on a slow server raise this, not --max-retries")
     p.add_argument("--max-retries", type=int, default=3,
-                   help="with --base-url: retries of a request after connection errors, timeouts, 429 and 5xx")
+                   help="with --base-url: retries of a request after connection errors, 429 and 5xx")
     from gym_bridge.core.parsers import REASONING_PARSERS, TOOL_PARSERS
 
     p.add_argument("--tool-parser", default=None, choices=list(TOOL_PARSERS), metavar="NAME",
@@ -152,18 +155,48 @@ def _limit_module_paths(args: argparse.Namespace) -> tuple[str, ...] | None:
     trusted); returns the previous setting."""
     from gym_bridge.core.registry import allow_module_paths
 
-    trusted = [name.partition(":")[0] for name in getattr(args, "env", []) if ":" in name or "." in name]
+    names = getattr(args, "env", None) or []
+    trusted = [name.partition(":")[0] for name in ([names] if isinstance(names, str) else names) if ":" in name or "." in name]
     return allow_module_paths([*args.allow_module, *trusted])
 
 
 def _load_policy(model: str | None):  # type: ignore[no-untyped-def]
-    from gym_bridge.policies.transformers import TransformersPolicy
+    from gym_bridge.policies.transformers import TransformersPolicy, cpu_threads
 
+    cpu_threads(torch_threads(None, default=cpu_threads(), cores=os.cpu_count() or 1, load=_load_average()))
     return TransformersPolicy.from_pretrained(model)
 
 
 def _base_urls(args: argparse.Namespace) -> list[str]:
     return [url.strip() for entry in args.base_url for url in entry.split(",") if url.strip()]
+
+
+def check_urls(urls: Sequence[str], *, flag: str) -> None:
+    """Raise GymBridgeError naming `flag` for a URL that is not `http(s)://host[:port][/path]` (a missing scheme)."""
+    from urllib.parse import urlsplit
+
+    for url in urls:
+        parts = urlsplit(url.strip())
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise GymBridgeError(f"{flag} {url!r} is not an http(s) URL; write it with its scheme, e.g. http://{url.split('://')[-1]}")
+        try:
+            parts.port
+        except ValueError as error:
+            raise GymBridgeError(f"{flag} {url!r}: {error}") from None
+
+
+def check_hosts_resolve(urls: Sequence[str], *, flag: str) -> None:
+    """Raise GymBridgeError naming `flag` for a URL whose host name does not resolve (a typo; a server that is
+    not up yet is fine)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    for url in urls:
+        host = urlsplit(url.strip()).hostname or ""
+        try:
+            socket.getaddrinfo(host, None)
+        except (socket.gaierror, UnicodeError) as error:
+            raise GymBridgeError(f"{flag} {url!r}: host {host!r} does not resolve ({error}); check the URL") from None
 
 
 async def _remote_setup(args: argparse.Namespace) -> tuple[Any, Any, str]:
@@ -185,12 +218,15 @@ async def _remote_setup(args: argparse.Namespace) -> tuple[Any, Any, str]:
                                request_timeout_s=args.request_timeout_s, max_retries=args.max_retries)
         return policy, None, args.model
 
-    from gym_bridge.policies.remote import RemotePolicy, served_models
+    from gym_bridge.policies.remote import RemotePolicy, ServerUnreachableError, served_models
 
     urls = await _live_base_urls(urls, api_key=api_key, timeout_s=min(args.request_timeout_s, 30.0))
     try:
         models = await served_models(urls[0], api_key=api_key, timeout_s=min(args.request_timeout_s, 30.0))
     except BackendError as error:
+        if not args.model and isinstance(error, ServerUnreachableError):
+            raise GymBridgeError(f"no server answers at {urls[0]} ({error}): start it first (e.g. `gym-bridge serve-model "
+                                 "--port 8000`) or fix --base-url") from None
         if not args.model:
             raise GymBridgeError(f"cannot learn the served model's name ({error}); pass --model NAME") from None
         print(f"warning: {error}; rollouts will fail as `infra` while no server answers", file=sys.stderr)
@@ -294,6 +330,7 @@ async def _eval_locked(args: argparse.Namespace) -> int:
     from gym_bridge.core.metrics import format_table
     from gym_bridge.evaluate import run_eval, select_tasks
 
+    check_urls(_base_urls(args), flag="--base-url")
     _apply_env_options(args.env_setting, args.env_url)
     tasks = select_tasks(env_names=args.env, data_paths=args.data, limit=args.limit)
     ensure_ready(resolve_tasks(tasks).values())  # refuse (no sandbox, say) before loading a model or touching --output
@@ -312,7 +349,10 @@ async def _eval_locked(args: argparse.Namespace) -> int:
         from tqdm import tqdm
 
         # smoothing=0: the ETA uses the run's average rate, which suits rollouts that finish in batches
-        progress = tqdm(total=len(tasks) * args.num_repeats, desc="rollouts", unit="rollout", file=sys.stderr, smoothing=0)
+        total = len(tasks) * args.num_repeats
+        progress = tqdm(total=total, desc="rollouts", unit="rollout", file=sys.stderr, smoothing=0,
+                        bar_format=progress_format(0, first_wave=min(args.concurrency, total)))
+        progress.set_postfix_str("generating the first batch", refresh=False)
         ticker = asyncio.ensure_future(_tick(progress))
     scored = {"count": 0, "reward": 0.0}
 
@@ -322,8 +362,9 @@ async def _eval_locked(args: argparse.Namespace) -> int:
                 scored["count"] += 1
                 scored["reward"] += row["reward"]
             # no redraw here: `update` redraws at most every `mininterval`, not once per record
-            progress.set_postfix(mean_reward=f"{scored['reward'] / max(1, scored['count']):.3f}",
+            progress.set_postfix(mean_reward=f"{scored['reward'] / max(1, scored['count']):.3f}" if scored["count"] else "n/a",
                                  failed=progress.n + 1 - scored["count"], refresh=False)
+            progress.bar_format = progress_format(progress.n + 1, first_wave=min(args.concurrency, progress.total))
             progress.update(1)
 
     freeze_startup_objects()
@@ -444,6 +485,15 @@ async def _live_base_urls(urls: list[str], *, api_key: str | None, timeout_s: fl
     return live
 
 
+def progress_format(finished: int, *, first_wave: int) -> str:
+    """The progress bar's layout: no ETA until the first wave of rollouts (as many as run at once) has
+    finished. Rollouts start together and finish together, so the rate of the first few to finish says
+    nothing about the rest (it showed an hour for a run that took minutes)."""
+    if finished < first_wave:
+        return "{desc}: {n_fmt}/{total_fmt} [{elapsed} elapsed, ETA after the first " + str(first_wave) + " rollouts{postfix}]"
+    return "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
+
+
 async def _tick(progress: Any, every_s: float = 1.0) -> None:
     """Redraw the bar every second, so its clock moves while the first batch is still generating."""
     while True:
@@ -496,6 +546,27 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="log-probs of requests that do not ask for a mode (`processed`: logits divided by the temperature)")
     p.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024, help="larger request bodies get a 413")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads of one generation (default: torch's, or 1 when the machine is already busier than "
+                        "its cores: threads that wait for each other then made generation 10-20x slower)")
+
+
+def torch_threads(requested: int | None, *, default: int, cores: int, load: float | None) -> int:
+    """CPU threads of one generation (serve-model, and eval's local model): `requested`, else `default` unless the machine is already at
+    least as busy as it has cores (1-minute load average), then 1. torch's threads wait for each other at
+    every operation; on a loaded 2-core machine 2 threads generated 10-20x slower than 1."""
+    if requested is not None:
+        if requested < 1:
+            raise GymBridgeError(f"--threads must be at least 1, got {requested}")
+        return requested
+    return 1 if load is not None and load >= cores else default
+
+
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:  # not available on this system
+        return None
 
 
 def _serve_model(args: argparse.Namespace) -> int:
@@ -504,8 +575,13 @@ def _serve_model(args: argparse.Namespace) -> int:
         import uvicorn  # noqa: F401
     except ImportError:
         raise MissingDependencyError("serve-model needs FastAPI and uvicorn: pip install 'gym-bridge[serve]'") from None
-    from gym_bridge.policies.transformers import TransformersPolicy
-    from gym_bridge.server import serve
+    from gym_bridge.server import bind_socket, serve
+
+    sock = bind_socket(args.host, args.port)  # a busy port fails now, not after the model has loaded
+    from gym_bridge.policies.transformers import TransformersPolicy, cpu_threads
+
+    threads = cpu_threads(torch_threads(args.threads, default=cpu_threads(), cores=os.cpu_count() or 1, load=_load_average()))
+    print(f"serve-model: {threads} CPU thread{'s' if threads > 1 else ''} per generation (--threads N to change)", file=sys.stderr, flush=True)
 
     policy = TransformersPolicy.from_pretrained(args.model, device=args.device, max_batch_size=args.max_batch_size, batch_wait_s=args.batch_wait_s,
                                                 max_batch_tokens=args.max_batch_tokens,
@@ -522,7 +598,7 @@ def _serve_model(args: argparse.Namespace) -> int:
         print(f"serving {name} at {url}", flush=True)
 
     serve(policy, model_name=name, model_root=root, host=args.host, port=args.port, logprobs_mode=mode,
-          max_request_bytes=args.max_request_bytes, on_ready=ready)
+          max_request_bytes=args.max_request_bytes, on_ready=ready, sock=sock)
     return 0
 
 
@@ -579,6 +655,10 @@ def _data(args: argparse.Namespace) -> int:
     from gym_bridge.core.output_file import check_not_an_input
 
     if args.data_command == "validate":
+        if args.env:  # a typo fails here; a module path registers its class, so rows may use its name
+            from gym_bridge.core.registry import get_environment
+
+            get_environment(args.env)
         failed = False
         for path in args.files:
             report = data.validate_file(path, default_env=args.env)
@@ -647,6 +727,9 @@ def _agent_serve(args: argparse.Namespace) -> int:
         raise MissingDependencyError("gym-bridge serve needs FastAPI and uvicorn: pip install 'gym-bridge[serve]'") from None
     from gym_bridge.adapters.nemo_gym_server import serve, settings_from_args
 
+    urls = [url.strip() for entry in args.model_base_url for url in entry.split(",") if url.strip()]
+    check_urls(urls, flag="--model-base-url")
+    check_hosts_resolve(urls, flag="--model-base-url")
     settings = settings_from_args(
         args.env, args.model_base_url, model=args.model, max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
         max_completion_tokens=args.max_completion_tokens, deadline_s=args.deadline_s, max_concurrency=args.max_concurrency,
@@ -655,6 +738,27 @@ def _agent_serve(args: argparse.Namespace) -> int:
     )
     serve(settings, host=args.host, port=args.port, on_ready=lambda url: print(f"serving {', '.join(settings.envs)} at {url}", flush=True))
     return 0
+
+
+def _env_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("env", help="for environment authors: check an environment without a model")
+    env = p.add_subparsers(dest="env_command", required=True)
+    c = env.add_parser("check", help="validate rows, show what the model is shown, run scripted tool calls and verify known answers")
+    c.add_argument("env", metavar="ENV", help="environment name or module path, e.g. my_env:OrderStatus (found in the current directory)")
+    c.add_argument("--data", action="append", default=[], metavar="FILE.jsonl", help="task rows (default: the environment's example data)")
+    c.add_argument("--limit", type=int, default=3, help="rows to check")
+    c.add_argument("--call", action="append", default=[], metavar="NAME=JSON",
+                   help="a tool call of the scripted trajectory, run on each row's session, e.g. lookup='{\"order_id\": \"42\"}' (repeatable, in order)")
+    c.add_argument("--answer", default=None, help="final answer to verify (default: the row's expected_answer, ground_truth, answer, ...)")
+    _module_path_arguments(c)
+
+
+def _env_check(args: argparse.Namespace) -> int:
+    from gym_bridge.env_check import check_environment, parse_call
+
+    calls = [parse_call(text) for text in args.call]
+    problems = asyncio.run(check_environment(args.env, data_paths=args.data, calls=calls, answer=args.answer, limit=args.limit))
+    return 1 if problems else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -670,7 +774,15 @@ def build_parser() -> argparse.ArgumentParser:
     _agent_serve_parser(sub)
     _data_parser(sub)
     view_cli.add_parsers(sub)
+    _env_parser(sub)
     return parser
+
+
+def _import_from_working_directory() -> None:
+    """Environments named by module path (`my_env:MyEnv`) are found in the current directory, as with
+    `python -m`: the `gym-bridge` script alone would not look there. Appended, so it shadows no package."""
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -679,9 +791,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from gym_bridge.core.registry import allow_module_paths
 
     args = build_parser().parse_args(argv)
+    _import_from_working_directory()
     if not faulthandler.is_enabled():  # a segfault in environment or model code prints where it happened
         faulthandler.enable()
-    limited = args.command in ("eval", "verify") and bool(args.no_module_paths or args.allow_module)
+    limited = args.command in ("eval", "verify", "env") and bool(args.no_module_paths or args.allow_module)
     previous = _limit_module_paths(args) if limited else None
     try:
         if args.command == "eval":
@@ -696,6 +809,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _data(args)
         if args.command in view_cli.COMMANDS:
             return view_cli.run(args)
+        if args.command == "env":
+            return _env_check(args)
         return _envs(args)
     except GymBridgeError as error:
         print(f"error: {error}", file=sys.stderr)

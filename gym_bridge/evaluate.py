@@ -31,9 +31,14 @@ from gym_bridge.core.task import Task, iter_jsonl, parse_task, routing_name
 def select_tasks(*, env_names: Sequence[str] = (), data_paths: Sequence[str | Path] = (), limit: int | None = None) -> list[Task]:
     """Tasks from environments' example data and/or JSONL files, at most `limit` per environment.
 
-    With both, `env_names` become the default environment of rows that name none. Raises
-    DataError / UnknownEnvironmentError before anything runs.
+    With both, `env_names` become the default environment of rows that name none. Every name in
+    `env_names` is looked up first, so a typo fails even when the rows name their environment, and
+    a module path (`pkg.mod:Class`) registers its class under its `name`, which rows may then use.
+    Each row is checked like `gym-bridge data validate` does (routing, tools, the environment's
+    `row_schema` / `validate_row`). Raises DataError / UnknownEnvironmentError before anything runs.
     """
+    for name in env_names:
+        get_environment(name)
     sources: list[tuple[Path, str | None]] = []
     if data_paths:
         default_env = env_names[0] if len(env_names) == 1 else None
@@ -57,8 +62,24 @@ def select_tasks(*, env_names: Sequence[str] = (), data_paths: Sequence[str | Pa
                 continue
             per_env[task.env_name] += 1
             tasks.append(task)
-    resolve_tasks(tasks)
+    check_rows(tasks, resolve_tasks(tasks))
     return tasks
+
+
+def check_rows(tasks: Sequence[Task], env_classes: dict[str, type[Environment]]) -> None:
+    """Raise DataError for the first row its environment's `validate_row` (`row_schema`) rejects, counting the rest."""
+    problems: list[tuple[Task, str, str]] = []
+    for task in tasks:
+        env_class = env_classes[task.env_name]
+        try:
+            found = [(problem.field, problem.message) for problem in env_class.validate_row(task.row)]
+        except Exception as error:
+            found = [("(row)", f"{env_class.__name__}.validate_row crashed: {describe_error(error)}")]
+        problems.extend((task, field, f"{message} (environment {env_class.name!r})") for field, message in found)
+    if problems:
+        task, field, message = problems[0]
+        more = f"; {len(problems) - 1} more problem(s): `gym-bridge data validate FILE` lists them all" if len(problems) > 1 else ""
+        raise DataError(message + more, source=task.source, field=field)
 
 
 @dataclass(frozen=True)
@@ -122,7 +143,7 @@ async def run_eval(
                     on_record(row)
         wall_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
         records = read_records(output)
-        summary = summarize(records, wall_s=wall_s, this_run=this_run)
+        summary = summarize(records, wall_s=wall_s, this_run=this_run, num_repeats=num_repeats)
         summary["tool_call_health"], summary["alarms"] = tool_call_health(records), alarm.alarms
         summary["cpu_s"] = round(cpu_s, 3)  # this process's CPU time over the run: what generation costs the client
         summary.update(replica_metrics(engine))

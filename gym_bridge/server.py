@@ -21,7 +21,9 @@ carries `prompt_token_ids`, `generation_token_ids` and `generation_log_probs`.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import logging
 import socket
 import time
 import uuid
@@ -35,6 +37,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from gym_bridge.core.errors import GymBridgeError
 from gym_bridge.core.policy import ContextOverflowError, Generation, GenerationRequest, LogprobsMode, SamplingParams
 from gym_bridge.core.template import ChatTemplate
 from gym_bridge.core.toolcall import parse_turn
@@ -49,6 +52,7 @@ MAX_JSON_DEPTH = 64
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 
+logger = logging.getLogger(__name__)
 _MODES: dict[str, LogprobsMode] = {"raw": "raw", "raw_logprobs": "raw", "processed": "processed", "processed_logprobs": "processed"}
 
 
@@ -481,6 +485,7 @@ async def _generate_all(state: ServerState, jobs: list[tuple[list[int], Sampling
     When the client disconnects first, the generations are cancelled (the policy stops their
     rows) and a 499 is returned to nobody.
     """
+    started = time.perf_counter()
     generating = asyncio.ensure_future(asyncio.gather(
         *(state.policy.generate(GenerationRequest(prompt_ids=ids, sampling=sampling)) for ids, sampling in jobs)
     ))
@@ -490,8 +495,8 @@ async def _generate_all(state: ServerState, jobs: list[tuple[list[int], Sampling
     finally:
         watching.cancel()
         if not generating.done():
-            generating.cancel()
-    if generating.cancelled():
+            _cancel(generating, started_s=started, prompts=len(jobs))
+    if not generating.done() or generating.cancelled():
         raise ApiError(499, "the client disconnected; its generation was cancelled", "ClientDisconnected")
     try:
         generations = generating.result()
@@ -501,6 +506,15 @@ async def _generate_all(state: ServerState, jobs: list[tuple[list[int], Sampling
         raise ApiError(400, str(error)) from None
     state.generations += len(generations)
     return list(generations)
+
+
+def _cancel(generating: asyncio.Future[Any], *, started_s: float, prompts: int) -> None:
+    """Cancel a request's generation with one log line; its outcome (a CancelledError, or an error raised while
+    stopping) is collected, so asyncio logs no `exception was never retrieved` traceback for it."""
+    generating.cancel()
+    generating.add_done_callback(lambda done: done.cancelled() or done.exception())
+    logger.warning("request cancelled after %.1f s: the client disconnected (%d prompt(s); their generation stopped)",
+                   time.perf_counter() - started_s, prompts)
 
 
 async def _disconnected(request: Request) -> None:
@@ -650,11 +664,21 @@ def _assistant_message(text: str, generation: Generation, *, parse_tools: bool) 
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening-ready socket on `host:port` (`port` 0 picks a free one)."""
+    """A listening-ready socket on `host:port` (`port` 0 picks a free one).
+
+    Raises GymBridgeError when the port is in use or the address cannot be bound (before anything
+    slow, such as loading a model, happens)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        if error.errno == errno.EADDRINUSE:
+            raise GymBridgeError(f"port {port} on {host} is in use (is a server already running there?); stop it, or pick "
+                                 "another --port (0 picks a free one)") from None
+        raise GymBridgeError(f"cannot listen on {host}:{port}: {error.strerror or error}; check --host and --port") from None
     return sock
 
 
@@ -669,16 +693,18 @@ def serve(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     max_connections: int = 1024,
     on_ready: Callable[[str], None] | None = None,
+    sock: socket.socket | None = None,
 ) -> None:
     """Serve `policy` until interrupted. `on_ready` gets the base URL (`http://host:port/v1`) once bound.
 
-    Over `max_connections` open connections, new requests get a 503 (clients retry).
+    Over `max_connections` open connections, new requests get a 503 (clients retry). `sock`: a socket
+    bound already (`bind_socket`, so a busy port is found before the model loads); else `host:port`.
     """
     import uvicorn
 
     app = build_app(policy, model_name=model_name, model_root=model_root, logprobs_mode=logprobs_mode,
                     max_request_bytes=max_request_bytes)
-    sock = bind_socket(host, port)
+    sock = sock or bind_socket(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
     config = uvicorn.Config(app, log_level="warning", access_log=False, limit_concurrency=max_connections,
                             timeout_keep_alive=30, h11_max_incomplete_event_size=64 * 1024)

@@ -18,13 +18,16 @@ The YAML config has five parts:
   grpo       GRPOConfig fields, `report_to`, `use_vllm` and `vllm_mode` included
   gym_bridge gym_bridge.trl.make_rollout options (max_turns, deadline_s, ...), plus `records_dir`
              (default `rollouts`, under grpo.output_dir; null: none): every rollout record as
-             JSONL, one file per rank, in a new `run-N` folder per run
+             JSONL, one file per rank, in a new `run-N` folder per run, each record with the
+             training step it was generated at (`metrics.train_step`)
   peft       optional LoRA settings (peft.LoraConfig fields; needs `pip install peft`)
 
 The rollout function runs each task's environment and tools itself and enforces
 `max_completion_length` over all turns; the reward is the environment's verifier
 (gym_bridge.trl.env_reward). Everything runs under main(): the math verifier's worker processes
-re-import this script, so its top level stays cheap.
+re-import this script, so its top level stays cheap. Output is line-buffered, so per-step metrics
+reach a log file as they happen. Each run's `log_history.json` is kept in its `run-N` folder
+(`grpo.output_dir/log_history.json` is the latest run's copy).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import argparse
 import json
 import os
 import re
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -137,7 +141,23 @@ def run_directory(records_root: Path) -> Path:
             number += 1
 
 
+def line_buffered_output() -> None:
+    """Flush stdout and stderr at each line: redirected to a file they would otherwise hold the per-step
+    metrics until the end of training."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)
+
+
+def with_train_step(row: dict[str, Any], step: int) -> dict[str, Any]:
+    """A rollout record as written: `metrics.train_step` is the optimizer steps done when it was generated
+    (its rollouts train step `step + 1`)."""
+    return {**row, "metrics": {**(row.get("metrics") or {}), "train_step": step}}
+
+
 def main() -> None:
+    line_buffered_output()
     args = parse_args()
     config = load_config(args.config, args.set)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL 1.16
@@ -162,17 +182,19 @@ def main() -> None:
 
     rollout_options = dict(config.get("gym_bridge") or {})
     records_dir = rollout_options.pop("records_dir", "rollouts")
+    run_dir = run_directory(output_dir / (records_dir or "runs"))
     writer = None
+    trainer: Any = None
     if records_dir is not None:
         rank = int(os.environ.get("RANK", "0"))
-        run_dir = run_directory(output_dir / records_dir)
         writer = RolloutWriter(run_dir / f"rollouts.rank{rank}.jsonl", append=False)
         if rank == 0:
             print(f"gym_bridge: rollout records go to {run_dir}", flush=True)
 
         def write_records(records: list[Any]) -> None:
+            step = trainer.state.global_step if trainer is not None else 0
             for record in records:
-                writer.write(record.to_dict())
+                writer.write(with_train_step(record.to_dict(), step))
 
         rollout_options["on_records"] = write_records
     rollout = gym_bridge.trl.make_rollout(**rollout_options)
@@ -201,8 +223,10 @@ def main() -> None:
     if writer is not None:
         writer.close()
     if trainer.accelerator.is_main_process:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        (output_dir / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
+        history = json.dumps(trainer.state.log_history, indent=1)
+        (run_dir / "log_history.json").write_text(history)  # this run's, next to its records
+        (output_dir / "log_history.json").write_text(history)  # the latest run's
+        print(f"gym_bridge: training log in {run_dir / 'log_history.json'}", flush=True)
     if config.get("save_model", False):
         trainer.save_model()
 

@@ -10,11 +10,20 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-SHARED_TEMPLATES = Path(__file__).resolve().parents[1].parent / "shared" / "templates"
+SHARED_TEMPLATES = Path(os.environ.get("GYM_BRIDGE_TEMPLATES") or Path(__file__).resolve().parents[1].parent / "shared" / "templates")
+"""Real chat templates (Jinja files copied unchanged from llama.cpp's `models/templates/` and vLLM's `examples/`,
+listed with their sources in that folder's README.md): `../shared/templates` beside the checkout, or
+`$GYM_BRIDGE_TEMPLATES`. A fresh clone has neither, and the tests on them skip saying so."""
+TEMPLATES_MISSING = (
+    f"real chat templates not found at {SHARED_TEMPLATES}: they are Jinja files copied from llama.cpp's models/templates/ "
+    "(Qwen, Llama 3, Mistral, DeepSeek, Granite, gpt-oss) and vLLM's examples/ (Mistral, Phi-4-mini), kept outside the "
+    "repository in ../shared/templates (its README.md lists each file's source); put copies there or set GYM_BRIDGE_TEMPLATES=DIR"
+)
 MINI_TEMPLATES = Path(__file__).resolve().parent / "core" / "templates"
 REASONING = "The user wants the values; I call the tools in order."
 

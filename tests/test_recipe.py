@@ -56,3 +56,31 @@ def test_every_run_gets_its_own_records_folder(recipe, tmp_path, monkeypatch):
     assert recipe.run_directory(tmp_path / "rollouts") == second  # other ranks join rank 0's newest run
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
     assert recipe.run_directory(tmp_path / "rollouts").name == "run-abc"  # torchrun: every rank agrees on the id
+
+
+def test_output_is_line_buffered_so_step_metrics_reach_a_log_file_as_they_happen(tmp_path):
+    """Issue 19 item 18: with stdout redirected to a file, a step's metrics line is there while training goes on."""
+    import subprocess
+    import sys
+    import time
+
+    log = tmp_path / "train.log"
+    code = (f"import importlib.util, time\nspec = importlib.util.spec_from_file_location('r', {str(REPO / 'recipes' / 'trl_grpo.py')!r})\n"
+            "r = importlib.util.module_from_spec(spec); spec.loader.exec_module(r)\n"
+            "r.line_buffered_output()\nprint({'loss': 0.5, 'step': 1})\ntime.sleep(60)\n")
+    with log.open("w") as handle:
+        child = subprocess.Popen([sys.executable, "-c", code], stdout=handle)
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and "'loss': 0.5" not in log.read_text():
+                time.sleep(0.1)
+            assert "'loss': 0.5" in log.read_text()
+        finally:
+            child.kill()
+            child.wait()
+
+
+def test_records_carry_their_training_step(recipe):
+    row = {"reward": 1.0, "metrics": {"turns": 2}}
+    assert recipe.with_train_step(row, 7) == {"reward": 1.0, "metrics": {"turns": 2, "train_step": 7}}
+    assert row == {"reward": 1.0, "metrics": {"turns": 2}}  # the record itself is not changed

@@ -83,3 +83,24 @@ def test_memory_is_released_after_big_batches_only(tiny_model_dir, monkeypatch):
     assert released == []
     generate_all(policy, [request(60, 5)])
     assert [device.type for device in released] == ["cpu"]
+
+
+def test_a_cancelled_request_logs_one_line_and_no_traceback(server, caplog):
+    """Issue 19 item 15: each cancelled request is one log line, not `_GatheringFuture exception was never
+    retrieved` tracebacks (44 of them in the laptop run)."""
+    import gc
+    import logging
+
+    caplog.set_level(logging.WARNING)
+    long = {"prompt": [[1, 504, 3, 22], [1, 7, 8]], "max_tokens": 3000, "temperature": 0}  # two prompts: one gather
+    for _ in range(2):
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server + "/v1/completions", json=long, timeout=httpx.Timeout(30, read=0.5))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len([r for r in caplog.records if "request cancelled" in r.getMessage()]) < 2:
+        time.sleep(0.05)
+    assert httpx.post(server + "/v1/completions", json={**long, "max_tokens": 2}, timeout=20).status_code == 200
+    gc.collect()
+    messages = [record.getMessage() for record in caplog.records]
+    assert len([m for m in messages if "request cancelled after" in m and "client disconnected (2 prompt(s)" in m]) == 2, messages
+    assert not [m for m in messages if "never retrieved" in m], messages

@@ -276,7 +276,8 @@ def test_eval_cli_with_an_unreachable_server(tmp_path, capsys):
     common = ["eval", "--env", "math", "--limit", "2", "--base-url", dead, "--request-timeout-s", "1", "--max-retries", "1",
               "--no-progress", "--output", str(tmp_path / "o.jsonl")]
     assert main(common) == 2
-    assert "cannot learn the served model's name" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"no server answers at {dead}" in err and "start it first" in err and "--model NAME" not in err  # issue 19 item 18
     assert main([*common, "--model", "m"]) == 3  # known name: the rollouts fail as infra, counted in the summary (exit 3)
     captured = capsys.readouterr()
     assert "failures: infra=2" in captured.out and "rollouts will fail as `infra`" in captured.err

@@ -5,12 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.families import SHARED_TEMPLATES
+from tests.families import SHARED_TEMPLATES, TEMPLATES_MISSING
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.skipif(not SHARED_TEMPLATES.is_dir(), reason=f"real chat templates not found at {SHARED_TEMPLATES}")
+@pytest.mark.skipif(not SHARED_TEMPLATES.is_dir(), reason=TEMPLATES_MISSING)
 def test_readme_table_is_current():
     spec = importlib.util.spec_from_file_location("template_compat", ROOT / "tools" / "template_compat.py")
     module = importlib.util.module_from_spec(spec)
@@ -18,3 +18,17 @@ def test_readme_table_is_current():
     readme = (ROOT / "README.md").read_text()
     block = readme.split(module.BEGIN, 1)[1].split(module.END, 1)[0].strip()
     assert block == module.table(), "README.md's model-family table is stale: run .venv/bin/python tools/template_compat.py --write"
+
+
+def test_a_fresh_clone_says_where_the_templates_come_from(tmp_path):
+    """Issue 19 item 18: without ../shared/templates the skip message names the templates' sources and how to
+    supply them, not only the missing path."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "GYM_BRIDGE_TEMPLATES": str(tmp_path / "absent"), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/test_template_compat.py",
+                           "-k", "readme_table"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert "1 skipped" in done.stdout, done.stdout
+    assert "llama.cpp's models/templates/" in done.stdout and "GYM_BRIDGE_TEMPLATES=DIR" in done.stdout

@@ -53,6 +53,16 @@ class Task:
         """A field of the row (verifier metadata such as `expected_answer`)."""
         return self.row.get(key, default)
 
+    def __getitem__(self, key: str) -> Any:
+        """`task["expected_answer"]`: a field of the row; raises KeyError naming the fields the row has."""
+        try:
+            return self.row[key]
+        except KeyError:
+            raise KeyError(f"task row {self.source or self.index} has no field {key!r}; its fields: {', '.join(sorted(self.row))}") from None
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.row
+
 
 def routing_field(row: dict[str, Any]) -> str | None:
     """The field of a row that names its environment (`agent_ref.name`, `environment`, ...), or None."""

@@ -11,11 +11,12 @@ skipped for `down_for_s` while its rollouts move to the next one.
 
 HTTP is aiohttp with keep-alive pools (one per event loop, bounded in all and per server) and
 orjson; measured against httpx, it costs about a tenth of the CPU per request
-(benchmarks/remote_throughput.py). Every attempt is bounded by `request_timeout_s`. Transport
-errors, timeouts, 5xx, 429 and malformed answers are retried up to `max_retries` times with
-exponential backoff and jitter, then raised as `BackendError` (the rollout fails as `infra`); a 400
-about the context length is a `ContextOverflowError`; other 4xx are raised at once. So one call
-takes at most `max_call_s`.
+(benchmarks/remote_throughput.py). Every attempt is bounded by `request_timeout_s`. Connection
+errors, 5xx, 429 and malformed answers are retried up to `max_retries` times with exponential
+backoff and jitter, then raised as `BackendError` (the rollout fails as `infra`). A request that
+times out is not retried: the server is most likely still generating it, and a retry would cancel
+that work and start over from zero, so no retry could finish sooner. A 400 about the context length
+is a `ContextOverflowError`; other 4xx are raised at once. So one call takes at most `max_call_s`.
 """
 
 from __future__ import annotations
@@ -75,6 +76,14 @@ class HttpAnswer:
 
 class _TransportError(Exception):
     """No answer: the connection failed, broke or was refused."""
+
+
+class ServerUnreachableError(BackendError):
+    """No server answers at the URL (connection refused, unknown host, no answer at all)."""
+
+
+class RequestTimeoutError(BackendError):
+    """A request got no answer within `request_timeout_s` (not retried: the server may still be generating)."""
 
 
 def normalize_base_url(url: str) -> str:
@@ -259,13 +268,13 @@ async def _request_once(method: str, url: str, *, body: Any = None, api_key: str
 async def served_models(base_url: str, *, api_key: str | None = None, timeout_s: float = 10.0) -> list[dict[str, Any]]:
     """The `data` of `GET {base_url}/models` (each has `id`; vLLM and serve-model add `root`, `max_model_len`).
 
-    Raises `BackendError` when the server cannot be reached or answers something else.
+    Raises `ServerUnreachableError` when no server answers, `BackendError` when it answers something else.
     """
     url = normalize_base_url(base_url) + "/models"
     try:
         answer = await _request_once("GET", url, api_key=api_key, timeout_s=timeout_s)
     except _TransportError as error:
-        raise BackendError(f"cannot reach {url}: {error}") from None
+        raise ServerUnreachableError(f"cannot reach {url}: {error}") from None
     if answer.status != 200:
         raise BackendError(f"{url} answered {answer.status}: {error_message(answer)}")
     try:
@@ -463,10 +472,15 @@ class RemotePolicy:
         try:
             async with asyncio.timeout(self.request_timeout_s):
                 answer = await self._post(server, body)
-        except (_TransportError, TimeoutError) as error:
+        except TimeoutError:
+            self.router.finished(server, ok=False)
+            raise RequestTimeoutError(
+                f"{self.base_urls[server]}: request timed out after {self.request_timeout_s:g} s (no answer; not retried, since "
+                "the server may still be generating and a retry would start over): raise the request timeout"
+            ) from None
+        except _TransportError as error:
             self.router.finished(server, ok=False, reached=False)
-            what = f"no answer within {self.request_timeout_s:g} s" if isinstance(error, TimeoutError) else str(error)
-            raise _RetryableAnswer(what) from None
+            raise _RetryableAnswer(str(error)) from None
         except BaseException:
             self.router.finished(server, ok=False)
             raise

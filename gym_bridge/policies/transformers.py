@@ -380,6 +380,13 @@ def stop_string_end(token_ids: Sequence[int], *, stops: Sequence[str], decode: C
     return low
 
 
+def cpu_threads(threads: int | None = None) -> int:
+    """Set torch's CPU threads per operation when `threads` is given; returns the number in use."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
 def release_memory(device: torch.device) -> None:
     """Hand freed memory back: collect garbage, empty the CUDA cache, and on glibc trim the heap
     (without it a CPU process keeps the peak of its largest batch)."""

@@ -238,7 +238,10 @@ def test_recipe_trains_the_embedded_model_on_the_cpu(tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
     steps = [entry for entry in json.loads((output / "log_history.json").read_text()) if "loss" in entry]
     assert len(steps) == 3 and all("rewards/env_reward/mean" in entry and "gym_bridge/failed" in entry for entry in steps)
+    assert json.loads((output / "rollouts" / "run-1" / "log_history.json").read_text()) == json.loads((output / "log_history.json").read_text())
     records = [json.loads(line) for line in (output / "rollouts" / "run-1" / "rollouts.rank0.jsonl").read_text().splitlines()]
+    steps_seen = {record["metrics"]["train_step"] for record in records}
+    assert 0 in steps_seen and steps_seen <= {0, 1, 2}  # optimizer steps done when each batch was generated
     rewards = [record["reward"] for record in records if not record["mask_sample"]]
     assert len(records) == 3 * 8 and len(set(rewards)) > 1, "the environment rewards did not vary"
     logged = [entry["rewards/env_reward/mean"] for entry in steps] + [entry["rewards/env_reward/std"] for entry in steps]

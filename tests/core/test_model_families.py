@@ -16,12 +16,12 @@ from gym_bridge import Engine, EngineConfig, ScriptedPolicy, get_environment, lo
 from gym_bridge.core.errors import TemplateError
 from gym_bridge.core.template import ChatTemplate
 from tests.families import (
-    MINI_FAMILIES, REAL_FAMILIES, REASONING, SHARED_TEMPLATES, family_tokenizer, prompt_mismatches, run_scripted, scripted_turns,
+    MINI_FAMILIES, REAL_FAMILIES, REASONING, SHARED_TEMPLATES, TEMPLATES_MISSING, family_tokenizer, prompt_mismatches, run_scripted, scripted_turns,
     written_id,
 )
 from tests.invariants import assert_token_invariants
 
-real_present = pytest.mark.skipif(not SHARED_TEMPLATES.is_dir(), reason=f"real chat templates not found at {SHARED_TEMPLATES}")
+real_present = pytest.mark.skipif(not SHARED_TEMPLATES.is_dir(), reason=TEMPLATES_MISSING)
 FAMILIES = [pytest.param(f, id=f.label, marks=real_present) for f in REAL_FAMILIES] + [
     pytest.param(f, id=f.label) for f in MINI_FAMILIES]
 

@@ -16,9 +16,9 @@ from gym_bridge.policies.embedded import embedded_model_path
 from gym_bridge.core.piece_encoder import _AFTER_NEWLINE, _BEFORE_LAST_NEWLINE, _Splitter
 from gym_bridge.core.piece_encoder import splitter_for
 from gym_bridge.policies.tokenizer import load_tokenizer
+from tests.families import SHARED_TEMPLATES, TEMPLATES_MISSING
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED_TEMPLATES = ROOT.parent / "shared" / "templates"
 EXAMPLES = [ROOT / "environments" / name / "data" / "example.jsonl" for name in ("weather", "multi_step", "math")]
 TOOLS = [
     {"type": "function", "function": {"name": "lookup", "description": "Look a word up.",
@@ -66,7 +66,7 @@ def _render(tokenizer, template, conversation, **kwargs):
 def test_every_template_renders_as_transformers_renders_it(light, smol_tokenizer):
     templates = _templates()
     if not SHARED_TEMPLATES.is_dir():
-        pytest.skip(f"{SHARED_TEMPLATES} is absent: only the embedded template was compared")  # pragma: no cover
+        pytest.skip(f"{TEMPLATES_MISSING} (only the embedded template was compared)")  # pragma: no cover
     compared = 0
     for name, template in templates.items():
         for shape, conversation in CONVERSATIONS.items():

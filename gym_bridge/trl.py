@@ -1,0 +1,34 @@
+"""`gym_bridge.trl`: the TRL adapter under its public name (`from gym_bridge.trl import rollout`).
+
+Importing this module imports nothing but itself: each name resolves on first use from
+`gym_bridge.adapters.trl`, which loads gym_bridge's core (no torch, no trl) when imported; torch,
+transformers and trl are imported when a rollout first runs against a trainer.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names, for type checkers and linters; at run time `__getattr__` imports them
+    from gym_bridge.adapters.trl import (  # noqa: F401
+        RolloutOptions, TRLRollout, env_reward, example_data_paths, load_dataset, make_rollout, reward_metrics, rollout, to_trl_batch,
+    )
+
+__all__ = [
+    "RolloutOptions", "TRLRollout", "env_reward", "example_data_paths", "load_dataset", "make_rollout",
+    "reward_metrics", "rollout", "to_trl_batch",
+]
+_ADAPTER = "gym_bridge.adapters.trl"
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_ADAPTER), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -1,0 +1,36 @@
+"""`gym_bridge.verl`: the verl adapter under its public name (`from gym_bridge.verl import GymBridgeAgentLoop`).
+
+Importing this module imports nothing but itself, so a config that only names
+`gym_bridge.verl.GymBridgeAgentLoop` costs nothing until verl resolves it. The first name used
+imports `gym_bridge.adapters.verl`, and with it verl 0.9.1, torch, transformers, datasets and ray
+(a `MissingDependencyError` with the install hint when verl is missing).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names, for type checkers and linters; at run time `__getattr__` imports them
+    from gym_bridge.adapters.verl import (  # noqa: F401
+        AGENT_LOOP_CONFIG, AGENT_NAME, REWARD_EXTRA_KEYS, ROW_COLUMN, GymBridgeAgentLoop, GymBridgeDataset, RolloutSlots, VerlServerPolicy,
+        repeat_index, to_agent_loop_output,
+    )
+
+__all__ = [
+    "AGENT_LOOP_CONFIG", "AGENT_NAME", "REWARD_EXTRA_KEYS", "ROW_COLUMN", "GymBridgeAgentLoop", "GymBridgeDataset", "RolloutSlots",
+    "VerlServerPolicy", "repeat_index", "to_agent_loop_output",
+]
+_ADAPTER = "gym_bridge.adapters.verl"
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_ADAPTER), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
