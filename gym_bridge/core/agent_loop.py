@@ -13,13 +13,12 @@ policy's fault; what the policy gets wrong is scored, not raised.
 
 from __future__ import annotations
 
-import inspect
+import asyncio
 import json
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-
-from gym_bridge.core.bounded_call import call_bounded, call_environment, describe_error
+from gym_bridge.core.bounded_call import AbortedCall, call_bounded, call_environment, describe_error
 from gym_bridge.core.environment import Environment, FailureKind, ToolError
 from gym_bridge.core.items import TOKEN_FIELDS, ChatMessage, function_call_item, function_call_output_item, message_item, reasoning_item, user_message_item
 from gym_bridge.core.parsers.call import ParsedCall, ParsedTurn
@@ -252,8 +251,13 @@ class RolloutContext:
         timeout_s = env_class.tool_timeout_s
         spec = env_class.tool_specs().get(name)
         try:
-            if spec is not None and not env_class.isolate_tools and (spec.is_async or env_class.inline_sync_tools):
-                result = await call_bounded(self._call_on_loop, name, arguments, timeout_s=timeout_s, owner=env_class.name)
+            if spec is not None and not env_class.isolate_tools and spec.is_async:
+                result = await call_bounded(self._call_async_tool, name, arguments, timeout_s=timeout_s, owner=env_class.name)
+            elif spec is not None and not env_class.isolate_tools and env_class.inline_sync_tools:
+                try:
+                    result = self.env.call_tool(name, arguments)
+                except (SystemExit, KeyboardInterrupt, asyncio.CancelledError) as error:
+                    raise AbortedCall(error) from None
             else:
                 result = await call_environment(self.env, "call_tool", (name, arguments), timeout_s=timeout_s)
         except ToolError as error:
@@ -273,10 +277,9 @@ class RolloutContext:
         except (TypeError, ValueError) as error:
             raise RolloutFailure("env", f"tool {name!r} returned a value that is not JSON-serializable: {error}") from None
 
-    async def _call_on_loop(self, name: str, arguments: str) -> Any:
-        """`call_tool` on the event loop: async tools, and sync ones marked `inline_sync_tools`."""
-        result = self.env.call_tool(name, arguments)
-        return await result if inspect.isawaitable(result) else result
+    async def _call_async_tool(self, name: str, arguments: str) -> Any:
+        """`call_tool` of an async tool, awaited on the event loop."""
+        return await self.env.call_tool(name, arguments)
 
     def append_tool_outputs(self, outputs: list[ToolOutput]) -> bool:
         """Append the rendered tool outputs and the next generation prompt, tokenizing on this thread.
