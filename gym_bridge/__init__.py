@@ -5,6 +5,8 @@ them; adapters hand the exact tokens, masks, log-probs and rewards to a trainer.
 package loads no torch, trainer, vLLM or Ray: `gym_bridge.trl`, `gym_bridge.verl` and
 `gym_bridge.nemo_rl` are real modules (`from gym_bridge.trl import rollout`) whose names resolve on
 first use, like the model backends.
+`__all__` is the public API: what environments may import (ruff enforces it in
+environments/ruff.toml) and what users of the engine, the policies and the errors need.
 """
 
 from __future__ import annotations
@@ -15,14 +17,15 @@ from typing import Any
 from gym_bridge.core.answer import last_boxed, last_tagged
 from gym_bridge.core.agent_loop import AgentLoop, Limits, RolloutContext, RolloutFailure, ToolCallingLoop
 from gym_bridge.core.engine import Engine, EngineConfig
-from gym_bridge.core.environment import Environment, FailureKind, RowProblem, ToolError, VerifyResult, tool
+from gym_bridge.core.environment import Environment, FailureKind, RowProblem, ToolError, Toolset, VerifyResult, schema_problems, tool
 from gym_bridge.core.errors import DataError, GymBridgeError, MissingDependencyError, TemplateError, UnknownEnvironmentError
 from gym_bridge.core.helper_model import HelperModel
-from gym_bridge.core.items import Item, final_text, output_text
+from gym_bridge.core.items import TOKEN_FIELDS, Item, final_text, output_text
 from gym_bridge.core.metrics import summarize
 from gym_bridge.core.offload import run_in_process
 from gym_bridge.core.policy import (
     BackendError,
+    ChatPolicy,
     ContextOverflowError,
     Generation,
     GenerationRequest,
@@ -31,25 +34,35 @@ from gym_bridge.core.policy import (
     ScriptedPolicy,
 )
 from gym_bridge.core.record import RolloutRecord
-from gym_bridge.core.registry import configure, get_environment, known_environments, register
+from gym_bridge.core.registry import configure, get_environment, known_environments, register, remote_url
+from gym_bridge.core.split import draw_split
 from gym_bridge.core.task import Task, load_tasks, parse_task
 from gym_bridge.core.template import ChatTemplate
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AgentLoop", "BackendError", "ChatTemplate", "ContextOverflowError", "DataError", "Engine", "EngineConfig",
-    "Environment", "FailureKind", "Generation", "GenerationRequest", "GymBridgeError", "HelperModel", "Item", "Limits",
-    "MissingDependencyError", "Policy", "RolloutContext", "RolloutFailure", "RolloutRecord", "SamplingParams",
-    "ScriptedPolicy", "Task", "TemplateError", "ToolCallingLoop", "ToolError", "UnknownEnvironmentError",
-    "VerifyResult", "configure", "final_text", "get_environment", "known_environments", "load_tasks", "parse_task", "register",
-    "run_in_process", "summarize", "tool",
-    "RowProblem", "last_boxed", "last_tagged", "output_text",
+    # writing an environment
+    "Environment", "FailureKind", "Item", "RowProblem", "TOKEN_FIELDS", "Task", "ToolError", "Toolset", "VerifyResult",
+    "draw_split", "final_text", "last_boxed", "last_tagged", "output_text", "remote_url", "run_in_process",
+    "schema_problems", "tool",
+    # an environment's own agent loop, helper models
+    "AgentLoop", "HelperModel", "Limits", "RolloutContext", "RolloutFailure", "ToolCallingLoop",
+    # routing and running
+    "ChatTemplate", "Engine", "EngineConfig", "RolloutRecord", "configure", "get_environment", "known_environments",
+    "load_tasks", "parse_task", "register", "summarize",
+    # policies
+    "ChatPolicy", "Generation", "GenerationRequest", "Policy", "SamplingParams", "ScriptedPolicy",
+    # errors
+    "BackendError", "ContextOverflowError", "DataError", "GymBridgeError", "MissingDependencyError", "TemplateError",
+    "UnknownEnvironmentError",
 ]
 
+# Public too, but resolved on first use (so not in `__all__`: a star import stays light).
 _LAZY_MODULES = {"trl": "gym_bridge.trl", "verl": "gym_bridge.verl", "nemo_rl": "gym_bridge.nemo_rl"}
 _LAZY_ATTRS = {
     "TransformersPolicy": "gym_bridge.policies.transformers",
+    "load_helper_model": "gym_bridge.policies.helper",
 }
 
 

@@ -1,25 +1,85 @@
 """The public API is pinned, and importing gym_bridge stays light."""
 
+import ast
+import pathlib
 import subprocess
 import sys
+import tomllib
 
 import gym_bridge
 
 PUBLIC = {
-    "AgentLoop", "BackendError", "ChatTemplate", "ContextOverflowError", "DataError", "Engine", "EngineConfig",
-    "Environment", "FailureKind", "Generation", "GenerationRequest", "GymBridgeError", "HelperModel", "Item", "Limits",
-    "MissingDependencyError", "Policy", "RolloutContext", "RolloutFailure", "RolloutRecord", "SamplingParams",
-    "ScriptedPolicy", "Task", "TemplateError", "ToolCallingLoop", "ToolError", "UnknownEnvironmentError",
-    "VerifyResult", "configure", "final_text", "get_environment", "known_environments", "load_tasks", "parse_task", "register",
-    "run_in_process", "summarize", "tool",
-    "RowProblem", "last_boxed", "last_tagged", "output_text",
+    # writing an environment
+    "Environment", "FailureKind", "Item", "RowProblem", "TOKEN_FIELDS", "Task", "ToolError", "Toolset", "VerifyResult",
+    "draw_split", "final_text", "last_boxed", "last_tagged", "output_text", "remote_url", "run_in_process",
+    "schema_problems", "tool",
+    # an environment's own agent loop, helper models
+    "AgentLoop", "HelperModel", "Limits", "RolloutContext", "RolloutFailure", "ToolCallingLoop",
+    # routing and running
+    "ChatTemplate", "Engine", "EngineConfig", "RolloutRecord", "configure", "get_environment", "known_environments",
+    "load_tasks", "parse_task", "register", "summarize",
+    # policies
+    "ChatPolicy", "Generation", "GenerationRequest", "Policy", "SamplingParams", "ScriptedPolicy",
+    # errors
+    "BackendError", "ContextOverflowError", "DataError", "GymBridgeError", "MissingDependencyError", "TemplateError",
+    "UnknownEnvironmentError",
 }
+LAZY = {"TransformersPolicy", "load_helper_model", "trl", "verl", "nemo_rl"}
+"""Public names resolved on first use (not in `__all__`, so a star import stays light)."""
+ROOT = pathlib.Path(gym_bridge.__file__).parent.parent
 
 
 def test_public_names_are_pinned():
     assert set(gym_bridge.__all__) == PUBLIC
     for name in PUBLIC:
         assert getattr(gym_bridge, name) is not None
+
+
+def test_lazy_public_names_resolve_and_stay_out_of_a_star_import():
+    assert LAZY == set(gym_bridge._LAZY_ATTRS) | set(gym_bridge._LAZY_MODULES)
+    assert not LAZY & set(gym_bridge.__all__)
+    assert callable(gym_bridge.load_helper_model)
+
+
+def _gym_bridge_imports(path: pathlib.Path) -> list[str]:
+    """What `path` imports from gym_bridge, anywhere in the module: `gym_bridge.x.y` for a
+    submodule, `gym_bridge:Name` for a name taken from the package itself."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names if alias.name.split(".")[0] == "gym_bridge"]
+        elif isinstance(node, ast.ImportFrom) and node.module == "gym_bridge":
+            found += [f"gym_bridge:{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gym_bridge."):
+            found.append(node.module)
+    return found
+
+
+def test_environments_import_only_public_names():
+    """environments/ (not their tests) take gym_bridge's public names, never a submodule."""
+    allowed = {"gym_bridge"} | {f"gym_bridge:{name}" for name in PUBLIC | LAZY}
+    code = [path for path in (ROOT / "environments").rglob("*.py") if "tests" not in path.relative_to(ROOT).parts]
+    assert len(code) > 20
+    offenders = {str(path.relative_to(ROOT)): sorted(set(_gym_bridge_imports(path)) - allowed) for path in code}
+    assert {path: names for path, names in offenders.items() if names} == {}
+
+
+def test_the_import_check_sees_submodules_and_private_names(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("from gym_bridge import Environment, _LAZY_ATTRS\ndef f():\n    from gym_bridge.core.split import draw_split\n")
+    assert _gym_bridge_imports(probe) == ["gym_bridge:Environment", "gym_bridge:_LAZY_ATTRS", "gym_bridge.core.split"]
+
+
+def test_the_environments_ruff_config_keeps_every_root_ban_and_bans_the_submodules():
+    """environments/ruff.toml extends the root config, whose banned-api it replaces: it must repeat every entry."""
+    root = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]["lint"]["flake8-tidy-imports"]["banned-api"]
+    nested = tomllib.loads((ROOT / "environments" / "ruff.toml").read_text())
+    assert nested["extend"] == "../pyproject.toml"
+    banned = nested["lint"]["flake8-tidy-imports"]["banned-api"]
+    assert set(root) <= set(banned)
+    submodules = {f"gym_bridge.{path.stem}" for path in (ROOT / "gym_bridge").iterdir()
+                  if (path.suffix == ".py" and path.stem != "__init__") or (path / "__init__.py").exists()}
+    assert submodules <= set(banned)
 
 
 def test_import_loads_no_torch_trainer_vllm_or_ray():

@@ -18,6 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from gym_bridge.core.template import ChatTemplate  # noqa: E402
+from gym_bridge.core.template_check import template_report  # noqa: E402
 from tests.families import REAL_FAMILIES, SHARED_TEMPLATES, Family, family_tokenizer, prompt_mismatches, run_scripted  # noqa: E402
 from tests.invariants import assert_token_invariants  # noqa: E402
 
@@ -50,7 +51,7 @@ def _rollouts(family: Family, tokenizer, template: ChatTemplate) -> str:
 def row(family: Family, base_tokenizer) -> str:
     tokenizer, eos_ids = family_tokenizer(base_tokenizer, family)
     template = ChatTemplate(tokenizer, eos_token_ids=eos_ids)
-    report, style = template.report(), template.profile.style
+    report, style = template_report(template), template.profile.style
     appends = [SHAPES[r.shape] for r in report.shapes if r.verdict == "append-only"]
     rewrites = [r for r in report.shapes if r.verdict == "rewrites history"]
     unsupported = [SHAPES[r.shape] for r in report.shapes if r.verdict == "not supported by the template"]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gym_bridge.core.split import draw_split
+from gym_bridge import draw_split
 
 FENCE_INSTRUCTIONS = "Write your solution in Python 3 and put the complete code in one ```python code block."
 

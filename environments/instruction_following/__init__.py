@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import pydantic
 
-from gym_bridge import Environment, Item, RowProblem, Task, VerifyResult, final_text
+from gym_bridge import Environment, Item, RowProblem, Task, VerifyResult, final_text, schema_problems
 
 from environments.instruction_following.checks import INSTRUCTIONS, follows, kwargs_problems
 
@@ -49,8 +49,6 @@ def verifier_metadata(row: dict[str, Any]) -> dict[str, Any]:
 
 def metadata_problems(row: dict[str, Any]) -> list[RowProblem]:
     """Everything that keeps a row from being checked, by field."""
-    from gym_bridge.core.environment import schema_problems
-
     metadata = verifier_metadata(row)
     problems = schema_problems(InstructionRow, {"verifier_metadata": metadata})
     if problems:

@@ -84,7 +84,7 @@ class LLMJudgeEnvironment(Environment):
         """The configured judge; the first call loads it (in a thread, once per process)."""
         if cls.judge is not None:
             return cls.judge
-        from gym_bridge.policies.helper import load_helper_model
+        from gym_bridge import load_helper_model
 
         return await asyncio.to_thread(
             load_helper_model, cls.judge_model, base_url=cls.judge_base_url, api=cls.judge_api, tokenizer=cls.judge_tokenizer,

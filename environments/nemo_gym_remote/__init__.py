@@ -27,9 +27,7 @@ from typing import Any, Callable, ClassVar, TypeVar
 
 import httpx
 
-from gym_bridge import Environment, Item, RolloutFailure, Task, VerifyResult
-from gym_bridge.core.items import TOKEN_FIELDS
-from gym_bridge.core.registry import get_environment, known_environments, register, remote_url
+from gym_bridge import TOKEN_FIELDS, Environment, Item, RolloutFailure, Task, VerifyResult, get_environment, known_environments, register, remote_url
 
 NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 """Transport errors raised before a request reached the server: safe to retry even for a tool."""

@@ -173,7 +173,7 @@ class UserSimEnvironment(Environment):
     async def user_model_instance(self) -> HelperModel:
         if self.user is not None:
             return self.user
-        from gym_bridge.policies.helper import load_helper_model
+        from gym_bridge import load_helper_model
 
         return await asyncio.to_thread(
             load_helper_model, self.user_model, base_url=self.user_base_url, api=self.user_api, tokenizer=self.user_tokenizer,

@@ -14,7 +14,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from gym_bridge.core.split import draw_split
+from gym_bridge import draw_split
 
 FIRST = ["Ada", "Alan", "Grace", "Edsger", "Barbara", "Donald", "Frances", "John", "Margaret", "Tim", "Radia", "Ken"]
 LAST = ["Lovelace", "Turing", "Hopper", "Dijkstra", "Liskov", "Knuth", "Allen", "McCarthy", "Hamilton", "Berners-Lee", "Perlman", "Thompson"]

@@ -32,6 +32,7 @@ from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.task import Task, parse_task
 from gym_bridge.core.template import ChatTemplate
+from gym_bridge.core.template_check import check_append_only
 
 try:  # NeMo RL is not on the package index; its classes are used when it is installed
     from nemo_rl.environments.interfaces import EnvironmentInterface as _Interface
@@ -125,7 +126,7 @@ class GymBridgeEnvironment(_Interface):  # type: ignore[misc,valid-type]
                 raise ValueError("GymBridgeEnvironment needs config['tokenizer']: the policy's tokenizer path")
             tokenizer = load_tokenizer(str(config["tokenizer"])).tokenizer
         self.template = ChatTemplate(tokenizer, tool_format=config.get("tool_format"))
-        self.template.check_append_only()
+        check_append_only(self.template)
         self.feed = TurnFeed(idle_timeout_s=float(config.get("idle_timeout_s", 900.0)))
         self.engine = Engine(self.feed, None, EngineConfig(
             limits=Limits(max_turns=int(config.get("max_turns", 8)), max_completion_tokens=1 << 40),

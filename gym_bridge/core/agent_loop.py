@@ -18,8 +18,6 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-import pydantic
-
 from gym_bridge.core.bounded_call import AbortedCall, call_bounded, call_environment, describe_error
 from gym_bridge.core.environment import Environment, FailureKind, ToolError
 from gym_bridge.core.items import TOKEN_FIELDS, ChatMessage, function_call_item, function_call_output_item, message_item, reasoning_item, user_message_item
@@ -236,44 +234,32 @@ class RolloutContext:
         Raises RolloutFailure(`env`) when the tool itself crashes, hangs or returns non-JSON.
         """
         self.trajectory.tool_calls += 1
-        specs = self.env.tool_specs()
         offered = {schema["name"] for schema in self.tools}
         if call.error:
             content = json.dumps({"error": f"malformed tool call: {call.error}"})
-        elif call.name not in offered or (call.name not in specs and not type(self.env).tools_from_row):
+        elif call.name not in offered or (call.name not in self.env.tool_specs() and not type(self.env).tools_from_row):
             content = json.dumps({"error": f"unknown tool {call.name!r}; available tools: {sorted(offered)}"})
-        elif call.name not in specs:  # a row tool: the environment checks the arguments itself
-            arguments = json.loads(call.arguments) if call.arguments.strip() else {}
-            if isinstance(arguments, dict):
-                content = await self._run_tool(call.name, arguments)
-            else:
-                content = json.dumps({"error": f"invalid arguments for {call.name}: must be a JSON object"})
         else:
-            spec = specs[call.name]
-            try:
-                arguments = spec.arguments_model.model_validate_json(call.arguments).model_dump()
-            except pydantic.ValidationError as error:
-                problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in error.errors())
-                content = json.dumps({"error": f"invalid arguments for {call.name}: {problems}"})
-            else:
-                content = await self._run_tool(call.name, arguments)
+            content = await self._run_tool(call.name, call.arguments)
         self.trajectory.output.append(function_call_output_item(content, call_id=call_id))
         return ToolOutput(name=call.name, content=content, call_id=call_id)
 
-    async def _run_tool(self, name: str, arguments: dict[str, Any]) -> str:
-        """The tool's output as the model reads it: its text, or its JSON, cut at `max_tool_output_chars`."""
+    async def _run_tool(self, name: str, arguments: str) -> str:
+        """The tool's output as the model reads it (`Environment.call_tool`'s text, or its JSON, cut at
+        `max_tool_output_chars`; a ToolError, invalid arguments included, as `{"error": ...}`)."""
         env_class = type(self.env)
         timeout_s = env_class.tool_timeout_s
+        spec = env_class.tool_specs().get(name)
         try:
-            if env_class.tools_from_row and name not in env_class.tool_specs():  # a tool of the row's own schemas
-                result = await call_environment(self.env, "call_row_tool", (name,), arguments, timeout_s=timeout_s)
-            elif env_class.inline_sync_tools and not env_class.isolate_tools and not asyncio.iscoroutinefunction(method := getattr(self.env, name)):
+            if spec is not None and not env_class.isolate_tools and spec.is_async:
+                result = await call_bounded(self._call_async_tool, name, arguments, timeout_s=timeout_s, owner=env_class.name)
+            elif spec is not None and not env_class.isolate_tools and env_class.inline_sync_tools:
                 try:
-                    result = method(**arguments)
+                    result = self.env.call_tool(name, arguments)
                 except (SystemExit, KeyboardInterrupt, asyncio.CancelledError) as error:
                     raise AbortedCall(error) from None
             else:
-                result = await call_environment(self.env, name, kwargs=arguments, timeout_s=timeout_s)
+                result = await call_environment(self.env, "call_tool", (name, arguments), timeout_s=timeout_s)
         except ToolError as error:
             return json.dumps({"error": str(error)})
         except TimeoutError:
@@ -290,6 +276,10 @@ class RolloutContext:
             return encoded
         except (TypeError, ValueError) as error:
             raise RolloutFailure("env", f"tool {name!r} returned a value that is not JSON-serializable: {error}") from None
+
+    async def _call_async_tool(self, name: str, arguments: str) -> Any:
+        """`call_tool` of an async tool, awaited on the event loop."""
+        return await self.env.call_tool(name, arguments)
 
     def append_tool_outputs(self, outputs: list[ToolOutput]) -> bool:
         """Append the rendered tool outputs and the next generation prompt, tokenizing on this thread.

@@ -6,6 +6,8 @@ before rendering. `gym_bridge.policies.tokenizer.LightTokenizer` renders with it
 and `ChatTemplate` renders with it where it gives transformers' text for the template (checked when
 the template is built), which skips transformers' per-call input conversion.
 tests/policies/test_tokenizer.py pins the equality on every template in ../shared/templates.
+The bottom layer of templating (then `template_profile`, `template`, `template_check`): it imports
+no gym_bridge module.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.task import Task
 from gym_bridge.core.template import ChatTemplate
+from gym_bridge.core.template_check import check_append_only, template_report
 from gym_bridge.core.trajectory import Trajectory
 
 
@@ -81,9 +82,9 @@ class Engine:
                     chat_template_kwargs=self.config.chat_template_kwargs)
             template.profile  # picks parsers and turn style once; raises TemplateError for an unusable template
             if self.config.template_check == "error":
-                template.check_append_only()
+                check_append_only(template)
             elif self.config.template_check == "warn":
-                report = template.report()
+                report = template_report(template)
                 if not report.append_only:
                     warnings.warn(f"{report.message()} (continuing with the streamed rendering: template_check='warn')", stacklevel=2)
             elif self.config.template_check != "off":

@@ -1,20 +1,22 @@
 """The environment API: tools, a session per rollout, and a verifier.
 
 An environment is a class. The engine makes one instance per rollout (the session), calls
-`setup(task)`, lets the model call its `@tool` methods, calls `verify(task, output)` on the
-finished trajectory, and always calls `close()`. Tool JSON schemas are derived once per class
-from signatures and docstrings; arguments are validated against them before a tool runs.
+`setup(task)`, lets the model call its `@tool` methods through `call_tool`, calls
+`verify(task, output)` on the finished trajectory, and always calls `close()`. Tool JSON schemas
+are derived once per class from signatures and docstrings; `call_tool` validates arguments against
+them before a tool runs. Many tools are grouped in `Toolset` classes the environment includes.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Literal
+from typing import Any, Callable, ClassVar, Literal, Mapping
 
 import pydantic
 
@@ -170,6 +172,55 @@ def tool_spec(method: Callable[..., Any], *, name: str) -> ToolSpec:
     return ToolSpec(name=name, schema=schema, arguments_model=model, is_async=inspect.iscoroutinefunction(method))
 
 
+class Toolset:
+    """A group of `@tool` methods (and their helpers) that environments include by listing it:
+    `toolsets = (Calendar, Email)`.
+
+    Its members become members of the environment class, so a tool runs with `self` being the
+    session and toolsets share the session's state (what `setup` sets) and each other's helpers;
+    declare the attributes a toolset uses (`db: sqlite3.Connection`) on it or on a common base.
+    A name two toolsets define differently, or that the environment API already has, is a
+    TypeError when the environment class is made; the environment's own methods override.
+    """
+
+
+_MISSING = object()
+
+
+def _toolset_members(toolset: type[Toolset]) -> dict[str, Any]:
+    """The attributes `toolset` and its bases (below Toolset) define, dunders left out."""
+    members: dict[str, Any] = {}
+    for klass in reversed(toolset.__mro__):
+        if issubclass(klass, Toolset) and klass is not Toolset:
+            members.update((key, value) for key, value in vars(klass).items() if not key.startswith("__"))
+    return members
+
+
+def _include_toolsets(env_class: type[Environment]) -> None:
+    """Copy the members of the toolsets `env_class` lists onto it; raises TypeError on a clash."""
+    owners: dict[str, type[Toolset]] = {}
+    for toolset in env_class.__dict__.get("toolsets", ()):
+        if not (isinstance(toolset, type) and issubclass(toolset, Toolset)):
+            raise TypeError(f"{env_class.__name__}.toolsets must hold Toolset classes, got {toolset!r}")
+        for key, value in _toolset_members(toolset).items():
+            if key in env_class.__dict__ and key not in owners:
+                continue  # the environment's own definition overrides
+            current = inspect.getattr_static(env_class, key, _MISSING)
+            if current is value:  # the same member: from a base two toolsets share, or inherited
+                owners.setdefault(key, toolset)
+            elif key in owners:
+                raise TypeError(f"{env_class.__name__}: toolsets {owners[key].__name__} and {toolset.__name__} both define {key!r}")
+            elif current is not _MISSING:
+                raise TypeError(f"{env_class.__name__}: toolset {toolset.__name__} defines {key!r}, which the environment already has")
+            else:
+                owners[key] = toolset
+                setattr(env_class, key, value)
+
+
+def _validation_problems(error: pydantic.ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in error.errors())
+
+
 class Environment:
     """Base class of an environment. Subclass it, add `@tool` methods and `verify`.
 
@@ -207,8 +258,14 @@ class Environment:
     row_schema: ClassVar[type[pydantic.BaseModel] | None] = None
     """Pydantic model of the verifier fields a row needs (extra fields allowed); checked by
     `validate_row`, hence by `gym-bridge data validate`. None: any row is accepted."""
+    toolsets: ClassVar[tuple[type[Toolset], ...]] = ()
+    """Toolset classes whose `@tool` methods (and helpers) this environment includes."""
 
     _tool_specs: ClassVar[dict[str, ToolSpec] | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _include_toolsets(cls)
 
     @classmethod
     def tool_specs(cls) -> dict[str, ToolSpec]:
@@ -221,6 +278,43 @@ class Environment:
                     specs[attr] = tool_spec(member, name=attr)
             cls._tool_specs = specs
         return cls.__dict__["_tool_specs"]
+
+    @classmethod
+    def tool_arguments(cls, name: str, args: str | Mapping[str, Any]) -> dict[str, Any]:
+        """The keyword arguments a call of tool `name` with `args` (a JSON object, as text or
+        parsed) runs with, validated against the tool's schema (a row tool's: any object).
+
+        Raises ToolError naming the problem: an unknown tool, arguments that are not valid.
+        """
+        spec = cls.tool_specs().get(name)
+        if spec is None:
+            if not cls.tools_from_row:
+                raise ToolError(f"unknown tool {name!r}; available tools: {sorted(cls.tool_specs())}")
+            try:
+                arguments = (json.loads(args) if args.strip() else {}) if isinstance(args, str) else args
+            except ValueError as error:
+                raise ToolError(f"invalid arguments for {name}: not JSON ({error})") from None
+            if not isinstance(arguments, Mapping):
+                raise ToolError(f"invalid arguments for {name}: must be a JSON object")
+            return dict(arguments)
+        try:
+            model = spec.arguments_model
+            parsed = model.model_validate_json(args) if isinstance(args, str) else model.model_validate(args)
+        except pydantic.ValidationError as error:
+            raise ToolError(f"invalid arguments for {name}: {_validation_problems(error)}") from None
+        return parsed.model_dump()
+
+    def call_tool(self, name: str, args: str | Mapping[str, Any]) -> Any:
+        """Run tool `name` of this session with `args` (a JSON object, as text or parsed), checked
+        by `tool_arguments` first; a row tool (`tools_from_row`) goes to `call_row_tool`.
+
+        Returns what the tool returns (for an async tool, an awaitable). Raises ToolError for an
+        unknown tool or invalid arguments (the model reads it), and whatever the tool raises.
+        """
+        arguments = self.tool_arguments(name, args)
+        if name not in self.tool_specs():
+            return self.call_row_tool(name, **arguments)
+        return getattr(self, name)(**arguments)
 
     @classmethod
     def validate_row(cls, row: dict[str, Any]) -> list[RowProblem]:

@@ -32,8 +32,9 @@ async def call_isolated(env: "Environment", method: str, args: tuple[Any, ...], 
     try:
         result, state = await run_in_process(_run_method, env, method, args, kwargs, timeout_s=timeout_s)
     except BrokenExecutor as error:
+        called = args[0] if method == "call_tool" and args else method  # a tool call names its tool
         raise WorkerCrashed(
-            f"the worker process running {type(env).__name__}.{method} died ({error}); "
+            f"the worker process running {type(env).__name__}.{called} died ({error}); "
             "the environment's code exited or crashed its process"
         ) from None
     env.__dict__.clear()

@@ -1,9 +1,10 @@
-"""Chat templating for token-in/token-out rollouts.
+"""Chat templating for token-in/token-out rollouts: `ChatTemplate`.
 
 The first prompt is rendered once; after that the stream only grows by sampled ids and environment
 deltas, each rendered once per shape on a probe and then filled in by string joins. Earlier turns
 reach the template as a chat server would give them (see `template_profile`), `tools` on every
-render; every template failure is a `TemplateError`; `template_check` says where this is append-only.
+render; every template failure is a `TemplateError`. Layer: above `chat_render` and
+`template_profile`; `template_check` (above it) says where streaming is append-only.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Protocol, Sequence
+from typing import Any, Callable, Literal, Mapping, Protocol, Sequence
 
 import orjson
 
@@ -24,9 +25,6 @@ from gym_bridge.core.parsers.call import ParsedCall, ParsedTurn
 from gym_bridge.core.template_profile import (
     PROBE_TOOLS, PROBE_USER, TemplateProfile, assistant_message, build_profile, first_end, is_short_id, short_call_id,
 )
-
-if TYPE_CHECKING:
-    from gym_bridge.core.template_check import TemplateReport
 
 ToolFormat = Literal["native", "hermes_system"]
 
@@ -182,7 +180,6 @@ class ChatTemplate:
         self._tool_listings: dict[bytes, str] = {}
         self._plans: dict[tuple[tuple[str, str], ...], _DeltaPlan] = {}
         self._profile: TemplateProfile | None = None
-        self._report: TemplateReport | None = None
         self._empty_tools: Any = _UNSET
         self._direct: Any = _UNSET
         self._probe_head: str | None = None
@@ -492,20 +489,3 @@ class ChatTemplate:
     def user_delta_ids(self, content: str, *, last_token_id: int | None) -> list[int]:
         """Token ids to append for a new user message (environments with a simulated user)."""
         return self.encode(self.delta_text([{"role": "user", "content": content}], closing_sampled=self.closing_text(last_token_id)))
-
-    # -- the append-only check ------------------------------------------------------------
-
-    def report(self) -> TemplateReport:
-        """Per conversation shape, whether streaming equals rendering the whole conversation (cached)."""
-        if self._report is None:
-            from gym_bridge.core.template_check import check_template
-
-            self._report = check_template(self)
-        return self._report
-
-    def check_append_only(self) -> None:
-        """Raise TemplateError, naming each shape that differs and why, unless the template is
-        append-only for every conversation shape it supports."""
-        report = self.report()
-        if not report.append_only:
-            raise TemplateError(report.message())

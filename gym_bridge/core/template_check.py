@@ -1,5 +1,8 @@
 """The append-only check: does streaming give what the template renders for the whole conversation?
 
+Owns `check_template`, its `TemplateReport` and `check_append_only`; the top layer of templating
+(above `chat_render`, `template_profile` and `template`), run once before a run.
+
 For a few conversation shapes (a call and its output, parallel calls, a chain, a new user message
 after an answer), with reasoning where the family reasons and each turn as the template renders it,
 each model call's streamed prompt is compared with the template's rendering of the conversation so
@@ -9,16 +12,15 @@ far. The report says per shape: append-only, rewrites history (and how), or not 
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Sequence
+from typing import Any, Literal, Sequence
 
 from gym_bridge.core.errors import TemplateError
 from gym_bridge.core.items import ChatMessage
 from gym_bridge.core.parsers.call import ParsedCall
+from gym_bridge.core.template import ChatTemplate
 from gym_bridge.core.template_profile import PROBE_ANSWER, PROBE_REASONING, PROBE_TOOLS, ProbeTurn, canonical_turn, strip_end
-
-if TYPE_CHECKING:
-    from gym_bridge.core.template import ChatTemplate
 
 Verdict = Literal["append-only", "rewrites history", "not supported by the template"]
 APPEND_ONLY: Verdict = "append-only"
@@ -186,3 +188,23 @@ def check_template(template: ChatTemplate, *, alternatives: bool = True) -> Temp
                 continue
         report = TemplateReport(**{**report.__dict__, "alternatives": tuple(found)})
     return report
+
+
+_REPORTS: weakref.WeakKeyDictionary[ChatTemplate, TemplateReport] = weakref.WeakKeyDictionary()
+
+
+def template_report(template: ChatTemplate) -> TemplateReport:
+    """Per conversation shape, whether streaming equals rendering the whole conversation
+    (`check_template`, cached per template)."""
+    report = _REPORTS.get(template)
+    if report is None:
+        report = _REPORTS[template] = check_template(template)
+    return report
+
+
+def check_append_only(template: ChatTemplate) -> None:
+    """Raise TemplateError, naming each shape that differs and why, unless `template` is
+    append-only for every conversation shape it supports."""
+    report = template_report(template)
+    if not report.append_only:
+        raise TemplateError(report.message())

@@ -1,9 +1,11 @@
 """How a chat template wants assistant turns, found once per template by rendering probes.
 
-Templates disagree: calls as `tool_calls` or raw text, arguments as an object or JSON text, empty
-content '' or None, free or nine-character call ids (Mistral), reasoning in `reasoning_content`,
-`thinking` or nowhere. `build_profile` keeps the first style whose rendering of a probe call the
-family's parser reads back as that call, and finds the end-of-turn marker and reasoning opener.
+Owns the template profile (parsers, turn style, end-of-turn marker, reasoning opener) and the probe
+turns. Templates disagree: calls as `tool_calls` or raw text, arguments as an object or JSON text,
+empty content '' or None, free or nine-character call ids (Mistral), reasoning in
+`reasoning_content`, `thinking` or nowhere. `build_profile` keeps the first style whose rendering of
+a probe call the family's parser reads back as that call. Layer: above `chat_render`, below
+`template` and `template_check`; it sees a template only as a `Renderer`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Protocol, Sequence
 
 from gym_bridge.core.errors import TemplateError
 from gym_bridge.core.items import ChatMessage
@@ -20,15 +22,24 @@ from gym_bridge.core.parsers import (
 )
 from gym_bridge.core.parsers.call import ParsedCall, arguments_object
 
-if TYPE_CHECKING:
-    from gym_bridge.core.template import ChatTemplate
-
 PROBE_USER: ChatMessage = {"role": "user", "content": "What is the value of a?"}
 PROBE_TOOLS = ({"type": "function", "name": "lookup", "description": "Look a word up.",
                 "parameters": {"type": "object", "properties": {"word": {"type": "string", "description": "The word."}},
                                "required": ["word"]}},)
 PROBE_REASONING = "I should look the word up."
 PROBE_ANSWER = "The value is 4."
+
+
+class Renderer(Protocol):
+    """What profiling needs of a chat template (`gym_bridge.core.template.ChatTemplate` is one)."""
+
+    template_text: str
+    end_texts: tuple[str, ...]
+    """The texts of the end-of-turn tokens, longest first."""
+
+    def render(self, messages: Sequence[ChatMessage], *, tools: Sequence[dict[str, Any]] | None, add_generation_prompt: bool) -> str: ...
+
+    def encode(self, text: str) -> list[int]: ...
 
 
 @dataclass(frozen=True)
@@ -141,7 +152,7 @@ def first_end(text: str, markers: Sequence[str]) -> tuple[int, str] | None:
     return min(found) if found else None
 
 
-def canonical_turn(template: ChatTemplate, profile: TemplateProfile, turn: ProbeTurn, *, style: TurnStyle | None = None) -> str:
+def canonical_turn(template: Renderer, profile: TemplateProfile, turn: ProbeTurn, *, style: TurnStyle | None = None) -> str:
     """The text a model of this family samples for `turn` after a one-user-message prompt, end-of-turn
     token included: the template's own rendering of the turn (structured styles), or the parser's
     writing of it (raw text). Raises TemplateError when the template cannot render the turn."""
@@ -186,7 +197,7 @@ def _same_calls(parsed: Sequence[ParsedCall], expected: Sequence[ParsedCall], *,
     return True
 
 
-def _round_trips(template: ChatTemplate, profile: TemplateProfile, style: TurnStyle) -> bool:
+def _round_trips(template: Renderer, profile: TemplateProfile, style: TurnStyle) -> bool:
     """Whether the family's parser reads the template's rendering of a probe call turn and a probe
     answer back as the same call and answer."""
     reasoning = PROBE_REASONING if profile.parser.reasoning is not None else ""
@@ -203,7 +214,7 @@ def _round_trips(template: ChatTemplate, profile: TemplateProfile, style: TurnSt
             and not parsed_answer.calls and parsed_answer.content.strip() == PROBE_ANSWER)
 
 
-def _end_of_turn(template: ChatTemplate) -> str:
+def _end_of_turn(template: Renderer) -> str:
     marker = "\u2063GYMBRIDGE_ANSWER\u2063"
     try:
         full = template.render([PROBE_USER, {"role": "assistant", "content": marker}], tools=list(PROBE_TOOLS), add_generation_prompt=False)
@@ -219,7 +230,7 @@ def _end_of_turn(template: ChatTemplate) -> str:
     return end[1]
 
 
-def _opener_ids(template: ChatTemplate, head: str, opener: str) -> tuple[int, ...]:
+def _opener_ids(template: Renderer, head: str, opener: str) -> tuple[int, ...]:
     if not opener:
         return ()
     ids, base = template.encode(head), template.encode(head[: -len(opener)])
@@ -228,7 +239,7 @@ def _opener_ids(template: ChatTemplate, head: str, opener: str) -> tuple[int, ..
     return tuple(template.encode(opener))
 
 
-def build_profile(template: ChatTemplate, *, tool_parser: str | None, reasoning_parser: str | None) -> TemplateProfile:
+def build_profile(template: Renderer, *, tool_parser: str | None, reasoning_parser: str | None) -> TemplateProfile:
     """The profile of `template`: parsers (given or picked from the template), turn style, end-of-turn
     marker, reasoning opener. Raises TemplateError when no end-of-turn token ends its turns and
     UnknownParserError for an unknown parser name."""

@@ -15,6 +15,7 @@ import pytest
 from gym_bridge import Engine, EngineConfig, ScriptedPolicy, get_environment, load_tasks
 from gym_bridge.core.errors import TemplateError
 from gym_bridge.core.template import ChatTemplate
+from gym_bridge.core.template_check import template_report
 from tests.families import (
     MINI_FAMILIES, REAL_FAMILIES, REASONING, SHARED_TEMPLATES, TEMPLATES_MISSING, family_tokenizer, prompt_mismatches, run_scripted, scripted_turns,
     written_id,
@@ -41,7 +42,7 @@ def templates(smol_tokenizer):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_parsers_and_verdict(family, templates):
     tokenizer, template = templates(family)
-    report = template.report()
+    report = template_report(template)
     assert (report.tool_parser, report.reasoning_parser) == (family.tool_parser, family.reasoning_parser)
     assert template.profile.style.tool_calls is not family.raw_turns, template.profile.style
     assert report.end_of_turn == family.eos  # the true end of an answer, not the first id of the generation config's list

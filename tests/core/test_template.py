@@ -5,6 +5,7 @@ import pytest
 from gym_bridge import Engine, EngineConfig, ScriptedPolicy
 from gym_bridge.core.errors import TemplateError, UnknownParserError
 from gym_bridge.core.template import ChatTemplate, ToolOutput
+from gym_bridge.core.template_check import check_append_only, template_report
 from tests.families import MINI_FAMILIES, family_tokenizer
 
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather of a city.",
@@ -46,7 +47,7 @@ def mini(smol_tokenizer):
 
 
 def test_embedded_template_is_append_only_and_gets_tools_in_the_system_message(smol_template):
-    smol_template.check_append_only()
+    check_append_only(smol_template)
     assert smol_template.tool_format == "hermes_system"
     assert smol_template.profile.tool_parser == "hermes" and not smol_template.profile.style.tool_calls  # raw turns
     text = smol_template.prompt_text([{"role": "user", "content": "Weather in Oslo?"}], TOOLS)
@@ -87,7 +88,7 @@ def test_fast_delta_path_matches_full_rendering_for_awkward_contents(name, smol_
 def test_native_tool_template_groups_results_like_qwen(mini):
     _, template = mini("qwen25")
     assert template.tool_format == "native"
-    template.check_append_only()
+    check_append_only(template)
     two = [ToolOutput(name="a", content="1", call_id="x"), ToolOutput(name="b", content="2", call_id="y")]
     delta = template.delta_text(template.tool_messages(two), closing_sampled="<|im_end|>")
     assert delta.count("<|im_start|>user") == 1  # both results grouped in one user turn
@@ -97,19 +98,19 @@ def test_native_tool_template_groups_results_like_qwen(mini):
 def test_template_that_rewrites_history_is_refused_with_the_reason(smol_tokenizer):
     template = ChatTemplate(TemplatedTokenizer(smol_tokenizer, DROPS_REASONING_TEMPLATE))
     with pytest.raises(TemplateError, match="not append-only for .* conversation shapes"):
-        template.check_append_only()
+        check_append_only(template)
 
 
 def test_reasoning_template_is_judged_per_shape_with_an_offered_fix(mini):
     _, template = mini("think")
-    report = template.report()
+    report = template_report(template)
     verdicts = {result.shape: result.verdict for result in report.shapes}
     assert verdicts["two tool-call turns in a row"] == "append-only"
     assert verdicts["new user message after an answer"] == "rewrites history"
     assert "drops the reasoning of earlier turns" in report.message()
     assert report.alternatives == ({"preserve_thinking": True},)  # checked, not guessed
     assert "chat_template_kwargs={'preserve_thinking': True}" in report.message()
-    mini("think", chat_template_kwargs={"preserve_thinking": True})[1].check_append_only()
+    check_append_only(mini("think", chat_template_kwargs={"preserve_thinking": True})[1])
 
 
 def test_hermes_like_template_gets_tools_on_every_render(mini):
@@ -117,7 +118,7 @@ def test_hermes_like_template_gets_tools_on_every_render(mini):
     with pytest.raises(TypeError):  # what a render without tools does to this template
         tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=None, tokenize=False)
     assert template.prompt_text([{"role": "user", "content": "hi"}], None).endswith("<|im_start|>assistant\n")
-    template.check_append_only()
+    check_append_only(template)
 
 
 def test_mistral_ids_are_nine_letters_and_digits(mini):

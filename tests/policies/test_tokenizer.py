@@ -12,6 +12,7 @@ from tokenizers import Regex, normalizers, pre_tokenizers
 
 from gym_bridge.core.task import load_tasks
 from gym_bridge.core.template import ChatTemplate, ToolOutput
+from gym_bridge.core.template_check import check_append_only
 from gym_bridge.policies.embedded import embedded_model_path
 from gym_bridge.core.piece_encoder import _AFTER_NEWLINE, _BEFORE_LAST_NEWLINE, _Splitter
 from gym_bridge.core.piece_encoder import splitter_for
@@ -99,7 +100,7 @@ def test_encode_and_decode_match_transformers(light, smol_tokenizer):
 
 def test_chat_templates_on_either_tokenizer_give_the_same_ids(light, smol_tokenizer):
     ours, theirs = ChatTemplate(light, eos_token_ids=light.eos_token_ids), ChatTemplate(smol_tokenizer)
-    ours.check_append_only()
+    check_append_only(ours)
     assert ours.eos_token_ids == theirs.eos_token_ids == frozenset({smol_tokenizer.eos_token_id})
     for path in EXAMPLES:
         for task in load_tasks(path, default_env="math"):

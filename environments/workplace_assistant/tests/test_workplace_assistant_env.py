@@ -70,6 +70,17 @@ def test_the_27_tools_are_nemo_gyms_across_six_domains() -> None:
     assert set(search["properties"]) == {"query", "date_min", "date_max", "page", "page_size"} and search["required"] == []
 
 
+def test_each_toolset_holds_one_domains_tools() -> None:
+    prefixes = {"Directory": "company_directory_", "Email": "email_", "Calendar": "calendar_", "Analytics": "analytics_",
+                "ProjectManagement": "project_management_", "CustomerRelationshipManager": "customer_relationship_manager_"}
+    assert [toolset.__name__ for toolset in Workplace.toolsets] == list(prefixes)
+    tools_by_toolset = {toolset.__name__: {name for name, value in vars(toolset).items() if getattr(value, "__gym_bridge_tool__", False)}
+                        for toolset in Workplace.toolsets}
+    assert set().union(*tools_by_toolset.values()) == NEMO_GYM_TOOLS
+    for toolset, names in tools_by_toolset.items():
+        assert names and all(name.startswith(prefixes[toolset]) for name in names), toolset
+
+
 def test_rows_carrying_nemo_gym_tool_schemas_route_and_match() -> None:
     register(Workplace)
     nemo_schema = {"type": "function", "name": "email_reply_email", "description": "Replies to an email by its ID.",
