@@ -63,6 +63,7 @@ _LAZY_MODULES = {"trl": "gym_bridge.trl", "verl": "gym_bridge.verl", "nemo_rl": 
 _LAZY_ATTRS = {
     "TransformersPolicy": "gym_bridge.policies.transformers",
     "load_helper_model": "gym_bridge.policies.helper",
+    "HarnessEnvironment": "gym_bridge.capture",
 }
 
 

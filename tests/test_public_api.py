@@ -24,7 +24,7 @@ PUBLIC = {
     "BackendError", "ContextOverflowError", "DataError", "GymBridgeError", "MissingDependencyError", "TemplateError",
     "UnknownEnvironmentError",
 }
-LAZY = {"TransformersPolicy", "load_helper_model", "trl", "verl", "nemo_rl"}
+LAZY = {"TransformersPolicy", "load_helper_model", "HarnessEnvironment", "trl", "verl", "nemo_rl"}
 """Public names resolved on first use (not in `__all__`, so a star import stays light)."""
 ROOT = pathlib.Path(gym_bridge.__file__).parent.parent
 

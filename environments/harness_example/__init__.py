@@ -11,8 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-from gym_bridge import Task, VerifyResult
-from gym_bridge.capture import HarnessEnvironment
+from gym_bridge import HarnessEnvironment, Task, VerifyResult
 
 class HarnessExampleEnvironment(HarnessEnvironment):
     name = "harness_example"
