@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/vllm_ratio.py [--model PATH] [--tasks 16] [--repeats 2] [--rounds 3] [--served]
 
-Colocated: one `vllm.LLM` in this process. Each round runs the tasks' rollouts through gym_bridge
+Colocated: one `vllm.LLM` in this process (its engine core in vLLM's own process, the default, so the
+calling thread does not matter: gym_bridge calls `generate` from a worker thread, raw vLLM from the main one). Each round runs the tasks' rollouts through gym_bridge
 (`Engine` + `VLLMEnginePolicy`, one model call each), then hands raw vLLM the same prompt ids with
 `max_tokens` set to each rollout's sampled length and `ignore_eos` (the same tokens to generate, one
 `LLM.generate` call). Served (`--served`): the same against `python -m vllm.entrypoints.openai.api_server`,
@@ -135,7 +136,6 @@ def measure(name: str, gym: Any, raw: Any, rounds: int) -> dict[str, Any]:
 def main() -> None:
     args = parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM
 
     from gym_bridge.policies.embedded import embedded_model_path

@@ -42,6 +42,17 @@ def new_vllm_engine() -> Any:
     return LLM(model=str(embedded_model_path()), **engine_kwargs())
 
 
+def close_vllm_engine(llm: Any) -> None:
+    """Stop the engine's core and free its memory now rather than at exit (the suite goes on after it)."""
+    import gc
+
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        core.shutdown()
+    del llm
+    gc.collect()
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -7,6 +7,8 @@ linear layers keep their weights (the build repacks them for oneDNN/AMX and drop
 TRL's weight sync loads into), and the engine starts eager (no graph capture: about 15 s, not 60).
 Sleep mode: the CPU build refuses it ("not supported on current platform"), so it runs only on a GPU.
 
+This file is also the colocate worker: `python tests/adapters/test_trl_vllm.py OUT_DIR`.
+
 Server: TRL 1.16 syncs weights to a `vllm serve --weight-transfer-config '{"backend": "nccl"}'` server
 over NCCL, which needs CUDA; on the CPU the trainer refuses to start (asserted below). The rollouts of
 server mode run for real against the session's vLLM server: every rank calls it over HTTP.
@@ -14,13 +16,21 @@ server mode run for real against the session's vLLM server: every rank calls it 
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from tests.invariants import assert_token_invariants
 from tests.vllm_engine import CPU_ENV, MAX_MODEL_LEN, SERVED_NAME, on_gpu
 
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
-pytest.importorskip("vllm", reason="needs vLLM (make install puts its CPU build in the suite's virtualenv)")
+if __name__ != "__main__":
+    pytest.importorskip("vllm", reason="needs vLLM (make install puts its CPU build in the suite's virtualenv)")
 
 
 def keep_linear_weights_on_the_cpu(monkeypatch):
@@ -55,17 +65,12 @@ def grpo_dataset():
     return gym_bridge.trl.load_dataset([[row for _, row in iter_jsonl(path)][:2]])
 
 
-@pytest.fixture
-def cpu_settings(monkeypatch):
-    for name, value in CPU_ENV.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
-    if not on_gpu():
-        keep_linear_weights_on_the_cpu(monkeypatch)
-    eager_engine(monkeypatch)
+def train_colocate(output_dir: str) -> dict:
+    """Two GRPO steps with TRL's colocated engine; returns what the test checks. Runs in its own process:
+    TRL sets RANK/WORLD_SIZE and starts a process group for vLLM's external launcher, which must not leak
+    into the rest of the suite."""
+    import os
 
-
-def test_grpo_colocate_trains_with_the_real_engine(cpu_settings, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
@@ -73,34 +78,53 @@ def test_grpo_colocate_trains_with_the_real_engine(cpu_settings, tmp_path):
     import gym_bridge
     from gym_bridge.policies.embedded import embedded_model_path
 
-    path = str(embedded_model_path())
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    records = []
-    rollout = gym_bridge.trl.make_rollout(max_turns=1, on_records=records.extend)
-    args = GRPOConfig(
-        output_dir=str(tmp_path), use_cpu=not on_gpu(), use_vllm=True, vllm_mode="colocate", vllm_max_model_length=MAX_MODEL_LEN,
-        vllm_gpu_memory_utilization=0.3, vllm_enable_sleep_mode=on_gpu(), per_device_train_batch_size=4, num_generations=4,
-        max_completion_length=24, max_steps=2, learning_rate=1e-3, temperature=1.0, beta=0.0, save_strategy="no", logging_steps=1,
-        report_to="none", bf16=False, seed=0,
-    )
-    trainer = GRPOTrainer(model=model, reward_funcs=gym_bridge.trl.env_reward, args=args, train_dataset=grpo_dataset(),
-                          processing_class=AutoTokenizer.from_pretrained(path), rollout_func=rollout)
-    assert rollout.prepare(trainer).backend == "vllm_colocate"
-    llm = trainer.vllm_generation.llm
-    before = {name: param.detach().clone() for name, param in model.named_parameters()}
-    trainer.train()
+    for name, value in {**CPU_ENV, "TRL_EXPERIMENTAL_SILENCE": "1"}.items():
+        os.environ.setdefault(name, value)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        if not on_gpu():
+            keep_linear_weights_on_the_cpu(monkeypatch)
+        eager_engine(monkeypatch)
+        path = str(embedded_model_path())
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        records = []
+        rollout = gym_bridge.trl.make_rollout(max_turns=1, on_records=records.extend)
+        args = GRPOConfig(
+            output_dir=output_dir, use_cpu=not on_gpu(), use_vllm=True, vllm_mode="colocate", vllm_max_model_length=MAX_MODEL_LEN,
+            vllm_gpu_memory_utilization=0.3, vllm_enable_sleep_mode=on_gpu(), per_device_train_batch_size=4, num_generations=4,
+            max_completion_length=24, max_steps=2, learning_rate=1e-3, temperature=1.0, beta=0.0, save_strategy="no",
+            logging_steps=1, report_to="none", bf16=False, seed=0,
+        )
+        trainer = GRPOTrainer(model=model, reward_funcs=gym_bridge.trl.env_reward, args=args, train_dataset=grpo_dataset(),
+                              processing_class=AutoTokenizer.from_pretrained(path), rollout_func=rollout)
+        backend = rollout.prepare(trainer).backend
+        before = {name: param.detach().clone() for name, param in model.named_parameters()}
+        trainer.train()
+        engine_model = trainer.vllm_generation.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+        served = dict(engine_model.named_parameters())
+        name = "model.layers.0.self_attn.o_proj.weight"
+        return {
+            "backend": backend,
+            "records": [record.to_dict() for record in records],
+            "changed": [key for key, param in model.named_parameters() if not torch.equal(before[key], param.detach())],
+            "engine_weight_synced": not torch.allclose(served[name].float(), before[name].float()),
+            "log": [entry for entry in trainer.state.log_history if "loss" in entry],
+        }
 
-    assert len(records) == 8 and all(record.failure_kind is None for record in records), [r.failure_reason for r in records]
+
+def test_grpo_colocate_trains_with_the_real_engine(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, __file__, str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["backend"] == "vllm_colocate"
+    records = result["records"]
+    assert len(records) == 8 and all(record["failure_kind"] is None for record in records), [r["failure_reason"] for r in records]
     for record in records:
-        assert_token_invariants(record.to_dict())
-    changed = [name for name, param in model.named_parameters() if not torch.equal(before[name], param.detach())]
-    assert changed, "no parameter changed in two steps"
-    # the engine's weights are the trained ones (TRL synced them before the second step's generation)
-    engine_model = llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
-    served = dict(engine_model.named_parameters())
-    name = "model.layers.0.self_attn.o_proj.weight"
-    assert name in changed
-    assert not torch.allclose(served[name].float(), before[name].float())
+        assert_token_invariants(record)
+    assert "model.layers.0.self_attn.o_proj.weight" in result["changed"], "two steps changed no attention weight"
+    # TRL pushed the trained weights into the engine before the second step's generation
+    assert result["engine_weight_synced"]
+    assert len(result["log"]) == 2 and all("rewards/env_reward/mean" in entry for entry in result["log"])
 
 
 def test_server_mode_rollouts_against_a_real_vllm_server(vllm_server, smol_tokenizer):
@@ -150,3 +174,8 @@ def test_grpo_server_mode_weight_sync_needs_cuda(vllm_server, tmp_path):
     with pytest.raises(NotImplementedError, match="NCCL weight-transfer engine, which needs a CUDA device"):
         GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(path), reward_funcs=gym_bridge.trl.env_reward, args=args,
                     train_dataset=grpo_dataset(), processing_class=AutoTokenizer.from_pretrained(path), rollout_func=gym_bridge.trl.rollout)
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1])
+    (out / "result.json").write_text(json.dumps(train_colocate(str(out))))

@@ -13,7 +13,7 @@ from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.policy import ContextOverflowError, GenerationRequest, SamplingParams
 from gym_bridge.core.task import parse_task
 from tests.invariants import assert_token_invariants
-from tests.vllm_engine import MAX_MODEL_LEN, new_vllm_engine
+from tests.vllm_engine import MAX_MODEL_LEN, close_vllm_engine, new_vllm_engine
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm", reason="needs vLLM (make install puts its CPU build in the suite's virtualenv)")
@@ -21,7 +21,9 @@ pytest.importorskip("vllm", reason="needs vLLM (make install puts its CPU build 
 
 @pytest.fixture(scope="module")
 def llm():
-    return new_vllm_engine()
+    engine = new_vllm_engine()
+    yield engine
+    close_vllm_engine(engine)
 
 
 @pytest.fixture(scope="module")
