@@ -49,9 +49,3 @@ def test_eval_with_a_colocated_engine(tmp_path):
     result = run_eval("--backend", "vllm", *EVAL, "--output", str(output))
     assert result.returncode == 0, result.stderr[-3000:]
     check_records(output, count=6)
-
-
-def test_backend_vllm_with_base_url_is_refused(tmp_path):
-    result = run_eval("--backend", "vllm", "--base-url", "http://127.0.0.1:9/v1", "--env", "arithmetic", "--output", str(tmp_path / "x.jsonl"))
-    assert result.returncode == 2 and "--backend vllm runs a model in this process" in result.stderr
-    assert not (tmp_path / "x.jsonl").exists()
