@@ -28,7 +28,7 @@ from tests.invariants import assert_token_invariants
 from tests.vllm_engine import CPU_ENV, MAX_MODEL_LEN, SERVED_NAME, on_gpu
 
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.vllm, pytest.mark.integration]
+pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(600)]  # an engine starts in 15-60 s on 2 busy cores
 if __name__ != "__main__":
     pytest.importorskip("vllm", reason="needs vLLM (make install puts its CPU build in the suite's virtualenv)")
 
@@ -113,7 +113,7 @@ def train_colocate(output_dir: str) -> dict:
 
 def test_grpo_colocate_trains_with_the_real_engine(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, __file__, str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, __file__, str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=540)
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["backend"] == "vllm_colocate"

@@ -13,7 +13,7 @@ import pytest
 from tests.invariants import assert_token_invariants
 from tests.vllm_engine import CPU_ENV
 
-pytestmark = [pytest.mark.vllm, pytest.mark.integration]
+pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(600)]  # an engine starts in 15-60 s on 2 busy cores
 pytest.importorskip("vllm", reason="needs vLLM (make install puts its CPU build in the suite's virtualenv)")
 
 EVAL = ["--env", "arithmetic", "--limit", "3", "--num-repeats", "2", "--max-new-tokens", "32", "--temperature", "0.7",
