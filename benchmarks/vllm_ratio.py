@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 START = time.perf_counter()
+POLICY: dict[str, Any] = {}
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -67,6 +68,7 @@ def tasks_and_template(path: str, count: int) -> tuple[list[Any], Any]:
 
 
 async def gym_round(policy: Any, template: Any, tasks: list[Any], repeats: int, max_new_tokens: int, seed: int) -> tuple[float, list[Any]]:
+    """(seconds, records) of one round of single-call rollouts through gym_bridge's engine."""
     from gym_bridge.core.agent_loop import Limits
     from gym_bridge.core.engine import Engine, EngineConfig
     from gym_bridge.core.policy import SamplingParams
@@ -118,9 +120,12 @@ async def raw_server_round(base_url: str, model: str, work: list[tuple[list[int]
 def measure(name: str, gym: Any, raw: Any, rounds: int) -> dict[str, Any]:
     """Warm-up, then `rounds` of (gym_bridge, raw) on the same work; ratio = raw time / gym_bridge time."""
     gym(-1)
-    ratios, gym_tps, raw_tps = [], [], []
+    ratios, gym_tps, raw_tps, calls = [], [], [], []
     for round_index in range(rounds):
+        calls_before = getattr(POLICY.get("colocated"), "generate_calls", 0) if name == "colocated" else 0
         gym_s, records = gym(round_index)
+        if name == "colocated":
+            calls.append(POLICY["colocated"].generate_calls - calls_before)
         work = same_work(records)
         tokens = sum(length for _, length in work)
         raw_s = raw(work, round_index)
@@ -130,7 +135,8 @@ def measure(name: str, gym: Any, raw: Any, rounds: int) -> dict[str, Any]:
         print(f"{name} round {round_index}: {tokens} tokens, gym_bridge {gym_s:.2f} s, raw vLLM {raw_s:.2f} s, ratio {raw_s / gym_s:.3f}",
               file=sys.stderr)
     return {"ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-            "gym_bridge_tokens_per_s": statistics.median(gym_tps), "raw_tokens_per_s": statistics.median(raw_tps)}
+            "gym_bridge_tokens_per_s": statistics.median(gym_tps), "raw_tokens_per_s": statistics.median(raw_tps),
+            **({"generate_calls_per_round": calls} if calls else {})}
 
 
 def main() -> None:
@@ -146,7 +152,7 @@ def main() -> None:
     result: dict[str, Any] = {"machine": machine(), "model": Path(path).name, "rollouts_per_round": len(tasks) * args.repeats,
                               "rounds": args.rounds}
     llm = LLM(model=path, enforce_eager=True, seed=0, max_model_len=2048)
-    policy = VLLMEnginePolicy(llm)
+    policy = POLICY["colocated"] = VLLMEnginePolicy(llm)
     result["colocated"] = measure(
         "colocated",
         lambda r: asyncio.run(gym_round(policy, template, tasks, args.repeats, args.max_new_tokens, seed=1000 * (r + 1))),

@@ -74,13 +74,16 @@ class VLLMEnginePolicy:
     temperature other than 0) raises `BackendError` instead of returning the wrong numbers.
     """
 
-    def __init__(self, llm: Any, *, max_batch_size: int = 4096, batch_wait_s: float = 0.002, max_model_len: int | None = None) -> None:
-        """`max_model_len` defaults to the engine's; requests that do not fit raise `ContextOverflowError`."""
+    def __init__(self, llm: Any, *, max_batch_size: int = 4096, batch_wait_s: float = 0.002, max_batch_wait_s: float = 0.05,
+                 max_model_len: int | None = None) -> None:
+        """A batch closes when no request came for `batch_wait_s` or `max_batch_wait_s` after its first.
+        `max_model_len` defaults to the engine's; requests that do not fit raise `ContextOverflowError`."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
         self.llm = llm
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
+        self.max_batch_wait_s = max(max_batch_wait_s, batch_wait_s)
         model_config = _model_config(llm)
         self.max_model_len: int | None = max_model_len or getattr(model_config, "max_model_len", None)
         self.engine_logprobs_mode: str | None = _VLLM_MODES.get(str(getattr(model_config, "logprobs_mode", "") or "").split(".")[-1].lower())
@@ -127,10 +130,10 @@ class VLLMEnginePolicy:
         loop = asyncio.get_running_loop()
         while True:
             batch = [await queue.get()]
-            deadline = loop.time() + self.batch_wait_s
+            cap = loop.time() + self.max_batch_wait_s
             while len(batch) < self.max_batch_size:
-                try:
-                    remaining_s = deadline - loop.time()
+                try:  # gather while requests keep coming (each within batch_wait_s), up to max_batch_wait_s in all
+                    remaining_s = min(self.batch_wait_s, cap - loop.time())
                     batch.append(queue.get_nowait() if remaining_s <= 0 else await asyncio.wait_for(queue.get(), remaining_s))
                 except (asyncio.QueueEmpty, TimeoutError):
                     break
