@@ -1,7 +1,7 @@
 """The `gym-bridge` command: `eval`, `verify`, `envs` and `serve-model`.
 
-`eval` runs environments on a model (the embedded SmolLM2 by default, a local folder, an
-OpenAI-compatible server with `--base-url`, or a hosted chat API with `--api chat|responses`) and
+`eval` runs environments on a model (the embedded SmolLM2 by default, a local folder with
+transformers or an in-process vLLM engine (`--backend vllm`), an OpenAI-compatible server with `--base-url`, or a hosted chat API with `--api chat|responses`) and
 writes one rollout record per line plus `<output>.metrics.json`; `--resume` finishes a killed run.
 `verify` re-scores stored rollouts without a model. `envs` lists what is registered.
 `serve-model` serves a transformers model over an OpenAI-compatible HTTP API. `serve` serves
