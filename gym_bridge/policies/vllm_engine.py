@@ -233,12 +233,16 @@ def _current_cuda_device() -> int | None:
     return int(torch.cuda.current_device()) if torch.cuda.is_available() else None
 
 
-def load_vllm_engine(model: str, *, max_model_len: int | None = None, seed: int | None = None, logprobs_mode: str = "processed") -> Any:
+def load_vllm_engine(
+    model: str, *, max_model_len: int | None = None, seed: int | None = None, logprobs_mode: str = "processed",
+    gpu_memory_utilization: float = 0.9,
+) -> Any:
     """A `vllm.LLM` on `model` (a local folder or hub name) for standalone evaluation.
 
     Returns log-probs of `logprobs_mode` ("raw" or "processed"), runs eagerly (no graph capture: a
     quicker start). On the CPU build it caps the KV cache at `VLLM_CPU_KVCACHE_SPACE` GiB (default
-    here 2; vLLM's own default claims most of the memory). Raises MissingDependencyError without vLLM.
+    here 2; vLLM's own default claims most of the memory); on a GPU it takes `gpu_memory_utilization`
+    of its memory. Raises MissingDependencyError without vLLM.
     """
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     try:
@@ -246,7 +250,8 @@ def load_vllm_engine(model: str, *, max_model_len: int | None = None, seed: int 
     except ImportError:
         raise MissingDependencyError(f"--backend vllm needs vLLM: {INSTALL_HINT}") from None
     options: dict[str, Any] = {"max_model_len": max_model_len} if max_model_len else {}
-    return LLM(model=model, seed=seed if seed is not None else 0, enforce_eager=True, logprobs_mode=f"{logprobs_mode}_logprobs", **options)
+    return LLM(model=model, seed=seed if seed is not None else 0, enforce_eager=True, logprobs_mode=f"{logprobs_mode}_logprobs",
+               gpu_memory_utilization=gpu_memory_utilization, **options)
 
 
 def _model_config(llm: Any) -> Any:
