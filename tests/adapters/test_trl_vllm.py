@@ -127,6 +127,18 @@ def test_grpo_colocate_trains_with_the_real_engine(tmp_path):
     assert len(result["log"]) == 2 and all("rewards/env_reward/mean" in entry for entry in result["log"])
 
 
+@pytest.mark.skipif(on_gpu(), reason="on a GPU the colocate test runs with sleep mode")
+def test_sleep_mode_is_refused_by_the_cpu_build():
+    """`GRPOConfig(vllm_enable_sleep_mode=True)` reaches `vllm.LLM(enable_sleep_mode=True)`, which the CPU build refuses."""
+    from vllm import LLM
+
+    from gym_bridge.policies.embedded import embedded_model_path
+    from tests.vllm_engine import engine_kwargs
+
+    with pytest.raises(ValueError, match="Sleep mode is not supported on current platform"):
+        LLM(model=str(embedded_model_path()), enable_sleep_mode=True, **engine_kwargs())
+
+
 def test_server_mode_rollouts_against_a_real_vllm_server(vllm_server, smol_tokenizer):
     """What server mode runs per rank: `rollout(prompts, trainer)` calls the server over HTTP (processed log-probs)."""
     from types import SimpleNamespace
