@@ -149,6 +149,33 @@ def test_concurrent_requests_merge_into_one_generate_call(fake_vllm):
     assert all(not isinstance(result, BaseException) for result in results)
 
 
+def staggered(policy, gap_s, count=3):
+    async def run():
+        async def late(i):
+            await asyncio.sleep(gap_s * i)
+            return await policy.generate(request([1, 2]))
+
+        return await asyncio.gather(*(late(i) for i in range(count)))
+
+    return asyncio.run(run())
+
+
+def test_a_batch_keeps_gathering_while_requests_keep_coming(fake_vllm):
+    # five requests 100 ms apart: each comes within the 300 ms quiet gap, so all share one engine call,
+    # though the last comes 400 ms after the first
+    gathering = VLLMEnginePolicy(FakeLLM(), batch_wait_s=0.3, max_batch_wait_s=5.0)
+    staggered(gathering, 0.1, count=5)
+    assert gathering.generate_calls == 1
+    # 100 ms apart with a 10 ms gap: each request gets its own call
+    eager = VLLMEnginePolicy(FakeLLM(), batch_wait_s=0.01, max_batch_wait_s=5.0)
+    staggered(eager, 0.1)
+    assert eager.generate_calls == 3
+    # the cap closes a batch even while requests keep coming
+    capped = VLLMEnginePolicy(FakeLLM(), batch_wait_s=0.2, max_batch_wait_s=0.05)
+    staggered(capped, 0.1)
+    assert capped.generate_calls >= 2
+
+
 def test_outputs_map_to_generations_with_the_eos_id(fake_vllm):
     policy = VLLMEnginePolicy(FakeLLM())
     stopped, cut = generate_all(policy, [request([2, 7], max_new_tokens=8), request([9, 7], max_new_tokens=3)])
