@@ -90,7 +90,7 @@ class VLLMEnginePolicy:
         self.generate_calls = 0
         """How many `LLM.generate` calls were made (merging shows as fewer calls than requests)."""
         self.cuda_device: int | None = _current_cuda_device()
-        """The CUDA device each engine call runs on (the current one at construction; None without CUDA)."""
+        """The CUDA device each engine call runs on (the current one at construction; None without CUDA in this process)."""
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[_Pending] | None = None
@@ -230,7 +230,8 @@ def _current_cuda_device() -> int | None:
         import torch
     except ImportError:
         return None
-    return int(torch.cuda.current_device()) if torch.cuda.is_available() else None
+    # Not initialized here: the engine runs in vLLM's own process, and asking would start a CUDA context for nothing.
+    return int(torch.cuda.current_device()) if torch.cuda.is_available() and torch.cuda.is_initialized() else None
 
 
 def load_vllm_engine(

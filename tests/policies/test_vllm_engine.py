@@ -238,6 +238,7 @@ def test_engine_calls_run_on_the_device_current_at_construction(fake_vllm, monke
 
     selected: list[tuple[int, bool]] = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: selected.append((device, threading.current_thread() is threading.main_thread())))
     llm = FakeLLM()
@@ -251,10 +252,14 @@ def test_engine_calls_run_on_the_device_current_at_construction(fake_vllm, monke
     assert selected == [(3, False), ("generate", False)] * 2
 
 
-def test_no_device_is_selected_without_cuda(fake_vllm, monkeypatch):
+@pytest.mark.parametrize("available, initialized", [(False, False), (True, False)])
+def test_no_device_is_selected_without_cuda_in_this_process(fake_vllm, monkeypatch, available, initialized):
+    """No GPU, or CUDA never started here (the engine runs in vLLM's own process): no device is selected or started."""
     import torch
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: initialized)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: pytest.fail("current_device would start a CUDA context"))
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: pytest.fail("set_device called without CUDA"))
     policy = VLLMEnginePolicy(FakeLLM())
     assert policy.cuda_device is None and generate_all(policy, [request([1, 2])])[0].token_ids == [5, EOS]
