@@ -417,7 +417,6 @@ async def _build_engine(args: argparse.Namespace) -> Any:
     from gym_bridge.core.agent_loop import Limits
     from gym_bridge.core.engine import Engine, EngineConfig
     from gym_bridge.core.policy import SamplingParams
-    from gym_bridge.core.template import ChatTemplate
 
     if _base_urls(args):
         if args.backend != "transformers":

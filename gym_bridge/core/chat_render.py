@@ -23,6 +23,16 @@ REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 def render_chat(template: str, conversation: Sequence[Mapping[str, Any]], *, tools: Any = None, documents: Any = None,
                 add_generation_prompt: bool = False, variables: Mapping[str, Any] | None = None) -> str:
     """`conversation` (dicts) rendered by `template`; `variables`: special tokens and template arguments."""
+    return compiled_template(template).render(messages=prepared_messages(conversation), tools=tools, documents=documents,
+                                              add_generation_prompt=add_generation_prompt, **(variables or {}))
+
+
+def prepared_messages(conversation: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The messages as a template is given them: None-valued keys dropped and the reasoning under each
+    of its field names, as recent transformers releases do before rendering (5.24 does; 5.19, which vLLM's
+    CPU build needs, passes None through, so `content: None` reaches the template). gym_bridge prepares
+    them itself, for its own renderer and for the tokenizer's, so a prompt does not depend on the
+    installed transformers."""
     messages = []
     for message in conversation:
         if not isinstance(message, dict):
@@ -32,8 +42,7 @@ def render_chat(template: str, conversation: Sequence[Mapping[str, Any]], *, too
         if reasoning is not None:
             message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
         messages.append(message)
-    return compiled_template(template).render(messages=messages, tools=tools, documents=documents,
-                                              add_generation_prompt=add_generation_prompt, **(variables or {}))
+    return messages
 
 
 @lru_cache(maxsize=64)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Literal, Mapping, Protocol, Sequence
 
 import orjson
 
-from gym_bridge.core.chat_render import render_chat
+from gym_bridge.core.chat_render import prepared_messages, render_chat
 from gym_bridge.core.errors import TemplateError
 from gym_bridge.core.items import ChatMessage
 from gym_bridge.core.piece_encoder import PieceEncoder
@@ -213,7 +213,8 @@ class ChatTemplate:
 
     # -- rendering -------------------------------------------------------------------------
 
-    def _apply(self, messages: list[ChatMessage], kwargs: dict[str, Any]) -> str:
+    def _apply(self, conversation: list[ChatMessage], kwargs: dict[str, Any]) -> str:
+        messages = prepared_messages(conversation)  # the same input whichever renders it, whatever transformers is installed
         direct = self._direct_template()
         if direct is not None:
             try:
@@ -225,7 +226,7 @@ class ChatTemplate:
             text = self.tokenizer.apply_chat_template(messages, **self.chat_template_kwargs, **kwargs)
         except Exception as error:  # jinja's TemplateError, TypeError, UndefinedError, the template's raise_exception
             raise TemplateError(
-                f"the chat template could not render the conversation [{_describe(messages)}]: {type(error).__name__}: {error}. "
+                f"the chat template could not render the conversation [{_describe(conversation)}]: {type(error).__name__}: {error}. "
                 "That is the template's requirement. gym_bridge gives each template structured assistant turns in the form "
                 "its own rendering of a tool call shows (see ChatTemplate.profile); if this conversation is one the model must "
                 "handle, give a template that renders it (tokenizer.chat_template) or other chat_template_kwargs"

@@ -16,6 +16,7 @@ from gym_bridge.core.offload import (
     run_in_process,
     set_pool_size,
     set_worker_limits,
+    shutdown_pool,
 )
 from gym_bridge.core.policy import SamplingParams, ScriptedPolicy
 from gym_bridge.core.task import parse_task
@@ -34,6 +35,7 @@ def leak(mib: int) -> tuple[int, float]:
 
 @pytest.fixture
 def one_worker():
+    shutdown_pool()  # idle workers of earlier tests have calls counted already: start from fresh ones
     set_pool_size(1)
     yield
     set_worker_limits()

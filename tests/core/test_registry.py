@@ -85,7 +85,7 @@ def test_configure_registers_a_configured_subclass_in_place():
     configured = configure("tunable_alias", level=3, verify_timeout_s=5.0)
     assert issubclass(configured, Tunable) and configured.level == 3 and Tunable.level == 1
     assert get_environment("tunable_for_registry_test") is configured is get_environment("tunable_alias")
-    with pytest.raises(GymBridgeError, match="has no setting 'colour'; its settings: level, tool_timeout_s, verify_timeout_s"):
+    with pytest.raises(GymBridgeError, match="has no setting 'colour'; its settings: level, ray_resources, tool_timeout_s, verify_timeout_s"):
         configure("tunable_for_registry_test", colour="red")
 
 

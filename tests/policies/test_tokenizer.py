@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 from tokenizers import Regex, normalizers, pre_tokenizers
 
+from gym_bridge.core.chat_render import prepared_messages
 from gym_bridge.core.task import load_tasks
 from gym_bridge.core.template import ChatTemplate, ToolOutput
 from gym_bridge.core.template_check import check_append_only
 from gym_bridge.policies.embedded import embedded_model_path
 from gym_bridge.core.piece_encoder import _AFTER_NEWLINE, _BEFORE_LAST_NEWLINE, _Splitter
 from gym_bridge.core.piece_encoder import splitter_for
-from gym_bridge.policies.tokenizer import load_tokenizer
+from gym_bridge.policies.tokenizer import LightTokenizer, load_tokenizer
 from tests.families import SHARED_TEMPLATES, TEMPLATES_MISSING
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,6 +60,8 @@ def _templates() -> dict[str, str]:
 def _render(tokenizer, template, conversation, **kwargs):
     """The rendered text, or the exception's type and message (both sides must fail alike)."""
     try:
+        if not isinstance(tokenizer, LightTokenizer):  # gym_bridge prepares messages for any renderer (see prepared_messages)
+            conversation = prepared_messages(conversation)
         return tokenizer.apply_chat_template(conversation, chat_template=template, tokenize=False, **kwargs)
     except Exception as error:  # templates raise for shapes they refuse (role alternation, ...)
         return f"{type(error).__name__}: {error}"

@@ -194,8 +194,9 @@ def hanging_judge_server(calls: list[float], release):
 
 
 def test_the_judge_timeout_and_retries_are_settings(smol_tokenizer) -> None:
-    """Item 11: a hanging judge costs `judge_request_timeout_s` x (1 + `judge_max_retries`) per call,
-    not a fixed 120 s x 4: with 0.5 s and 1 retry both orders fail in about 1 s, masked."""
+    """Item 11: a hanging judge costs `judge_request_timeout_s` per call, not a fixed 120 s x 4: a timed-out
+    request is not retried (the server may still be generating it; a retry would start over), so with
+    0.5 s the rollout is masked after about 0.5 s; `judge_max_retries` applies to connection errors and 5xx."""
     calls: list[float] = []
     release = threading.Event()
     with hanging_judge_server(calls, release) as url:
@@ -206,8 +207,8 @@ def test_the_judge_timeout_and_retries_are_settings(smol_tokenizer) -> None:
         elapsed = time.monotonic() - started
         release.set()
     assert (result.mask_sample, result.failure_kind) == (True, "verifier")
-    assert "2 attempts failed" in result.failure_reason and "request timeout 0.5 s" in result.failure_reason
-    assert len(calls) == 4 and elapsed < 10          # 2 orders x 2 attempts; each attempt 0.5 s (+ backoff)
+    assert "request timed out after 0.5 s" in result.failure_reason and "not retried" in result.failure_reason
+    assert 1 <= len(calls) <= 2 and elapsed < 10     # one attempt per order (the orders run together), none retried
 
 
 def test_a_hanging_judge_ends_at_the_rollout_deadline(smol_tokenizer, smol_template, turn) -> None:
