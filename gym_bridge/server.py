@@ -30,13 +30,15 @@ import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import pydantic
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from gym_bridge.core.dialects.chat import MAX_CHOICES, ApiError, ChatBody, MessageIn, SamplingBody, ToolIn, from_chat_tool
+from gym_bridge.core.dialects.template_view import template_messages
 from gym_bridge.core.errors import GymBridgeError
 from gym_bridge.core.policy import ContextOverflowError, Generation, GenerationRequest, LogprobsMode, SamplingParams
 from gym_bridge.core.template import ChatTemplate
@@ -45,25 +47,10 @@ from gym_bridge.core.toolcall import parse_turn
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 DEFAULT_CHAT_MAX_TOKENS = 1024
 """Chat requests without `max_tokens` generate up to this many tokens (or what fits the context)."""
-MAX_CHOICES = 64
-"""Prompts x `n` of one request at most."""
 MAX_JSON_DEPTH = 64
 """Nesting of a request body at most (objects and arrays); deeper bodies get a 400."""
-MAX_STOP_STRINGS = 16
-MAX_STOP_CHARS = 256
 
 logger = logging.getLogger(__name__)
-_MODES: dict[str, LogprobsMode] = {"raw": "raw", "raw_logprobs": "raw", "processed": "processed", "processed_logprobs": "processed"}
-
-
-class ApiError(Exception):
-    """An error answer: HTTP status, message, and the OpenAI error type."""
-
-    def __init__(self, status: int, message: str, kind: str = "BadRequestError") -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.kind = kind
 
 
 def _error_response(error: ApiError) -> JSONResponse:
@@ -74,73 +61,7 @@ def _error_response(error: ApiError) -> JSONResponse:
 # -- request bodies ---------------------------------------------------------------------------
 
 
-class _Sampling(BaseModel):
-    """Fields shared by completions and chat completions; unknown fields are ignored, like vLLM does."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    model: str | None = None
-    temperature: Annotated[float, Field(ge=0.0, le=100.0)] = 1.0
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
-    top_k: Annotated[int, Field(ge=-1)] = -1
-    """-1 or 0: off."""
-    seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
-    stop: str | list[str] | None = None
-    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
-    return_token_ids: bool = False
-    return_tokens_as_token_ids: bool = False
-    include_stop_str_in_output: bool = False
-    skip_special_tokens: bool = True
-    logprobs_mode: str | None = None
-    stream: bool = False
-    # Accepted only at their neutral values: the policy implements none of them.
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    min_tokens: int = 0
-    ignore_eos: bool = False
-    best_of: int | None = None
-    logit_bias: dict[str, float] | None = None
-    use_beam_search: bool = False
-    prompt_logprobs: int | None = None
-
-    def check_supported(self) -> None:
-        neutral = {"min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-                   "min_tokens": 0, "ignore_eos": False, "use_beam_search": False}
-        for name, value in neutral.items():
-            if getattr(self, name) != value:
-                raise ApiError(400, f"{name}={getattr(self, name)!r} is not supported by serve-model (only {value!r})")
-        if self.best_of not in (None, 1) or self.logit_bias or self.prompt_logprobs is not None:
-            raise ApiError(400, "best_of, logit_bias and prompt_logprobs are not supported by serve-model")
-        if self.stream:
-            raise ApiError(400, "stream=true is not supported by serve-model; send stream=false")
-        if self.logprobs_mode is not None and self.logprobs_mode not in _MODES:
-            raise ApiError(400, f"logprobs_mode must be one of {sorted(_MODES)}, got {self.logprobs_mode!r}")
-        for stop in self.stop_strings():
-            if not 0 < len(stop) <= MAX_STOP_CHARS:
-                raise ApiError(400, f"stop strings must have 1 to {MAX_STOP_CHARS} characters")
-        if len(self.stop_strings()) > MAX_STOP_STRINGS:
-            raise ApiError(400, f"at most {MAX_STOP_STRINGS} stop strings")
-
-    def stop_strings(self) -> tuple[str, ...]:
-        if self.stop is None:
-            return ()
-        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-
-    def sampling(self, *, max_new_tokens: int, default_mode: LogprobsMode, seed_offset: int = 0) -> SamplingParams:
-        return SamplingParams(
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=max(self.top_k, 0),
-            max_new_tokens=max_new_tokens,
-            stop=self.stop_strings(),
-            seed=None if self.seed is None else self.seed + seed_offset,
-            logprobs_mode=_MODES[self.logprobs_mode] if self.logprobs_mode else default_mode,
-        )
-
-
-class CompletionBody(_Sampling):
+class CompletionBody(SamplingBody):
     prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
     max_tokens: Annotated[int, Field(ge=1)] = 16
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
@@ -148,67 +69,12 @@ class CompletionBody(_Sampling):
     suffix: str | None = None
 
 
-class _Function(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    name: Annotated[str, Field(min_length=1)]
-    description: str = ""
-    parameters: dict[str, Any] | None = None
-    arguments: str | dict[str, Any] | None = None
-
-
-class _ToolIn(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    type: Literal["function"] = "function"
-    function: _Function
-
-
-class _ToolCallIn(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    id: str = ""
-    type: Literal["function"] = "function"
-    function: _Function
-
-
-class _TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    type: Literal["text", "input_text", "output_text"]
-    text: str
-
-
-class _MessageIn(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[_TextPart] | None = None
-    name: str | None = None
-    tool_calls: list[_ToolCallIn] | None = None
-    tool_call_id: str | None = None
-    prompt_token_ids: list[StrictInt] | None = None
-    generation_token_ids: list[StrictInt] | None = None
-
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
-
-
-class ChatBody(_Sampling):
-    messages: Annotated[list[_MessageIn], Field(min_length=1)]
-    tools: list[_ToolIn] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
-    logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    required_prefix_token_ids: list[StrictInt] | None = None
-    """The exact ids the prompt must start with (default: from the last message carrying token ids)."""
-
-
 class TokenizeBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
     prompt: str | None = None
-    messages: list[_MessageIn] | None = None
-    tools: list[_ToolIn] | None = None
+    messages: list[MessageIn] | None = None
+    tools: list[ToolIn] | None = None
     add_special_tokens: bool = True
 
 
@@ -334,8 +200,8 @@ def build_app(
         if body.tool_choice not in (None, "auto", "none"):
             raise ApiError(400, "tool_choice must be 'auto' or 'none' on serve-model")
         use_tools = bool(body.tools) and body.tool_choice != "none"
-        tools = [_responses_tool(tool) for tool in body.tools or []] if use_tools else None
-        messages = _template_messages(body.messages, state.template)
+        tools = [from_chat_tool(tool) for tool in body.tools or []] if use_tools else None
+        messages = template_messages(body.messages, tool_format=state.template.tool_format)
         try:
             prompt_ids = state.template.prompt_ids(messages, tools)
         except Exception as error:
@@ -381,8 +247,8 @@ def build_app(
         if body.prompt is not None:
             tokens = tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
         else:
-            tools = [_responses_tool(tool) for tool in body.tools or []] or None
-            tokens = state.template.prompt_ids(_template_messages(body.messages or [], state.template), tools)
+            tools = [from_chat_tool(tool) for tool in body.tools or []] or None
+            tokens = state.template.prompt_ids(template_messages(body.messages or [], tool_format=state.template.tool_format), tools)
         return {"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens}
 
     async def detokenize(request: Request) -> dict[str, Any]:
@@ -523,7 +389,7 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-def _final_text(generation: Generation, sampling: SamplingParams, body: _Sampling, state: ServerState) -> tuple[str, str | None]:
+def _final_text(generation: Generation, sampling: SamplingParams, body: SamplingBody, state: ServerState) -> tuple[str, str | None]:
     """The choice's text and `stop_reason` (the stop string that ended it), as vLLM gives them."""
     ids = generation.token_ids
     if body.skip_special_tokens:
@@ -573,34 +439,6 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
 
 
-def _responses_tool(tool: _ToolIn) -> dict[str, Any]:
-    function = tool.function
-    return {"type": "function", "name": function.name, "description": function.description,
-            "parameters": function.parameters or {"type": "object", "properties": {}}}
-
-
-def _template_messages(messages: list[_MessageIn], template: ChatTemplate) -> list[dict[str, Any]]:
-    """Chat messages as gym_bridge's template renders them: tool calls written the way the model
-    writes them (Hermes text for templates without tool support), arguments as objects otherwise."""
-    rendered: list[dict[str, Any]] = []
-    for message in messages:
-        role = "system" if message.role == "developer" else message.role
-        entry: dict[str, Any] = {"role": role, "content": message.text()}
-        if message.role == "tool":
-            entry["name"] = message.name or ""
-            entry["tool_call_id"] = message.tool_call_id or ""
-        if message.tool_calls:
-            calls = [{"name": call.function.name, "arguments": _arguments(call.function.arguments)} for call in message.tool_calls]
-            if template.tool_format == "hermes_system":
-                written = "\n".join(f"<tool_call>\n{json.dumps(call)}\n</tool_call>" for call in calls)
-                entry["content"] = f"{entry['content']}\n{written}" if entry["content"] else written
-            else:
-                entry["tool_calls"] = [{"id": call.id, "type": "function", "function": parsed}
-                                       for call, parsed in zip(message.tool_calls, calls)]
-        rendered.append(entry)
-    return rendered
-
-
 def required_prefix(body: ChatBody) -> list[int] | None:
     """The ids a chat prompt must start with: `required_prefix_token_ids`, else the
     `prompt_token_ids + generation_token_ids` of the last message that carries them (NeMo RL's rule)."""
@@ -631,18 +469,6 @@ def splice_prefix(template: ChatTemplate, messages: list[dict[str, Any]], tools:
                             f"tokens, the messages up to the last assistant one need {count}")
     model = prefix[:-1] if prefix and prefix[-1] == eos else prefix
     return model + prompt_ids[positions[count - 1]:]
-
-
-def _arguments(arguments: str | dict[str, Any] | None) -> dict[str, Any]:
-    if isinstance(arguments, dict):
-        return arguments
-    try:
-        parsed = json.loads(arguments or "{}")
-    except json.JSONDecodeError:
-        raise ApiError(400, f"tool call arguments are not valid JSON: {arguments!r}") from None
-    if not isinstance(parsed, dict):
-        raise ApiError(400, "tool call arguments must be a JSON object")
-    return parsed
 
 
 def _assistant_message(text: str, generation: Generation, *, parse_tools: bool) -> tuple[dict[str, Any], str]:

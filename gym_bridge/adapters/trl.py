@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from gym_bridge.adapters.loop_thread import LoopThread
 from gym_bridge.adapters.trl_dataset import REGISTRY, example_data_paths, key_from_prompt, load_dataset
 from gym_bridge.core.agent_loop import Limits
+from gym_bridge.core.dialects.responses import item_text
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import FAILURE_KINDS, Environment
 from gym_bridge.core.errors import DataError, GymBridgeError, MissingDependencyError
@@ -381,15 +382,11 @@ def _watch(records: Sequence[RolloutRecord], alarm: ToolCallAlarm, *, path: str 
 def _check_token_ids(records: Sequence[RolloutRecord]) -> None:
     for record in records:
         for item in record.output:
-            if item.get("generation_token_ids") == [] and item.get("type") == "message" and _item_text(item):
+            if item.get("generation_token_ids") == [] and item.get("type") == "message" and item_text(item):
                 raise GymBridgeError(
                     "the policy returned text without token ids; training needs a token-in/token-out policy "
                     "(TransformersPolicy, VLLMEnginePolicy, RemotePolicy)"
                 )
-
-
-def _item_text(item: Mapping[str, Any]) -> str:
-    return "".join(part.get("text", "") for part in item.get("content") or [] if isinstance(part, Mapping))
 
 
 # -- the trainer's side ------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from gym_bridge.core.environment import Environment, VerifyResult, to_verify_res
 from gym_bridge.core.items import Item
 from gym_bridge.core.policy import Policy, is_token_policy
 from gym_bridge.core.task import Task
-from gym_bridge.core.template import to_chat_tool
+from gym_bridge.core.dialects.chat import to_chat_tool
 
 REASON_TAIL_CHARS = 800
 """Characters of stdout and stderr quoted in a failure reason."""

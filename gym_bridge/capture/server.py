@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from gym_bridge.capture.session import CaptureSession
-from gym_bridge.server import ApiError
+from gym_bridge.core.dialects.chat import ApiError
 
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
 

@@ -24,16 +24,13 @@ import pydantic
 
 from gym_bridge.capture.assembly import CapturedCall
 from gym_bridge.core.agent_loop import Limits
+from gym_bridge.core.dialects.chat import ApiError, ChatBody, MessageIn, from_chat_tool
+from gym_bridge.core.dialects.template_view import template_messages
 from gym_bridge.core.items import Item, function_call_item, function_call_output_item, message_item, reasoning_item, user_message_item
 from gym_bridge.core.parsers.call import ParsedTurn
 from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest, Policy, SamplingParams
 from gym_bridge.core.template import ChatTemplate
-from gym_bridge.core.errors import MissingDependencyError
 
-try:  # serve-model's request models and message conversion, shared rather than copied (gym_bridge.server imports FastAPI)
-    from gym_bridge.server import ApiError, ChatBody, _MessageIn, _responses_tool, _template_messages
-except ModuleNotFoundError as missing:  # pragma: no cover - the test extra installs FastAPI
-    raise MissingDependencyError(f"the capture endpoint needs FastAPI ({missing.name} is missing): pip install 'gym-bridge[serve]'") from None
 
 StopKind = Literal["max_turns", "budget", "context_overflow", "infra"]
 
@@ -121,9 +118,9 @@ class CaptureSession:
         if len(self.calls) >= self.limits.max_turns:
             raise self._stop("max_turns", f"the rollout's limit of {self.limits.max_turns} model calls is reached")
         use_tools = bool(body.tools) and body.tool_choice != "none"
-        tools = [_responses_tool(tool) for tool in body.tools or []] if use_tools else None
+        tools = [from_chat_tool(tool) for tool in body.tools or []] if use_tools else None
         try:
-            messages = _template_messages(body.messages, self.template)
+            messages = template_messages(body.messages, tool_format=self.template.tool_format)
         except ApiError as error:
             raise self.fail(error.status, error.message) from None
         prompt_ids = self._prompt_ids(messages, tools)
@@ -194,7 +191,7 @@ class CaptureSession:
         self.last_finish_reason = generation.finish_reason
         self.calls.append(CapturedCall(prompt_ids=list(prompt_ids), completion_ids=list(ids), logprobs=list(generation.logprobs)))
         self._turn_items(parsed, message, prompt_ids, generation)
-        echoed = _template_messages([_MessageIn.model_validate(message)], self.template)
+        echoed = template_messages([MessageIn.model_validate(message)], tool_format=self.template.tool_format)
         self._context = _Context(messages=messages + echoed, tools=tools, ids=list(prompt_ids) + list(ids), last_token=last_token)
         finish = "tool_calls" if message.get("tool_calls") and generation.finish_reason == "stop" else generation.finish_reason
         usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids), "total_tokens": len(prompt_ids) + len(ids)}

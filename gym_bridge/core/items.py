@@ -2,14 +2,16 @@
 
 A trajectory is a list of items (`message`, `reasoning`, `function_call`,
 `function_call_output`) exactly as the Responses API and NeMo Gym write them, so records are
-plain dicts that serialize without conversion. This module builds those dicts and turns task
-input (a string, chat messages, or Responses items) into chat messages for the chat template.
+plain dicts that serialize without conversion. This module builds those dicts; reading them and
+converting them to chat messages is `gym_bridge.core.dialects.responses` (`item_text` and
+`to_chat_messages` are importable from here too).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal, NotRequired, TypedDict
+
+from gym_bridge.core.dialects.responses import item_text as item_text, to_chat_messages as to_chat_messages
 
 
 class OutputText(TypedDict):
@@ -109,16 +111,6 @@ def function_call_output_item(output: str, *, call_id: str) -> FunctionCallOutpu
     return {"type": "function_call_output", "call_id": call_id, "output": output}
 
 
-def item_text(item: dict[str, Any]) -> str:
-    """The text of a message or reasoning item ('' for other items)."""
-    if item.get("type") == "reasoning":
-        return "".join(part.get("text", "") for part in item.get("summary", []))
-    content = item.get("content", "")
-    if isinstance(content, str):
-        return content
-    return "".join(part.get("text", "") for part in content if isinstance(part, dict))
-
-
 def final_text(output: list[Item]) -> str:
     """The text of the last assistant message of a trajectory ('' if it has none)."""
     for item in reversed(output):
@@ -134,32 +126,3 @@ def output_text(output: list[Item]) -> str:
 
 
 ChatMessage = dict[str, Any]
-_ROLE_TO_CHAT = {"developer": "system", "system": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
-
-
-def to_chat_messages(task_input: str | list[dict[str, Any]]) -> list[ChatMessage]:
-    """Chat messages (`role`, `content`) for a Responses `input` (string, messages or items).
-
-    Raises ValueError naming the offending entry when an entry is neither a message nor a
-    known item.
-    """
-    if isinstance(task_input, str):
-        return [{"role": "user", "content": task_input}]
-    messages: list[ChatMessage] = []
-    for position, entry in enumerate(task_input):
-        kind = entry.get("type", "message")
-        if kind == "message" and "role" in entry:
-            role = _ROLE_TO_CHAT.get(entry["role"])
-            if role is None:
-                raise ValueError(f"input[{position}].role: unknown role {entry['role']!r}")
-            messages.append({"role": role, "content": item_text(entry)})
-        elif kind == "function_call":
-            call = {"name": entry["name"], "arguments": json.loads(entry.get("arguments") or "{}")}
-            messages.append({"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": call}]})
-        elif kind == "function_call_output":
-            messages.append({"role": "tool", "content": str(entry.get("output", ""))})
-        elif kind == "reasoning":
-            continue
-        else:
-            raise ValueError(f"input[{position}]: expected a message or a Responses item, got type {kind!r}")
-    return messages

@@ -17,6 +17,8 @@ from typing import Any, Callable, Literal, Mapping, Protocol, Sequence
 import orjson
 
 from gym_bridge.core.chat_render import prepared_messages, render_chat
+from gym_bridge.core.dialects.responses import item_text
+from gym_bridge.core.dialects.template_view import to_template_tool
 from gym_bridge.core.errors import TemplateError
 from gym_bridge.core.items import ChatMessage
 from gym_bridge.core.piece_encoder import PieceEncoder
@@ -91,18 +93,6 @@ def _cache_key(value: Any) -> bytes:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=str)
     except TypeError:  # what orjson refuses (an integer beyond 64 bits, ...)
         return json.dumps(value, sort_keys=True, default=str).encode()
-
-
-def to_chat_tool(schema: dict[str, Any]) -> dict[str, Any]:
-    """A Responses function schema in the chat-completions shape templates expect."""
-    return {
-        "type": "function",
-        "function": {
-            "name": schema["name"],
-            "description": schema.get("description", ""),
-            "parameters": schema.get("parameters") or {"type": "object", "properties": {}},
-        },
-    }
 
 
 @dataclass(frozen=True)
@@ -243,7 +233,7 @@ class ChatTemplate:
             template = self.tokenizer.chat_template
             if isinstance(template, str) and isinstance(getattr(self.tokenizer, "special_tokens_map", None), Mapping) \
                     and not set(self.chat_template_kwargs) & _APPLY_ARGUMENTS:
-                tool = to_chat_tool({"name": "probe_tool", "description": "A probe.", "parameters": {
+                tool = to_template_tool({"name": "probe_tool", "description": "A probe.", "parameters": {
                     "type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}})
                 variables = {**self.tokenizer.special_tokens_map, **self.chat_template_kwargs}
                 try:
@@ -272,7 +262,7 @@ class ChatTemplate:
         the template with the tool schemas `tools` (Responses function schemas). Raises TemplateError."""
         kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
         if self.tool_format == "native":
-            kwargs["tools"] = [to_chat_tool(schema) for schema in tools] if tools else self._no_tools()
+            kwargs["tools"] = [to_template_tool(schema) for schema in tools] if tools else self._no_tools()
         return self._apply(self._with_tool_system(messages, tools), kwargs)
 
     def _with_tool_system(self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]] | None) -> list[ChatMessage]:
@@ -282,7 +272,7 @@ class ChatTemplate:
         key = _cache_key(tools)
         listing = self._tool_listings.get(key)
         if listing is None:
-            listing = "\n".join(json.dumps(to_chat_tool(schema)) for schema in tools)
+            listing = "\n".join(json.dumps(to_template_tool(schema)) for schema in tools)
             if len(self._tool_listings) >= 1024:
                 self._tool_listings.clear()
             self._tool_listings[key] = listing
@@ -343,9 +333,9 @@ class ChatTemplate:
         for item in output:
             kind = item.get("type")
             if kind == "reasoning":
-                reasoning.append("".join(part.get("text", "") for part in item.get("summary", [])))
+                reasoning.append(item_text(item))
             elif kind == "message":
-                content.append("".join(part.get("text", "") for part in item.get("content", []) if isinstance(part, Mapping)))
+                content.append(item_text(item))
             elif kind == "function_call":
                 calls.append(ParsedCall(name=item["name"], arguments=item["arguments"], call_id=item["call_id"]))
                 names[item["call_id"]] = item["name"]

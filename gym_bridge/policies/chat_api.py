@@ -23,9 +23,10 @@ import weakref
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from gym_bridge.core.dialects.chat import to_chat_tool, to_openai_messages
+from gym_bridge.core.dialects.responses import from_chat_messages, to_responses_tool
 from gym_bridge.core.items import TOKEN_FIELDS
 from gym_bridge.core.policy import BackendError, CallTokens, ChatRequest, ChatToolCall, ChatTurn, ContextOverflowError, SamplingParams
-from gym_bridge.core.template import to_chat_tool
 from gym_bridge.policies.remote import CONTEXT_OVERFLOW_PATTERN
 
 ChatApi = Literal["chat", "responses"]
@@ -147,18 +148,14 @@ class ChatAPIPolicy:
         sampling = request.sampling
         params: dict[str, Any] = {
             "model": self.model,
-            "input": to_responses_input(request.messages),
+            "input": from_chat_messages(request.messages),
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
             "max_output_tokens": sampling.max_new_tokens,
             "store": False,
         }
         if request.tools:
-            params["tools"] = [
-                {"type": "function", "name": schema["name"], "description": schema.get("description", ""),
-                 "parameters": schema.get("parameters") or {"type": "object", "properties": {}}}
-                for schema in request.tools
-            ]
+            params["tools"] = [to_responses_tool(schema) for schema in request.tools]
         extra = self._extra_body(sampling)
         if extra:
             params["extra_body"] = extra
@@ -180,40 +177,6 @@ class ChatAPIPolicy:
     def close(self) -> None:
         """Forget every client (inside an event loop, `aclose` closes its client cleanly)."""
         self._clients.clear()
-
-
-def to_openai_messages(messages: Any) -> list[dict[str, Any]]:
-    """Chat messages as the chat-completions API accepts them (tool messages keep only their id)."""
-    out: list[dict[str, Any]] = []
-    for message in messages:
-        role = message["role"]
-        if role == "tool":
-            out.append({"role": "tool", "tool_call_id": message.get("tool_call_id", ""), "content": message.get("content", "")})
-        elif role == "assistant":
-            entry: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
-            if message.get("tool_calls"):
-                entry.update(content=message.get("content") or None, tool_calls=message["tool_calls"])
-            entry.update({field: message[field] for field in TOKEN_FIELDS if field in message})
-            out.append(entry)
-        else:
-            out.append({"role": role, "content": message.get("content", "")})
-    return out
-
-
-def to_responses_input(messages: Any) -> list[dict[str, Any]]:
-    """Chat messages as Responses input items: messages, `function_call` and `function_call_output` items."""
-    items: list[dict[str, Any]] = []
-    for message in messages:
-        role = message["role"]
-        if role == "tool":
-            items.append({"type": "function_call_output", "call_id": message.get("tool_call_id", ""), "output": message.get("content", "")})
-            continue
-        if message.get("content"):
-            items.append({"type": "message", "role": role, "content": message["content"]})
-        for call in message.get("tool_calls") or []:
-            function = call["function"]
-            items.append({"type": "function_call", "call_id": call["id"], "name": function["name"], "arguments": function["arguments"]})
-    return items
 
 
 def chat_turn_from_completion(completion: dict[str, Any]) -> ChatTurn:

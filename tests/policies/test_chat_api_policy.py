@@ -22,7 +22,8 @@ from gym_bridge.core.policy import (
     require_token_policy,
 )
 from gym_bridge.core.task import parse_task
-from gym_bridge.policies.chat_api import ChatAPIPolicy, chat_turn_from_response, to_responses_input
+from gym_bridge.core.dialects.responses import from_chat_messages
+from gym_bridge.policies.chat_api import ChatAPIPolicy, chat_turn_from_response
 from tests.http_server import app_in_thread
 from tests.invariants import assert_token_invariants
 
@@ -177,7 +178,7 @@ def test_responses_input_maps_tool_calls_to_items():
             {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": CALL_ARGS}}]},
         {"role": "tool", "tool_call_id": "c1", "name": "get_weather", "content": '{"t": 3}'},
     ]
-    assert to_responses_input(messages) == [
+    assert from_chat_messages(messages) == [
         {"type": "message", "role": "system", "content": "Be brief."},
         {"type": "message", "role": "user", "content": "Weather?"},
         {"type": "message", "role": "assistant", "content": "Let me check."},

@@ -1,0 +1,222 @@
+"""The chat-completions dialect: its messages, tool schemas, request bodies and error answers.
+
+Owns the pydantic models of a `/v1/chat/completions` body (`ChatBody`, with `MessageIn`,
+`ToolIn`), which serve-model and the capture endpoint both validate against; tool schemas
+between the Responses form and the chat form (`to_chat_tool`, `from_chat_tool`); chat messages
+as the chat-completions API is sent them (`to_openai_messages`); and `ApiError`, an error answer
+in OpenAI's shape. No web framework: the servers turn `ApiError` into their own responses.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+from gym_bridge.core.items import TOKEN_FIELDS
+from gym_bridge.core.policy import LogprobsMode, SamplingParams
+
+MAX_CHOICES = 64
+"""The most choices one request may ask for (prompts x n)."""
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+
+LOGPROBS_MODES: dict[str, LogprobsMode] = {"raw": "raw", "raw_logprobs": "raw", "processed": "processed", "processed_logprobs": "processed"}
+"""vLLM's `logprobs_mode` names and the policy mode each means."""
+
+
+class ApiError(Exception):
+    """An error answer: HTTP status, message, and the OpenAI error type."""
+
+    def __init__(self, status: int, message: str, kind: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+
+
+# -- request bodies ---------------------------------------------------------------------------
+
+
+class SamplingBody(BaseModel):
+    """Fields shared by completions and chat completions; unknown fields are ignored, like vLLM does."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=100.0)] = 1.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    top_k: Annotated[int, Field(ge=-1)] = -1
+    """-1 or 0: off."""
+    seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
+    stop: str | list[str] | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
+    return_token_ids: bool = False
+    return_tokens_as_token_ids: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    logprobs_mode: str | None = None
+    stream: bool = False
+    # Accepted only at their neutral values: the policy implements none of them.
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    best_of: int | None = None
+    logit_bias: dict[str, float] | None = None
+    use_beam_search: bool = False
+    prompt_logprobs: int | None = None
+
+    def check_supported(self) -> None:
+        """Raises ApiError 400 for a setting serve-model does not implement."""
+        neutral = {"min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+                   "min_tokens": 0, "ignore_eos": False, "use_beam_search": False}
+        for name, value in neutral.items():
+            if getattr(self, name) != value:
+                raise ApiError(400, f"{name}={getattr(self, name)!r} is not supported by serve-model (only {value!r})")
+        if self.best_of not in (None, 1) or self.logit_bias or self.prompt_logprobs is not None:
+            raise ApiError(400, "best_of, logit_bias and prompt_logprobs are not supported by serve-model")
+        if self.stream:
+            raise ApiError(400, "stream=true is not supported by serve-model; send stream=false")
+        if self.logprobs_mode is not None and self.logprobs_mode not in LOGPROBS_MODES:
+            raise ApiError(400, f"logprobs_mode must be one of {sorted(LOGPROBS_MODES)}, got {self.logprobs_mode!r}")
+        for stop in self.stop_strings():
+            if not 0 < len(stop) <= MAX_STOP_CHARS:
+                raise ApiError(400, f"stop strings must have 1 to {MAX_STOP_CHARS} characters")
+        if len(self.stop_strings()) > MAX_STOP_STRINGS:
+            raise ApiError(400, f"at most {MAX_STOP_STRINGS} stop strings")
+
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def sampling(self, *, max_new_tokens: int, default_mode: LogprobsMode, seed_offset: int = 0) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=max(self.top_k, 0),
+            max_new_tokens=max_new_tokens,
+            stop=self.stop_strings(),
+            seed=None if self.seed is None else self.seed + seed_offset,
+            logprobs_mode=LOGPROBS_MODES[self.logprobs_mode] if self.logprobs_mode else default_mode,
+        )
+
+
+class FunctionIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: Annotated[str, Field(min_length=1)]
+    description: str = ""
+    parameters: dict[str, Any] | None = None
+    arguments: str | dict[str, Any] | None = None
+
+
+class ToolIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"] = "function"
+    function: FunctionIn
+
+
+class ToolCallIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: FunctionIn
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text", "input_text", "output_text"]
+    text: str
+
+
+class MessageIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    prompt_token_ids: list[StrictInt] | None = None
+    generation_token_ids: list[StrictInt] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+
+class ChatBody(SamplingBody):
+    """A `/v1/chat/completions` request body."""
+
+    messages: Annotated[list[MessageIn], Field(min_length=1)]
+    tools: list[ToolIn] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    required_prefix_token_ids: list[StrictInt] | None = None
+    """The exact ids the prompt must start with (default: from the last message carrying token ids)."""
+
+
+# -- conversions ------------------------------------------------------------------------------
+
+
+def to_chat_tool(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """A Responses function schema (`name`, `description`, `parameters`) as a chat-completions tool."""
+    return {
+        "type": "function",
+        "function": {
+            "name": schema["name"],
+            "description": schema.get("description", ""),
+            "parameters": schema.get("parameters") or {"type": "object", "properties": {}},
+        },
+    }
+
+
+def from_chat_tool(tool: ToolIn) -> dict[str, Any]:
+    """A chat-completions tool as a Responses function schema (no parameters: an empty object schema)."""
+    function = tool.function
+    return {"type": "function", "name": function.name, "description": function.description,
+            "parameters": function.parameters or {"type": "object", "properties": {}}}
+
+
+def tool_call_arguments(arguments: str | dict[str, Any] | None) -> dict[str, Any]:
+    """A tool call's arguments as an object (a JSON string is parsed; None is `{}`).
+
+    Raises ApiError 400 when they are not JSON or not an object.
+    """
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        parsed = json.loads(arguments or "{}")
+    except json.JSONDecodeError:
+        raise ApiError(400, f"tool call arguments are not valid JSON: {arguments!r}") from None
+    if not isinstance(parsed, dict):
+        raise ApiError(400, "tool call arguments must be a JSON object")
+    return parsed
+
+
+def to_openai_messages(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages as the chat-completions API accepts them: tool messages keep only their id,
+    an assistant message with tool calls has content None when empty, and the token fields
+    NeMo RL's server reads stay on the assistant messages that carry them."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        role = message["role"]
+        if role == "tool":
+            out.append({"role": "tool", "tool_call_id": message.get("tool_call_id", ""), "content": message.get("content", "")})
+        elif role == "assistant":
+            entry: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
+            if message.get("tool_calls"):
+                entry.update(content=message.get("content") or None, tool_calls=message["tool_calls"])
+            entry.update({field: message[field] for field in TOKEN_FIELDS if field in message})
+            out.append(entry)
+        else:
+            out.append({"role": role, "content": message.get("content", "")})
+    return out
