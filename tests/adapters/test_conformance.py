@@ -26,7 +26,7 @@ from gym_bridge.adapters.nemo_gym_server import AgentServerSettings, build_app
 from gym_bridge.adapters.trl import make_rollout
 from gym_bridge.adapters.trl_dataset import REGISTRY, load_dataset
 from gym_bridge.core.policy import Generation, ScriptedPolicy
-from gym_bridge.core.registry import get_environment
+from gym_bridge.core.registry import get_environment, register
 from gym_bridge.server import build_app as build_model_app
 from tests.adapters.test_trl_rollout import Trainer
 from tests.http_server import app_in_thread
@@ -110,3 +110,39 @@ def test_trl_verl_and_run_paths_agree(row, script, smol_tokenizer, verl_trainer_
     for name, other in (("verl", verl), ("/run", run)):
         for key in ("prompt_ids", "completion_ids", "mask", "logprobs", "reward"):
             assert other[key] == trl[key], f"{name} differs from TRL in {key}"
+
+
+ADD_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 12, "b": 30}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def harness_script(smol_tokenizer):
+    """The harness_example agent (`environments/harness_example/agent.py`, an `openai` tool loop run as a
+    subprocess) calls the model twice: `add` then the answer."""
+    def turn(text: str, first_logprob: float) -> Generation:
+        ids = smol_tokenizer.encode(text, add_special_tokens=False) + [smol_tokenizer.eos_token_id]
+        return Generation(token_ids=ids, logprobs=[round(first_logprob - 0.011 * i, 6) for i in range(len(ids))], finish_reason="stop")
+
+    return [turn(ADD_CALL, -0.07), turn("12 + 30 = 42", -0.3)]
+
+
+@pytest.fixture(scope="module")
+def harness_row():
+    from environments.harness_example import HarnessExampleEnvironment
+
+    register(HarnessExampleEnvironment)  # as its entry point does (an editable install made before it may lack it)
+    row = json.loads(HarnessExampleEnvironment.example_data.read_text().splitlines()[0])
+    row["responses_create_params"].update(temperature=1.0, top_p=1.0, max_output_tokens=BUDGET)
+    return row
+
+
+def test_a_harness_run_agrees_on_trl_and_verl(harness_row, harness_script, smol_tokenizer, verl_trainer_config, tmp_path):
+    trl = via_trl(harness_row, harness_script, smol_tokenizer)
+    verl = via_verl(harness_row, harness_script, smol_tokenizer, verl_trainer_config, tmp_path)
+    assert trl["reward"] == 1.0 and trl["mask"].count(0) > 0
+    model_ids = [t for t, m in zip(trl["completion_ids"], trl["mask"]) if m]
+    assert model_ids == harness_script[0].token_ids + harness_script[1].token_ids
+    env_ids = [t for t, m in zip(trl["completion_ids"], trl["mask"]) if not m]
+    assert '{"result": 42}' in smol_tokenizer.decode(env_ids)  # the agent ran its own tool
+    for key in ("prompt_ids", "completion_ids", "mask", "logprobs", "reward"):
+        assert verl[key] == trl[key], f"verl differs from TRL in {key}"
