@@ -85,10 +85,10 @@ def via_verl(row, script, tokenizer, config, tmp_path) -> dict:
             "logprobs": output.response_logprobs, "reward": output.reward_score}
 
 
-def via_run(row, script, tokenizer) -> dict:
+def via_run(row, script, tokenizer, env: str = "weather") -> dict:
     model = ScriptedModel(tokenizer, by_turn(*script))
     with app_in_thread(build_model_app(model, model_name="scripted")) as model_url:
-        settings = AgentServerSettings(envs=("weather",), model_base_urls=(model_url + "/v1",), model="scripted",
+        settings = AgentServerSettings(envs=(env,), model_base_urls=(model_url + "/v1",), model="scripted",
                                        max_completion_tokens=BUDGET, max_retries=0)
         with app_in_thread(build_app(settings)) as agent_url:
             answer = httpx.post(agent_url + "/run", json=row, timeout=60)
@@ -136,13 +136,17 @@ def harness_row():
     return row
 
 
-def test_a_harness_run_agrees_on_trl_and_verl(harness_row, harness_script, smol_tokenizer, verl_trainer_config, tmp_path):
+def test_a_harness_run_agrees_on_trl_verl_and_run(harness_row, harness_script, smol_tokenizer, verl_trainer_config, tmp_path):
+    """TRL and verl capture in front of a token policy; `/run` in front of NeMo RL's chat policy, whose
+    server renders each prompt and keeps the prefix from the token ids the capture session sends back."""
     trl = via_trl(harness_row, harness_script, smol_tokenizer)
     verl = via_verl(harness_row, harness_script, smol_tokenizer, verl_trainer_config, tmp_path)
+    run = via_run(harness_row, harness_script, smol_tokenizer, env="harness_example")
     assert trl["reward"] == 1.0 and trl["mask"].count(0) > 0
     model_ids = [t for t, m in zip(trl["completion_ids"], trl["mask"]) if m]
     assert model_ids == harness_script[0].token_ids + harness_script[1].token_ids
     env_ids = [t for t, m in zip(trl["completion_ids"], trl["mask"]) if not m]
     assert '{"result": 42}' in smol_tokenizer.decode(env_ids)  # the agent ran its own tool
-    for key in ("prompt_ids", "completion_ids", "mask", "logprobs", "reward"):
-        assert verl[key] == trl[key], f"verl differs from TRL in {key}"
+    for name, other in (("verl", verl), ("/run", run)):
+        for key in ("prompt_ids", "completion_ids", "mask", "logprobs", "reward"):
+            assert other[key] == trl[key], f"{name} differs from TRL in {key}"
