@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from gym_bridge.adapters.nemo_gym_server import AgentServerSettings, build_app
-from gym_bridge.adapters.trl import make_rollout
+from gym_bridge.adapters.trl import make_rollout, reward_metrics
 from gym_bridge.adapters.trl_dataset import REGISTRY, load_dataset
 from gym_bridge.core.policy import Generation, ScriptedPolicy
 from gym_bridge.core.registry import get_environment, register
@@ -197,6 +197,9 @@ def test_a_harness_that_rewrites_its_history_trains_its_last_segment_on_every_pa
     verl = via_verl(row, [], smol_tokenizer, verl_trainer_config, tmp_path, pick=pick)
     run = via_run(row, [], smol_tokenizer, env="compacting_harness", pick=pick)
     assert trl["reward"] == 1.0 and trl["rewrites"] == 1
+    logged = reward_metrics([trl["reward"]], env_names=["compacting_harness"], reward_components=[{}], failure_kinds=[None],
+                            harness_rewrites=[trl["rewrites"]])
+    assert logged["gym_bridge/harness_rewrites"] == 1.0
     assert trl["completion_ids"] == last.token_ids and trl["mask"] == [1] * len(last.token_ids) and trl["logprobs"] == last.logprobs
     assert SUMMARY in smol_tokenizer.decode(trl["prompt_ids"]) and "<|im_start|>tool" not in smol_tokenizer.decode(trl["prompt_ids"])
     for name, other in (("verl", verl), ("/run", run)):
