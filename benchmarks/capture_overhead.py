@@ -39,9 +39,9 @@ from gym_bridge.core.policy import Generation, GenerationRequest, SamplingParams
 from gym_bridge.core.template import ChatTemplate  # noqa: E402
 from gym_bridge.policies.embedded import load_embedded_tokenizer  # noqa: E402
 
-MESSAGES = [{"role": "system", "content": "You are a careful assistant. Use the tools for arithmetic, then state the number."},
+MESSAGES: list[Any] = [{"role": "system", "content": "You are a careful assistant. Use the tools for arithmetic, then state the number."},
             {"role": "user", "content": "What is 12 + 30? Use the tools."}]
-TOOLS = [{"type": "function", "name": "add", "description": "Add two numbers.",
+TOOLS: list[dict[str, Any]] = [{"type": "function", "name": "add", "description": "Add two numbers.",
           "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]}}]
 ANSWER = '<tool_call>\n{"name": "add", "arguments": {"a": 12, "b": 30}}\n</tool_call>'
 
@@ -81,9 +81,9 @@ async def capture_calls(template: ChatTemplate, policy: InstantPolicy, sampling:
     """Mean seconds per call of an openai client through the capture endpoint (a fresh session per run)."""
     import openai
 
-    session = CaptureSession(policy=policy, template=template, sampling=sampling,  # type: ignore[arg-type]
+    session = CaptureSession(policy=policy, template=template, sampling=sampling,
                              limits=Limits(max_turns=calls + 10, max_completion_tokens=10**9), model_name="policy", label="bench")
-    chat_tools = [{"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}} for tool in TOOLS]
+    chat_tools: list[Any] = [{"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}} for tool in TOOLS]
     async with capture_server().session(session) as base_url:
         async with openai.AsyncOpenAI(base_url=base_url, api_key=session.token, max_retries=0) as client:
             await client.chat.completions.create(model="policy", messages=MESSAGES, tools=chat_tools)  # connection warm-up
@@ -101,7 +101,7 @@ def summary(values: list[float]) -> dict[str, float]:
 
 async def main(runs: int, calls: int) -> dict[str, Any]:
     tokenizer = load_embedded_tokenizer()
-    template = ChatTemplate(tokenizer)
+    template = ChatTemplate(tokenizer)  # type: ignore[arg-type]  # a transformers tokenizer is one
     ids = tokenizer.encode(ANSWER, add_special_tokens=False) + [tokenizer.eos_token_id]
     policy = InstantPolicy(Generation(token_ids=ids, logprobs=[-0.1] * len(ids), finish_reason="stop"))
     sampling = SamplingParams(max_new_tokens=64)
