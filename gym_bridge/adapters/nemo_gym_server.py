@@ -246,7 +246,7 @@ def to_run_result(record: RolloutRecord) -> dict[str, Any]:
     result = record.to_dict()
     del result["tokens"]
     if record.tokens.segments:
-        _last_segment_only(result["response"]["output"])
+        result["response"] = {**result["response"], "output": _last_segment_only(result["response"]["output"])}
     result["failure_kind"] = nemo_gym_failure_kind(record.failure_kind)
     instance_config = result.get("instance_config")
     if instance_config is None or isinstance(instance_config, Mapping):
@@ -254,17 +254,18 @@ def to_run_result(record: RolloutRecord) -> dict[str, Any]:
     return result
 
 
-def _last_segment_only(output: list[dict[str, Any]]) -> None:
-    """Drop the token fields from the calls before a harness's last segment (see `gym_bridge.capture.assembly`)."""
+def _last_segment_only(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`output` with the token fields dropped from the calls before a harness's last segment (see
+    `gym_bridge.capture.assembly`); the record's own items are left as they are."""
     from gym_bridge.capture.assembly import CapturedCall, assemble
 
     carrying = [item for item in output if item.get("generation_token_ids") is not None]
     calls = [CapturedCall(prompt_ids=list(item.get("prompt_token_ids") or []), completion_ids=list(item["generation_token_ids"]),
                           logprobs=list(item.get("generation_log_probs") or [])) for item in carrying]
     kept = assemble(calls).calls_per_segment[-1] if calls else 0
-    for item in carrying[: len(carrying) - kept]:
-        for name in TOKEN_FIELDS:
-            item.pop(name, None)
+    earlier = {id(item) for item in carrying[: len(carrying) - kept]}
+    return [{key: value for key, value in item.items() if key not in TOKEN_FIELDS} if id(item) in earlier else item
+            for item in output]
 
 
 TASK_INDEX_KEY = "_ng_task_index"
