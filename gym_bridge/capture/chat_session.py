@@ -23,7 +23,6 @@ from gym_bridge.capture.session import SessionState
 from gym_bridge.core.items import TOKEN_FIELDS, function_call_item, function_call_output_item, message_item, reasoning_item, user_message_item
 from gym_bridge.core.policy import BackendError, CallTokens, ChatPolicy, ChatRequest, ChatTurn, ContextOverflowError
 
-from gym_bridge.server import _MessageIn, _responses_tool  # serve-model's request models (session.py checked FastAPI is there)
 
 NO_TOKENS = ("the chat policy answered without token ids; a harness behind a chat policy needs one that returns "
              "prompt_token_ids/generation_token_ids/generation_log_probs (NeMo RL's server, gym-bridge serve-model, "
@@ -44,8 +43,7 @@ class ChatCaptureSession(SessionState):
         """The answer to one request body, as OpenAI's API gives it; raises ApiError for a 4xx/5xx."""
         body = self._body(data)
         self._admit()
-        use_tools = bool(body.tools) and body.tool_choice != "none"
-        tools = [_responses_tool(tool) for tool in body.tools or []] if use_tools else []
+        tools = self._request_tools(body) or []
         messages = [self._chat_message(message) for message in body.messages]
         sampling = self._call_sampling(body)
         self._input_items(messages)
@@ -57,7 +55,7 @@ class ChatCaptureSession(SessionState):
             raise self._backend_failed(BackendError(NO_TOKENS))
         return self._answer(messages, turn, turn.tokens)
 
-    def _chat_message(self, message: _MessageIn) -> dict[str, Any]:
+    def _chat_message(self, message: Any) -> dict[str, Any]:  # one of `ChatBody.messages`
         """A request message in chat-completions shape; an answered assistant message gets its call's token ids back."""
         out: dict[str, Any] = {"role": message.role, "content": message.text()}
         if message.role == "tool":

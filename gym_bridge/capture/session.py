@@ -136,6 +136,11 @@ class SessionState:
         self.errors.append(EndpointError(status=500, message=str(error)))
         return ApiError(500, f"generation backend failed: {error}", "server_error")
 
+    def _request_tools(self, body: ChatBody) -> list[dict[str, Any]] | None:
+        """The request's tools as Responses function schemas; None when it offers none or `tool_choice` is 'none'."""
+        use_tools = bool(body.tools) and body.tool_choice != "none"
+        return [_responses_tool(tool) for tool in body.tools or []] if use_tools else None
+
     def _item_id(self, prefix: str) -> str:
         self._items += 1
         return f"{prefix}_{self.label or 'capture'}_{self._items}"
@@ -172,8 +177,7 @@ class CaptureSession(SessionState):
         """The answer to one request body, as OpenAI's API gives it; raises ApiError for a 4xx/5xx."""
         body = self._body(data)
         self._admit()
-        use_tools = bool(body.tools) and body.tool_choice != "none"
-        tools = [_responses_tool(tool) for tool in body.tools or []] if use_tools else None
+        tools = self._request_tools(body)
         try:
             messages = _template_messages(body.messages, self.template)
         except ApiError as error:
