@@ -28,6 +28,7 @@ from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import Environment
 from gym_bridge.core.errors import DataError, GymBridgeError, MissingDependencyError, UnknownEnvironmentError
+from gym_bridge.core.items import TOKEN_FIELDS
 from gym_bridge.core.policy import BackendError, ChatPolicy, ChatRequest, ChatTurn, SamplingParams
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import get_environment, resolve_tasks
@@ -238,14 +239,33 @@ def to_run_result(record: RolloutRecord) -> dict[str, Any]:
     """A record as `/run` answers it: the row, `response`, `reward`, `reward_components`, `mask_sample`,
     `failure_kind` (NeMo Gym's name, `nemo_gym_failure_kind`)/`failure_reason` and `metrics`, without
     the flat `tokens` view (NeMo RL rebuilds it from the output items). `mask_sample` is also set in
-    `instance_config`, where NeMo RL reads it (`nemo_rl/experience/rollouts.py::_extract_mask_sample_flags`)."""
+    `instance_config`, where NeMo RL reads it (`nemo_rl/experience/rollouts.py::_extract_mask_sample_flags`).
+    A harness that rewrote its history left calls whose ids do not continue each other, which NeMo RL
+    refuses ("Non-contiguous messages found!"); only the calls of its last segment keep their token
+    ids, so NeMo RL trains that segment, as TRL and verl do (`metrics.verify.rewrites` counts the rest)."""
     result = record.to_dict()
     del result["tokens"]
+    if record.tokens.segments:
+        result["response"] = {**result["response"], "output": _last_segment_only(result["response"]["output"])}
     result["failure_kind"] = nemo_gym_failure_kind(record.failure_kind)
     instance_config = result.get("instance_config")
     if instance_config is None or isinstance(instance_config, Mapping):
         result["instance_config"] = {**(instance_config or {}), "mask_sample": record.mask_sample}
     return result
+
+
+def _last_segment_only(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`output` with the token fields dropped from the calls before a harness's last segment (see
+    `gym_bridge.capture.assembly`); the record's own items are left as they are."""
+    from gym_bridge.capture.assembly import CapturedCall, assemble
+
+    carrying = [item for item in output if item.get("generation_token_ids") is not None]
+    calls = [CapturedCall(prompt_ids=list(item.get("prompt_token_ids") or []), completion_ids=list(item["generation_token_ids"]),
+                          logprobs=list(item.get("generation_log_probs") or [])) for item in carrying]
+    kept = assemble(calls).calls_per_segment[-1] if calls else 0
+    earlier = {id(item) for item in carrying[: len(carrying) - kept]}
+    return [{key: value for key, value in item.items() if key not in TOKEN_FIELDS} if id(item) in earlier else item
+            for item in output]
 
 
 TASK_INDEX_KEY = "_ng_task_index"

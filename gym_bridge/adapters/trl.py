@@ -51,7 +51,7 @@ BackendName = Literal["policy", "transformers", "vllm_colocate", "vllm_server"]
 ROW_KEYS = (
     "prompt_ids", "completion_ids", "logprobs", "env_mask",
     "env_reward", "reward_components", "failure_kind", "env_name", "num_turns", "tool_calls", "finish_reason",
-    "parse_errors", "unparsed_tool_calls",
+    "parse_errors", "unparsed_tool_calls", "harness_rewrites",
 )
 """The keys `rollout` returns; all but the first four reach reward functions as keywords."""
 NOT_A_TASK = "build the dataset with gym_bridge.trl.load_dataset, whose prompts carry each task's key"
@@ -283,6 +283,9 @@ def to_trl_batch(records: Sequence[RolloutRecord], *, eos_token_ids: Sequence[in
     `env_mask` all 0 and `env_reward` None, so they leave both the loss and the group baseline.
     An empty completion becomes one EOS id with mask 0 (TRL cannot take an empty row); an
     episode that ended with an answer but no EOS id gets one appended (mask 0) if the budget allows.
+    A harness that rewrote its history left several token segments (`tokens.segments`): the row is
+    its last segment (the flat `tokens`, never re-tokenized) with the rollout's reward, and
+    `harness_rewrites` counts the earlier segments left untrained (logged as `gym_bridge/harness_rewrites`).
     """
     eos = eos_token_ids[0]
     batch: dict[str, list[Any]] = {key: [] for key in ROW_KEYS}
@@ -310,6 +313,7 @@ def to_trl_batch(records: Sequence[RolloutRecord], *, eos_token_ids: Sequence[in
         batch["finish_reason"].append(record.finish_reason)
         batch["parse_errors"].append(record.parse_errors)
         batch["unparsed_tool_calls"].append(record.unparsed_tool_calls)
+        batch["harness_rewrites"].append(max(len(tokens.segments) - 1, 0))
     return batch
 
 
@@ -581,6 +585,7 @@ def env_reward(prompts: list[Any], completions: list[Any], env_reward: list[floa
             tool_calls=kwargs.get("tool_calls") or [],
             parse_errors=kwargs.get("parse_errors") or [],
             unparsed_tool_calls=kwargs.get("unparsed_tool_calls") or [],
+            harness_rewrites=kwargs.get("harness_rewrites") or [],
         )
         for name, value in metrics.items():
             log_metric(name, value)
@@ -603,12 +608,14 @@ def reward_metrics(
     tool_calls: Sequence[int] = (),
     parse_errors: Sequence[int] = (),
     unparsed_tool_calls: Sequence[int] = (),
+    harness_rewrites: Sequence[int] = (),
 ) -> dict[str, float]:
     """Batch metrics under `gym_bridge/`: `failed` and `failed/<kind>` (fractions of rows, every
     kind every time, so ranks agree), `masked`, `<env>/reward` and `<env>/<component>` (means over
     that environment's scored rows), `num_turns` (mean), `parse_errors` and `unparsed_tool_calls`
     (per rollout: tool calls the parser could not read, turns taken as answers that hold a call), `tool_calls`
-    (per rollout) and `<env>/tool_call_rate` (share of that environment's rows with a tool call)."""
+    (per rollout), `<env>/tool_call_rate` (share of that environment's rows with a tool call) and
+    `harness_rewrites` (per rollout: history rewrites of a harness, whose earlier segments are not trained)."""
     count = len(rewards)
     if count == 0:
         return {}
@@ -633,7 +640,8 @@ def reward_metrics(
             calling.setdefault(env, []).append(calls > 0)
         for env, flags in sorted(calling.items()):
             metrics[f"gym_bridge/{env}/tool_call_rate"] = sum(flags) / len(flags)
-    for name, values in (("tool_calls", tool_calls), ("parse_errors", parse_errors), ("unparsed_tool_calls", unparsed_tool_calls)):
+    for name, values in (("tool_calls", tool_calls), ("parse_errors", parse_errors), ("unparsed_tool_calls", unparsed_tool_calls),
+                         ("harness_rewrites", harness_rewrites)):
         if values:
             metrics[f"gym_bridge/{name}"] = sum(values) / len(values)
     return metrics

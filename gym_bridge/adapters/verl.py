@@ -46,7 +46,7 @@ __all__ = [
 REWARD_EXTRA_KEYS = (
     "gym_bridge_reward", "gym_bridge_masked", "gym_bridge_failed", "gym_bridge_turns", "gym_bridge_tool_calls",
     "gym_bridge_env", "gym_bridge_failure_kind", "gym_bridge_reward_components",
-    "gym_bridge_parse_errors", "gym_bridge_unparsed_tool_calls", "gym_bridge_no_answer",
+    "gym_bridge_parse_errors", "gym_bridge_unparsed_tool_calls", "gym_bridge_no_answer", "gym_bridge_harness_rewrites",
 )
 """`reward_extra_info` keys of every sample, whatever its environment: verl stacks them across a batch
 (from the first sample's keys) and logs them. Components are JSON text, since their names differ by environment."""
@@ -261,7 +261,8 @@ def to_agent_loop_output(record: RolloutRecord, *, policy: VerlServerPolicy, pro
     `REWARD_EXTRA_KEYS`. A masked record (a failure, or a sample its verifier masked) keeps its tokens
     with mask all 0, `reward_score` 0.0 and `extra_fields["gym_bridge_masked"] = True` plus its failure
     kind, so verl drops it from the loss. The token translation is TRL's `to_trl_batch` (an empty
-    completion becomes one EOS id with mask 0)."""
+    completion becomes one EOS id with mask 0; a harness that rewrote its history gives its last
+    segment, and `gym_bridge_harness_rewrites` counts the earlier, untrained ones)."""
     row = {key: values[0] for key, values in to_trl_batch(
         [record], eos_token_ids=sorted(policy.eos_token_ids), max_completion_length=response_length).items()}
     masked = row["env_reward"] is None
@@ -273,6 +274,7 @@ def to_agent_loop_output(record: RolloutRecord, *, policy: VerlServerPolicy, pro
         "gym_bridge_failure_kind": record.failure_kind or "", "gym_bridge_reward_components": json.dumps(components, sort_keys=True),
         "gym_bridge_parse_errors": record.parse_errors, "gym_bridge_unparsed_tool_calls": record.unparsed_tool_calls,
         "gym_bridge_no_answer": float(record.finish_reason != "answer" and not record.failed),
+        "gym_bridge_harness_rewrites": row["harness_rewrites"],
     }
     extra_fields: dict[str, Any] = {
         "reward_extra_info": reward_extra_info, "gym_bridge_masked": masked, "gym_bridge_failure_kind": record.failure_kind,

@@ -21,11 +21,12 @@ from typing import Any, ClassVar
 from gym_bridge.capture.assembly import assemble
 from gym_bridge.capture.harness import AgentCallable, AgentOutcome, run_callable, run_command
 from gym_bridge.capture.server import capture_server
-from gym_bridge.capture.session import CaptureSession
+from gym_bridge.capture.chat_session import ChatCaptureSession
+from gym_bridge.capture.session import CaptureSession, SessionState
 from gym_bridge.core.agent_loop import RolloutContext, RolloutFailure
 from gym_bridge.core.environment import Environment, VerifyResult, to_verify_result
 from gym_bridge.core.items import Item
-from gym_bridge.core.policy import Policy, is_token_policy
+from gym_bridge.core.policy import ChatPolicy, is_token_policy
 from gym_bridge.core.task import Task
 from gym_bridge.core.dialects.chat import to_chat_tool
 
@@ -45,12 +46,7 @@ class HarnessLoop:
         env = ctx.env
         if not isinstance(env, HarnessEnvironment):
             raise RolloutFailure("env", f"HarnessLoop needs a HarnessEnvironment, got {type(env).__name__}")
-        if ctx.template is None or not is_token_policy(ctx.policy):
-            raise RolloutFailure("infra", "a harness environment needs a token-in/token-out policy (scripted, transformers, "
-                                          "remote or vLLM engine): chat API policies cannot be captured")
-        policy: Policy = ctx.policy  # type: ignore[assignment]
-        session = CaptureSession(policy=policy, template=ctx.template, sampling=ctx.sampling, limits=ctx.limits,
-                                 model_name=type(env).model_name, label=ctx.session_id)
+        session = _session(ctx, type(env).model_name)
         payload = {"messages": list(ctx.task.messages), "tools": [to_chat_tool(schema) for schema in ctx.tools],
                    "model": session.model_name, "row": ctx.task.row}
         try:
@@ -61,7 +57,7 @@ class HarnessLoop:
         env.session, env.outcome = session, outcome
         return _finish(env, session, outcome)
 
-    async def _run_agent(self, env: HarnessEnvironment, task: Task, session: CaptureSession, base_url: str,
+    async def _run_agent(self, env: HarnessEnvironment, task: Task, session: SessionState, base_url: str,
                          payload: dict[str, Any]) -> AgentOutcome:
         env_class = type(env)
         agent = env_class.agent
@@ -88,7 +84,20 @@ class HarnessLoop:
                 raise RolloutFailure("env", f"cannot start the harness {list(argv)}: {error}") from None
 
 
-def _fill_trajectory(ctx: RolloutContext, session: CaptureSession) -> None:
+def _session(ctx: RolloutContext, model_name: str) -> CaptureSession | ChatCaptureSession:
+    """A token session in front of a token policy; a chat session in front of a chat policy (it must return token ids)."""
+    common: dict[str, Any] = {"sampling": ctx.sampling, "limits": ctx.limits, "model_name": model_name, "label": ctx.session_id}
+    policy = ctx.policy
+    if is_token_policy(policy):
+        if ctx.template is None:
+            raise RolloutFailure("infra", "a harness environment over a token policy needs the run's chat template")
+        return CaptureSession(policy=policy, template=ctx.template, **common)  # type: ignore[arg-type]
+    if isinstance(policy, ChatPolicy):
+        return ChatCaptureSession(policy=policy, **common)
+    raise RolloutFailure("infra", f"a harness environment needs a token policy or a chat policy, got {type(policy).__name__}")
+
+
+def _fill_trajectory(ctx: RolloutContext, session: SessionState) -> None:
     """The captured calls as the trajectory: items, the last segment as the flat view, every segment when there are several."""
     trajectory = ctx.trajectory
     trajectory.output = list(session.output)
@@ -103,7 +112,7 @@ def _fill_trajectory(ctx: RolloutContext, session: CaptureSession) -> None:
     trajectory.segments = list(assembly.segments) if len(assembly.segments) > 1 else []
 
 
-def _finish(env: HarnessEnvironment, session: CaptureSession, outcome: AgentOutcome) -> str:
+def _finish(env: HarnessEnvironment, session: SessionState, outcome: AgentOutcome) -> str:
     stop = session.stop
     if stop is not None and stop.kind in ("context_overflow", "infra"):
         raise RolloutFailure(stop.kind, stop.reason)
@@ -145,7 +154,7 @@ class HarnessEnvironment(Environment):
     settings: ClassVar[tuple[str, ...]] = ("harness_timeout_s", "tail_chars")
     tools_from_row = True  # the agent runs its own tools; a row's tool schemas are passed to it as they are
 
-    session: CaptureSession | None = None
+    session: SessionState | None = None
     outcome: AgentOutcome | None = None
 
     def harness_command(self, task: Task) -> tuple[str, ...]:

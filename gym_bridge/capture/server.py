@@ -18,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gym_bridge.capture.chat_session import ChatCaptureSession
 from gym_bridge.capture.session import CaptureSession
 from gym_bridge.core.dialects.chat import ApiError
 
@@ -33,7 +34,7 @@ class CaptureServer:
     """The loopback HTTP server of one event loop; `session(...)` opens a rollout's session on it."""
 
     def __init__(self) -> None:
-        self.sessions: dict[str, CaptureSession] = {}
+        self.sessions: dict[str, CaptureSession | ChatCaptureSession] = {}
         self.port: int | None = None
         self._runner: web.AppRunner | None = None
         self._lock = asyncio.Lock()
@@ -60,7 +61,7 @@ class CaptureServer:
             await runner.cleanup()
 
     @asynccontextmanager
-    async def session(self, session: CaptureSession) -> AsyncIterator[str]:
+    async def session(self, session: CaptureSession | ChatCaptureSession) -> AsyncIterator[str]:
         """Serve `session` while the block runs; yields its base URL (`.../s/<token>/v1`)."""
         async with self._lock:
             if self._runner is None:
@@ -74,7 +75,7 @@ class CaptureServer:
                 if not self.sessions:
                     await self._stop()
 
-    def _find(self, request: web.Request) -> CaptureSession:
+    def _find(self, request: web.Request) -> CaptureSession | ChatCaptureSession:
         token = request.match_info.get("token")
         if token is not None:
             found = self.sessions.get(token)

@@ -62,12 +62,11 @@ class _Context:
     last_token: int | None
 
 
-@dataclass
-class CaptureSession:
-    """Serves one rollout's calls; mutated only by `chat_completions`."""
+@dataclass(kw_only=True)
+class SessionState:
+    """What every capture session keeps and answers with, whatever its policy kind: the calls,
+    their items, the errors it answered and why it stopped."""
 
-    policy: Policy
-    template: ChatTemplate
     sampling: SamplingParams
     limits: Limits
     model_name: str
@@ -85,7 +84,6 @@ class CaptureSession:
     """`stop` or `length` of the last call served."""
     token_in_calls: int = 0
     """Calls whose prompt was built from the previous call's exact ids (the rest were rendered whole)."""
-    _context: _Context | None = None
     _items: int = 0
 
     @property
@@ -110,28 +108,39 @@ class CaptureSession:
         code = "context_length_exceeded" if kind == "context_overflow" else "rollout_budget_exceeded"
         return self.fail(400, reason, code=code)
 
-    async def chat_completions(self, data: Any) -> dict[str, Any]:
-        """The answer to one request body, as OpenAI's API gives it; raises ApiError for a 4xx/5xx."""
-        body = self._body(data)
+    def _admit(self) -> None:
+        """Raise the error answer when the session is over or its call limit is reached."""
         if self.stop is not None:
             raise self.fail(400, f"this rollout is over ({self.stop.kind}): {self.stop.reason}", code="rollout_budget_exceeded")
         if len(self.calls) >= self.limits.max_turns:
             raise self._stop("max_turns", f"the rollout's limit of {self.limits.max_turns} model calls is reached")
-        use_tools = bool(body.tools) and body.tool_choice != "none"
-        tools = [from_chat_tool(tool) for tool in body.tools or []] if use_tools else None
-        try:
-            messages = template_messages(body.messages, tool_format=self.template.tool_format)
-        except ApiError as error:
-            raise self.fail(error.status, error.message) from None
-        prompt_ids = self._prompt_ids(messages, tools)
-        spent = sum(len(call.completion_ids) for call in self.calls)
-        left = self.limits.max_completion_tokens - spent
+
+    def _call_sampling(self, body: ChatBody) -> SamplingParams:
+        """The run's sampling with the cap lowered to the request's and to the budget left; raises when it is spent."""
+        left = self.limits.max_completion_tokens - sum(len(call.completion_ids) for call in self.calls)
         if left <= 0:
             raise self._stop("budget", f"the rollout's budget of {self.limits.max_completion_tokens} completion tokens is spent")
         requested = body.max_completion_tokens or body.max_tokens or self.sampling.max_new_tokens
-        sampling = replace(self.sampling, max_new_tokens=min(requested, self.sampling.max_new_tokens, left))
-        generation = await self._generate(prompt_ids, sampling)
-        return self._answer(messages, tools, prompt_ids, generation)
+        return replace(self.sampling, max_new_tokens=min(requested, self.sampling.max_new_tokens, left))
+
+    def _backend_failed(self, error: ContextOverflowError | BackendError) -> ApiError:
+        """The answer to a failed generation: a context overflow or a backend failure stops the session."""
+        if isinstance(error, ContextOverflowError):
+            return self._stop("context_overflow", f"This model's maximum context length is exceeded: {error}")
+        if self.stop is None:
+            self.stop = SessionStop(kind="infra", reason=f"generation backend: {error}")
+            self.stopped.set()
+        self.errors.append(EndpointError(status=500, message=str(error)))
+        return ApiError(500, f"generation backend failed: {error}", "server_error")
+
+    def _request_tools(self, body: ChatBody) -> list[dict[str, Any]] | None:
+        """The request's tools as Responses function schemas; None when it offers none or `tool_choice` is 'none'."""
+        use_tools = bool(body.tools) and body.tool_choice != "none"
+        return [from_chat_tool(tool) for tool in body.tools or []] if use_tools else None
+
+    def _item_id(self, prefix: str) -> str:
+        self._items += 1
+        return f"{prefix}_{self.label or 'capture'}_{self._items}"
 
     def _body(self, data: Any) -> ChatBody:
         if not isinstance(data, dict):
@@ -152,6 +161,29 @@ class CaptureSession:
             raise self.fail(400, "tool_choice must be 'auto' or 'none' on the gym_bridge capture endpoint", code="unsupported_parameter")
         return body
 
+
+@dataclass(kw_only=True)
+class CaptureSession(SessionState):
+    """Serves one rollout's calls from a token policy; mutated only by `chat_completions`."""
+
+    policy: Policy
+    template: ChatTemplate
+    _context: _Context | None = None
+
+    async def chat_completions(self, data: Any) -> dict[str, Any]:
+        """The answer to one request body, as OpenAI's API gives it; raises ApiError for a 4xx/5xx."""
+        body = self._body(data)
+        self._admit()
+        tools = self._request_tools(body)
+        try:
+            messages = template_messages(body.messages, tool_format=self.template.tool_format)
+        except ApiError as error:
+            raise self.fail(error.status, error.message) from None
+        prompt_ids = self._prompt_ids(messages, tools)
+        sampling = self._call_sampling(body)
+        generation = await self._generate(prompt_ids, sampling)
+        return self._answer(messages, tools, prompt_ids, generation)
+
     def _prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         """The previous ids plus the rendered new messages when the request extends the last answer; else a whole render."""
         context = self._context
@@ -170,14 +202,8 @@ class CaptureSession:
     async def _generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
         try:
             return await self.policy.generate(GenerationRequest(prompt_ids=prompt_ids, sampling=sampling, session_id=self.label))
-        except ContextOverflowError as error:
-            raise self._stop("context_overflow", f"This model's maximum context length is exceeded: {error}") from None
-        except BackendError as error:
-            if self.stop is None:
-                self.stop = SessionStop(kind="infra", reason=f"generation backend: {error}")
-                self.stopped.set()
-            self.errors.append(EndpointError(status=500, message=str(error)))
-            raise ApiError(500, f"generation backend failed: {error}", "server_error") from None
+        except (ContextOverflowError, BackendError) as error:
+            raise self._backend_failed(error) from None
 
     def _answer(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                 prompt_ids: list[int], generation: Generation) -> dict[str, Any]:
@@ -212,10 +238,6 @@ class CaptureSession:
         if parsed.reasoning:
             message["reasoning_content"] = parsed.reasoning
         return message
-
-    def _item_id(self, prefix: str) -> str:
-        self._items += 1
-        return f"{prefix}_{self.label or 'capture'}_{self._items}"
 
     def _input_items(self, new: list[dict[str, Any]]) -> None:
         for message in new:

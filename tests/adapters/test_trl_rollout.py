@@ -79,7 +79,8 @@ def test_rows_follow_trls_contract_and_the_records(dataset, smol_tokenizer, turn
     prompts = prompts_of(dataset)
     out, records = run(rollout, prompts, Trainer(smol_tokenizer))
     assert set(out) == {"prompt_ids", "completion_ids", "logprobs", "env_mask", "env_reward", "reward_components",
-                        "failure_kind", "env_name", "num_turns", "tool_calls", "finish_reason", "parse_errors", "unparsed_tool_calls"}
+                        "failure_kind", "env_name", "num_turns", "tool_calls", "finish_reason", "parse_errors", "unparsed_tool_calls",
+                        "harness_rewrites"}
     assert all(len(values) == len(prompts) for values in out.values())
     # rows in prompt order; each group's repeats are 0 and 1 of the same task
     assert [(r.task.row["environment"], r.repeat_index) for r in records] == [("weather", 0), ("weather", 1), ("math", 0), ("math", 1)]

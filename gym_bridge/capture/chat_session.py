@@ -1,0 +1,134 @@
+"""A capture session in front of a chat policy that returns token ids (NeMo RL's server behind
+`/run`, `gym-bridge serve-model`, `ChatAPIPolicy(token_ids=True)`).
+
+The harness's conversation is passed to the policy as chat messages; the server renders each
+prompt and answers with the call's `prompt_token_ids`, `generation_token_ids` and
+`generation_log_probs`. Those are captured as the call. When the harness sends an answered
+assistant message back, the session puts that call's token ids on it (as NeMo Gym's model servers
+do), so the server keeps the prompt's prefix exact and the sampled tokens are never re-tokenized.
+A chat policy that returns no token ids (a hosted API) cannot be captured: the session stops as
+`infra` and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gym_bridge.capture.assembly import CapturedCall
+from gym_bridge.capture.session import SessionState
+from gym_bridge.core.items import TOKEN_FIELDS, function_call_item, function_call_output_item, message_item, reasoning_item, user_message_item
+from gym_bridge.core.policy import BackendError, CallTokens, ChatPolicy, ChatRequest, ChatTurn, ContextOverflowError
+
+
+NO_TOKENS = ("the chat policy answered without token ids; a harness behind a chat policy needs one that returns "
+             "prompt_token_ids/generation_token_ids/generation_log_probs (NeMo RL's server, gym-bridge serve-model, "
+             "ChatAPIPolicy(token_ids=True))")
+
+
+@dataclass(kw_only=True)
+class ChatCaptureSession(SessionState):
+    """Serves one rollout's calls from a chat policy with token ids; mutated only by `chat_completions`."""
+
+    policy: ChatPolicy
+    _tokens: dict[str, CallTokens] = field(default_factory=dict)
+    """The token ids of every answered assistant message, by `_answer_key`."""
+    _seen: list[dict[str, Any]] = field(default_factory=list)
+    """The last request's messages and the answer (to tell which messages a request adds)."""
+
+    async def chat_completions(self, data: Any) -> dict[str, Any]:
+        """The answer to one request body, as OpenAI's API gives it; raises ApiError for a 4xx/5xx."""
+        body = self._body(data)
+        self._admit()
+        tools = self._request_tools(body) or []
+        messages = [self._chat_message(message) for message in body.messages]
+        sampling = self._call_sampling(body)
+        self._input_items(messages)
+        try:
+            turn = await self.policy.chat(ChatRequest(messages=messages, tools=tools, sampling=sampling, session_id=self.label))
+        except (ContextOverflowError, BackendError) as error:
+            raise self._backend_failed(error) from None
+        if turn.tokens is None:
+            raise self._backend_failed(BackendError(NO_TOKENS))
+        return self._answer(messages, turn, turn.tokens)
+
+    def _chat_message(self, message: Any) -> dict[str, Any]:  # one of `ChatBody.messages`
+        """A request message in chat-completions shape; an answered assistant message gets its call's token ids back."""
+        out: dict[str, Any] = {"role": message.role, "content": message.text()}
+        if message.role == "tool":
+            out["tool_call_id"] = message.tool_call_id or ""
+        if message.role == "assistant":
+            calls = [{"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": call.function.arguments}}
+                     for call in message.tool_calls or []]
+            if calls:
+                out["tool_calls"] = calls
+            tokens = self._tokens.get(_answer_key(out))
+            if tokens is not None:
+                out.update(zip(TOKEN_FIELDS, (list(tokens.prompt_token_ids), list(tokens.generation_token_ids),
+                                              list(tokens.generation_log_probs))))
+        return out
+
+    def _input_items(self, messages: list[dict[str, Any]]) -> None:
+        """Tool outputs and user messages that extend the last answered conversation become input items."""
+        seen = self._seen
+        if not seen or [_plain(m) for m in messages[: len(seen)]] != seen:
+            return
+        for message in messages[len(seen):]:
+            if message["role"] == "tool":
+                self.output.append(function_call_output_item(message["content"], call_id=message.get("tool_call_id", "")))
+            elif message["role"] == "user":
+                self.output.append(user_message_item(message["content"], item_id=self._item_id("msg")))
+
+    def _answer(self, messages: list[dict[str, Any]], turn: ChatTurn, tokens: CallTokens) -> dict[str, Any]:
+        previous = self.calls[-1] if self.calls else None
+        prompt = list(tokens.prompt_token_ids)
+        if previous is not None and prompt[: len(previous.prompt_ids) + len(previous.completion_ids)] == previous.prompt_ids + previous.completion_ids:
+            self.token_in_calls += 1
+        self.calls.append(CapturedCall(prompt_ids=prompt, completion_ids=list(tokens.generation_token_ids),
+                                       logprobs=list(tokens.generation_log_probs)))
+        self.last_finish_reason = turn.finish_reason
+        message: dict[str, Any] = {"role": "assistant", "content": turn.text}
+        if turn.tool_calls:
+            message["content"] = turn.text or None
+            message["tool_calls"] = [{"id": f"call_{self.label or 'capture'}_{len(self.calls)}x{n}", "type": "function",
+                                      "function": {"name": call.name, "arguments": call.arguments}}
+                                     for n, call in enumerate(turn.tool_calls)]
+        if turn.reasoning:
+            message["reasoning_content"] = turn.reasoning
+        self._tokens[_answer_key(message)] = tokens
+        self._turn_items(message, tokens)
+        self._seen = [_plain(m) for m in messages] + [_plain(message)]
+        finish = "tool_calls" if turn.tool_calls and turn.finish_reason == "stop" else turn.finish_reason
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(tokens.generation_token_ids),
+                 "total_tokens": len(prompt) + len(tokens.generation_token_ids)}
+        return {"id": f"chatcmpl-{secrets.token_hex(12)}", "object": "chat.completion", "created": int(time.time()),
+                "model": self.model_name, "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+                "usage": usage}
+
+    def _turn_items(self, message: dict[str, Any], tokens: CallTokens) -> None:
+        items: list[Any] = []
+        if message.get("reasoning_content"):
+            items.append(reasoning_item(message["reasoning_content"], item_id=self._item_id("rs")))
+        calls = message.get("tool_calls") or []
+        if message["content"] or not calls:
+            items.append(dict(message_item(message["content"] or "", item_id=self._item_id("msg"))))
+        for call in calls:
+            items.append(function_call_item(call["function"]["name"], call["function"]["arguments"], call_id=call["id"],
+                                            item_id=self._item_id("fc")))
+        items[-1].update(zip(TOKEN_FIELDS, (list(tokens.prompt_token_ids), list(tokens.generation_token_ids),
+                                            list(tokens.generation_log_probs))))
+        self.output.extend(items)
+
+
+def _answer_key(message: dict[str, Any]) -> str:
+    """What identifies an assistant message the session answered: its text and its call ids."""
+    return json.dumps([message.get("content") or "", [call["id"] for call in message.get("tool_calls") or []]])
+
+
+def _plain(message: dict[str, Any]) -> dict[str, Any]:
+    """A message without token fields or reasoning (what a harness may or may not send back)."""
+    plain = {key: value for key, value in message.items() if key not in TOKEN_FIELDS and key != "reasoning_content"}
+    return {**plain, "content": plain.get("content") or ""}
