@@ -65,6 +65,12 @@ _UNSET: Any = object()
 
 
 
+def _special_tokens(tokenizer: Any) -> Mapping[str, Any]:
+    """The tokenizer's special tokens as template variables (`bos_token`, ...); empty when it has none."""
+    tokens = getattr(tokenizer, "special_tokens_map", None)
+    return tokens if isinstance(tokens, Mapping) else {}
+
+
 class Tokenizer(Protocol):
     """What gym_bridge needs of a (Hugging Face) tokenizer."""
 
@@ -209,7 +215,7 @@ class ChatTemplate:
         if direct is not None:
             try:
                 return render_chat(direct, messages, tools=kwargs.get("tools"), add_generation_prompt=kwargs["add_generation_prompt"],
-                                   variables={**self.tokenizer.special_tokens_map, **self.chat_template_kwargs})
+                                   variables={**_special_tokens(self.tokenizer), **self.chat_template_kwargs})
             except Exception:  # noqa: BLE001 - the tokenizer's own rendering below raises (or answers) as before
                 pass
         try:
@@ -231,11 +237,10 @@ class ChatTemplate:
         if self._direct is _UNSET:
             self._direct = None
             template = self.tokenizer.chat_template
-            if isinstance(template, str) and isinstance(getattr(self.tokenizer, "special_tokens_map", None), Mapping) \
-                    and not set(self.chat_template_kwargs) & _APPLY_ARGUMENTS:
+            if isinstance(template, str) and _special_tokens(self.tokenizer) and not set(self.chat_template_kwargs) & _APPLY_ARGUMENTS:
                 tool = to_template_tool({"name": "probe_tool", "description": "A probe.", "parameters": {
                     "type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}})
-                variables = {**self.tokenizer.special_tokens_map, **self.chat_template_kwargs}
+                variables = {**_special_tokens(self.tokenizer), **self.chat_template_kwargs}
                 try:
                     same = all(
                         render_chat(template, [PROBE_USER], tools=tools, add_generation_prompt=prompt, variables=variables)
@@ -245,7 +250,8 @@ class ChatTemplate:
                 except Exception:  # noqa: BLE001 - a template that needs more than the probe: the tokenizer renders
                     same = False
                 self._direct = template if same else None
-        return self._direct
+        direct: str | None = self._direct
+        return direct
 
     def _no_tools(self) -> Any:
         """What `tools` is when there are none: None, or [] for templates that iterate `tools` unconditionally."""
@@ -312,7 +318,7 @@ class ChatTemplate:
         """The id of a tool call: `call_<seed>`, or for templates that need ids of nine letters and
         digits (Mistral) the id the model wrote if it has that form, else one derived from `seed`."""
         if self.profile.style.short_ids:
-            return written if is_short_id(written) else short_call_id(seed)
+            return written if written is not None and is_short_id(written) else short_call_id(seed)
         return f"call_{seed}"
 
     def assistant_message(self, turn: ParsedTurn, *, call_ids: Sequence[str], raw_text: str) -> ChatMessage:
