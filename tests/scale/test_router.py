@@ -225,3 +225,19 @@ def test_eval_starts_on_the_live_replicas_and_says_which_is_dead(tmp_path, capsy
     metrics = json.loads((tmp_path / "out.metrics.json").read_text())
     assert [r["url"] for r in metrics["replicas"]["replicas"]] == [replicas[0].url]
     assert metrics["replicas"]["replicas"][0]["episodes"] == 4
+
+
+def test_eval_prints_a_line_per_replica_when_it_routes_over_several(tmp_path, capsys):
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in _weather_rows()[:4]))
+    with stub_replicas(2) as replicas:
+        code = main(["eval", "--data", str(data), "--base-url", replicas[0].url, "--base-url", replicas[1].url,
+                     "--no-progress", "--concurrency", "4", "--output", str(tmp_path / "out.jsonl")])
+    assert code == 0
+    out = capsys.readouterr().out
+    stats = json.loads((tmp_path / "out.metrics.json").read_text())["replicas"]
+    for entry in stats["replicas"]:
+        assert (f"replica {entry['url']}: {entry['episodes']} episodes, {entry['calls']} calls, 0 errors, "
+                f"peak {entry['peak_in_flight']} in flight") in out
+    assert sum(entry["episodes"] for entry in stats["replicas"]) == 4
+    assert "episode affinity: 100.0% of later calls found their episode's replica (0 moved)" in out
