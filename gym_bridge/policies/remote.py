@@ -266,7 +266,9 @@ def _describe(error: BaseException) -> str:
 def _never_sent(error: BaseException) -> bool:
     """True for an aiohttp error that came before the request was sent: refused or reset while
     connecting, a connect timeout, an unknown host. Anything later (the server disconnected, a reset
-    or a broken body after sending) may have reached the server."""
+    or a broken body after sending) may have reached the server. So does, conservatively, a pooled
+    keep-alive connection the server closed just as the request was written (rare: `KEEPALIVE_S` is
+    below servers' idle timeout, and a dead server's closed connections leave the pool)."""
     return isinstance(error, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError))
 
 
@@ -410,8 +412,8 @@ class RemotePolicy:
         into every request (server-specific fields). `retry_reached_calls`: a call whose connection
         broke after it was sent is retried like one that never reached its server (a fresh sample:
         the server may have generated already) instead of failing the rollout as `infra`. `rng`
-        draws the backoff jitter. `transport`
-        replaces the network with an httpx transport (tests pass `httpx.MockTransport`).
+        draws the backoff jitter. `transport` replaces the network with an httpx transport (tests
+        pass `httpx.MockTransport`).
         """
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls:
