@@ -4,7 +4,8 @@ Mean reward counts every rollout that was not masked; pass@k uses the unbiased e
 over each task's repeats (a repeat passes when its reward is at least `pass_threshold`);
 failures are counted by kind, and their most frequent reasons are listed with an example record;
 token counts separate model and environment tokens; `parse_errors` and `unparsed_tool_calls` total
-the tool calls the parser could not read. With no scored rollout, mean reward and pass@k are None
+the tool calls the parser could not read. A run over 2 or more model replicas gets a line per
+replica (episodes, calls, errors) and the episode-affinity hit rate. With no scored rollout, mean reward and pass@k are None
 (`n/a` in the table), not 0.
 """
 
@@ -156,6 +157,20 @@ def _failure_lines(summary: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _replica_lines(stats: Mapping[str, Any]) -> list[str]:
+    """One line per model replica (where a run routed over 2 or more) and the episode-affinity hit rate."""
+    replicas = stats.get("replicas") or []
+    if len(replicas) < 2:
+        return []
+    lines = [f"replica {entry['url']}: {entry['episodes']} episodes, {entry['calls']} calls, {entry['errors']} errors, "
+             f"peak {entry['peak_in_flight']} in flight" for entry in replicas]
+    rate = stats.get("affinity_hit_rate")
+    if rate is not None:
+        lines.append(f"episode affinity: {rate:.1%} of later calls found their episode's replica "
+                     f"({stats.get('affinity_misses', 0)} moved)")
+    return lines
+
+
 def format_table(summary: Mapping[str, Any]) -> str:
     """A plain-text table: one line per environment, a total line, then failures with their most frequent reasons."""
     pass_keys = sorted((key for key in summary if key.startswith("pass@")), key=lambda key: int(key[5:]))
@@ -189,6 +204,7 @@ def format_table(summary: Mapping[str, Any]) -> str:
             f"{throughput['model_tokens_per_s']:.1f} model tokens/s"
             + (f" (this run's {throughput['rollouts']} rollouts; the rest were kept from the earlier run)" if resumed else "")
         )
+    extras += _replica_lines(summary.get("replicas") or {})
     health = format_health(summary.get("tool_call_health") or {}, alarms=summary.get("alarms") or ())
     extras += [health] if health else []
     if pass_keys:

@@ -11,9 +11,13 @@ skipped for `down_for_s` while its rollouts move to the next one.
 
 HTTP is aiohttp with keep-alive pools (one per event loop, bounded in all and per server) and
 orjson; measured against httpx, it costs about a tenth of the CPU per request
-(benchmarks/remote_throughput.py). Every attempt is bounded by `request_timeout_s`. Connection
-errors, 5xx, 429 and malformed answers are retried up to `max_retries` times with exponential
-backoff and jitter, then raised as `BackendError` (the rollout fails as `infra`). A request that
+(benchmarks/remote_throughput.py). Every attempt is bounded by `request_timeout_s`. A call that
+never reached its server (connection refused or reset while connecting, connect timeout, unknown
+host), 5xx, 429 and malformed answers are retried up to `max_retries` times with exponential
+backoff and jitter, on another live server where there is one, then raised as `BackendError` (the
+rollout fails as `infra`). A call whose connection broke after the request was sent (the server
+died or dropped it mid-answer) is a `ReplicaLostError` at once: the server may have generated, and
+a resend would be a fresh sample (`retry_reached_calls=True` resends it anyway). A request that
 times out is not retried: the server is most likely still generating it, and a retry would cancel
 that work and start over from zero, so no retry could finish sooner. A 400 about the context length
 is a `ContextOverflowError`; other 4xx are raised at once. So one call takes at most `max_call_s`.
@@ -77,9 +81,19 @@ class HttpAnswer:
 class _TransportError(Exception):
     """No answer: the connection failed, broke or was refused."""
 
+    def __init__(self, reason: str, *, reached: bool) -> None:
+        super().__init__(reason)
+        self.reached = reached
+        """The connection broke after the request was sent, so the server may have started on it."""
+
 
 class ServerUnreachableError(BackendError):
     """No server answers at the URL (connection refused, unknown host, no answer at all)."""
+
+
+class ReplicaLostError(BackendError):
+    """The connection broke after the request was sent: the server died or dropped it mid-answer (not
+    retried unless `retry_reached_calls`: the server may have generated, and a resend samples anew)."""
 
 
 class RequestTimeoutError(BackendError):
@@ -249,6 +263,15 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+def _never_sent(error: BaseException) -> bool:
+    """True for an aiohttp error that came before the request was sent: refused or reset while
+    connecting, a connect timeout, an unknown host. Anything later (the server disconnected, a reset
+    or a broken body after sending) may have reached the server. So does, conservatively, a pooled
+    keep-alive connection the server closed just as the request was written (rare: `KEEPALIVE_S` is
+    below servers' idle timeout, and a dead server's closed connections leave the pool)."""
+    return isinstance(error, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError))
+
+
 async def _request_once(method: str, url: str, *, body: Any = None, api_key: str | None, timeout_s: float) -> HttpAnswer:
     """One request on a throwaway connection (start-up probes such as `/models`); raises `_TransportError`."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -260,9 +283,9 @@ async def _request_once(method: str, url: str, *, body: Any = None, api_key: str
                 async with session.request(method, url, data=data, headers={**headers, **_JSON_HEADERS}) as response:
                     return HttpAnswer(status=response.status, body=await response.read())
     except TimeoutError:
-        raise _TransportError(f"no answer within {timeout_s:g} s") from None
+        raise _TransportError(f"no answer within {timeout_s:g} s", reached=True) from None
     except (aiohttp.ClientError, OSError) as error:
-        raise _TransportError(_describe(error)) from None
+        raise _TransportError(_describe(error), reached=not _never_sent(error)) from None
 
 
 async def served_models(base_url: str, *, api_key: str | None = None, timeout_s: float = 10.0) -> list[dict[str, Any]]:
@@ -375,6 +398,7 @@ class RemotePolicy:
         backoff_s: float = 0.5,
         max_backoff_s: float = 8.0,
         down_for_s: float = 5.0,
+        retry_reached_calls: bool = False,
         max_connections: int = 1024,
         max_connections_per_server: int | None = None,
         extra_body: Mapping[str, Any] | None = None,
@@ -385,8 +409,11 @@ class RemotePolicy:
 
         `max_connections` bounds the pooled connections in all, `max_connections_per_server` (default:
         the same) those to one server; requests beyond wait for a free one. `extra_body` is merged
-        into every request (server-specific fields). `rng` draws the backoff jitter. `transport`
-        replaces the network with an httpx transport (tests pass `httpx.MockTransport`).
+        into every request (server-specific fields). `retry_reached_calls`: a call whose connection
+        broke after it was sent is retried like one that never reached its server (a fresh sample:
+        the server may have generated already) instead of failing the rollout as `infra`. `rng`
+        draws the backoff jitter. `transport` replaces the network with an httpx transport (tests
+        pass `httpx.MockTransport`).
         """
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls:
@@ -403,6 +430,7 @@ class RemotePolicy:
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.down_for_s = down_for_s
+        self.retry_reached_calls = retry_reached_calls
         self.max_connections = max_connections
         self.max_connections_per_server = max_connections_per_server or max_connections
         self.extra_body = dict(extra_body or {})
@@ -423,8 +451,9 @@ class RemotePolicy:
     async def generate(self, request: GenerationRequest) -> Generation:
         """Sample a continuation of `request.prompt_ids` on a server.
 
-        Raises `ContextOverflowError` when the server says the prompt does not fit, and
-        `BackendError` after the retries are spent or on an answer that cannot be retried.
+        Raises `ContextOverflowError` when the server says the prompt does not fit, `ReplicaLostError`
+        when the connection broke after the request was sent, and `BackendError` after the retries
+        are spent or on an answer that cannot be retried.
         """
         started = time.perf_counter()
         echo_prompt = not self.router.knows(request.session_id)
@@ -479,7 +508,13 @@ class RemotePolicy:
                 "the server may still be generating and a retry would start over): raise the request timeout"
             ) from None
         except _TransportError as error:
-            self.router.finished(server, ok=False, reached=False)
+            self.router.finished(server, ok=False, down=True)
+            if error.reached and not self.retry_reached_calls:
+                raise ReplicaLostError(
+                    f"{self.base_urls[server]}: the connection broke after the request was sent ({error}): the replica "
+                    "died or dropped the call mid-answer; not retried, since it may have generated (retry_reached_calls "
+                    "resends it as a fresh sample)"
+                ) from None
             raise _RetryableAnswer(str(error)) from None
         except BaseException:
             self.router.finished(server, ok=False)
@@ -501,7 +536,8 @@ class RemotePolicy:
         raise BackendError(f"{url} answered HTTP {status}: {message}")
 
     async def _post(self, server: int, body: bytes) -> HttpAnswer:
-        """POST `body` to a server's `/completions`; raises `_TransportError` when no answer comes."""
+        """POST `body` to a server's `/completions`; raises `_TransportError` when no answer comes (saying
+        whether the request had been sent)."""
         if self._transport is not None:
             return await self._post_through_transport(server, body)
         session = (await self._pool()).session
@@ -509,7 +545,7 @@ class RemotePolicy:
             async with session.post(self._urls[server], data=body, headers=self._headers) as response:
                 return HttpAnswer(status=response.status, body=await response.read(), retry_after=response.headers.get("Retry-After"))
         except (aiohttp.ClientError, OSError) as error:
-            raise _TransportError(_describe(error)) from None
+            raise _TransportError(_describe(error), reached=not _never_sent(error)) from None
 
     async def _post_through_transport(self, server: int, body: bytes) -> HttpAnswer:
         import httpx
@@ -520,7 +556,8 @@ class RemotePolicy:
             response = await self._transport.handle_async_request(request)
             content = await response.aread()
         except httpx.TransportError as error:
-            raise _TransportError(_describe(error)) from None
+            never_sent = isinstance(error, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout))
+            raise _TransportError(_describe(error), reached=not never_sent) from None
         return HttpAnswer(status=response.status_code, body=content, retry_after=response.headers.get("retry-after"))
 
     def _backoff_s(self, attempt: int, retry_after_s: float | None) -> float:

@@ -4,7 +4,8 @@ All calls of one episode (`GenerationRequest.session_id`) go to the replica that
 call, so that replica's prefix cache holds the conversation (affinity). A new episode goes to the
 replica with the fewest calls in flight. A replica that fails to answer is skipped for `down_for_s`
 and its episodes move to the next one (failover: the prompt ids carry the whole conversation, so any
-replica can continue an episode; only its cache is lost). The router counts, per replica, the calls,
+replica can continue an episode; only its cache is lost). Which failed calls are retried is the
+policy's rule (`RemotePolicy`: only those that never reached the replica, by default). The router counts, per replica, the calls,
 errors, calls in flight and how often an episode's call found its replica (the affinity hit rate):
 `stats()` is what the run's metrics report. It holds no network code; `RemotePolicy` asks it.
 """
@@ -98,14 +99,14 @@ class ReplicaRouter:
         counters.in_flight += 1
         counters.peak_in_flight = max(counters.peak_in_flight, counters.in_flight)
 
-    def finished(self, replica: int, *, ok: bool, reached: bool = True) -> None:
-        """One call to `replica` ended; `ok=False` counts an error, `reached=False` (no answer at all)
-        also takes the replica out for `down_for_s`."""
+    def finished(self, replica: int, *, ok: bool, down: bool = False) -> None:
+        """One call to `replica` ended; `ok=False` counts an error, `down=True` (the connection failed
+        or broke: no answer at all) also takes the replica out for `down_for_s`."""
         counters = self.replicas[replica]
         counters.in_flight -= 1
         if not ok:
             counters.errors += 1
-        if not reached:
+        if down:
             counters.down_until = time.monotonic() + self.down_for_s
 
     def stats(self) -> dict[str, Any]:
