@@ -37,7 +37,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from gym_bridge.core.errors import GymBridgeError
+from gym_bridge.core.errors import GymBridgeError, UserError
 from gym_bridge.core.policy import ContextOverflowError, Generation, GenerationRequest, LogprobsMode, SamplingParams
 from gym_bridge.core.template import ChatTemplate
 from gym_bridge.core.toolcall import parse_turn
@@ -56,7 +56,7 @@ logger = logging.getLogger(__name__)
 _MODES: dict[str, LogprobsMode] = {"raw": "raw", "raw_logprobs": "raw", "processed": "processed", "processed_logprobs": "processed"}
 
 
-class ApiError(Exception):
+class ApiError(UserError):
     """An error answer: HTTP status, message, and the OpenAI error type."""
 
     def __init__(self, status: int, message: str, kind: str = "BadRequestError") -> None:

@@ -16,15 +16,15 @@ import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Literal, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 import pydantic
 
+from gym_bridge.core.errors import FAILURE_KINDS as FAILURE_KINDS
+from gym_bridge.core.errors import FailureKind as FailureKind
+from gym_bridge.core.errors import RolloutError
 from gym_bridge.core.items import Item
 from gym_bridge.core.task import Task
-
-FailureKind = Literal["infra", "env", "verifier", "timeout", "context_overflow"]
-FAILURE_KINDS: tuple[FailureKind, ...] = typing.get_args(FailureKind)
 
 
 @dataclass(frozen=True)
@@ -87,11 +87,14 @@ def schema_problems(model: type[pydantic.BaseModel], row: dict[str, Any]) -> lis
     return []
 
 
-class ToolError(Exception):
+class ToolError(RolloutError):
     """Raised by a tool for an error the model should read (bad input, missing item).
 
-    Any other exception from a tool is a bug in the environment and fails the rollout as `env`.
+    Any other exception from a tool is a bug in the environment and fails the rollout as `env`
+    (so does a ToolError raised outside a tool).
     """
+
+    failure_kind = "env"
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import orjson
 
-from gym_bridge.core.errors import DataError, GymBridgeError
+from gym_bridge.core.errors import DataError, UserError
 from gym_bridge.core.record import RECORD_FIELDS
 from gym_bridge.core.task import Task
 
@@ -112,7 +112,7 @@ def prepare_resume(path: str | Path, tasks: Sequence[Task]) -> set[tuple[int, in
     return set(kept)  # type: ignore[arg-type]
 
 
-class OutputLockedError(GymBridgeError):
+class OutputLockedError(UserError):
     """Another process is writing the same rollout file."""
 
 
