@@ -193,7 +193,7 @@ class RolloutContext:
         if turn.tokens is not None:
             fields = dict(zip(TOKEN_FIELDS, (list(turn.tokens.prompt_token_ids), list(turn.tokens.generation_token_ids),
                                              list(turn.tokens.generation_log_probs))))
-            items[-1].update(fields)  # type: ignore[typeddict-item]
+            items[-1].update(fields)
             message.update(fields)
         self.trajectory.output.extend(items)
         self.messages.append(message)

@@ -32,8 +32,9 @@ def render_chat(template: str, conversation: Sequence[Mapping[str, Any]], *, too
         if reasoning is not None:
             message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
         messages.append(message)
-    return compiled_template(template).render(messages=messages, tools=tools, documents=documents,
-                                              add_generation_prompt=add_generation_prompt, **(variables or {}))
+    rendered: str = compiled_template(template).render(messages=messages, tools=tools, documents=documents,
+                                                       add_generation_prompt=add_generation_prompt, **(variables or {}))
+    return rendered
 
 
 @lru_cache(maxsize=64)
@@ -56,7 +57,8 @@ def compiled_template(template: str) -> Any:
             return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
 
         def _body(self, caller: Any) -> str:
-            return caller()
+            body: str = caller()
+            return body
 
     def raise_exception(message: str) -> None:
         raise jinja2.exceptions.TemplateError(message)

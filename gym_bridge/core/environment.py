@@ -273,6 +273,7 @@ class Environment:
     @classmethod
     def tool_specs(cls) -> dict[str, ToolSpec]:
         """The environment's tools by name, derived once per class."""
+        specs: dict[str, ToolSpec]
         if cls.__dict__.get("_tool_specs") is None:
             specs = {}
             for attr in dir(cls):
@@ -280,7 +281,8 @@ class Environment:
                 if callable(member) and getattr(member, "__gym_bridge_tool__", False):
                     specs[attr] = tool_spec(member, name=attr)
             cls._tool_specs = specs
-        return cls.__dict__["_tool_specs"]
+        specs = cls.__dict__["_tool_specs"]
+        return specs
 
     @classmethod
     def tool_arguments(cls, name: str, args: str | Mapping[str, Any]) -> dict[str, Any]:
