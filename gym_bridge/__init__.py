@@ -18,7 +18,7 @@ from gym_bridge.core.answer import last_boxed, last_tagged
 from gym_bridge.core.agent_loop import AgentLoop, Limits, RolloutContext, RolloutFailure, ToolCallingLoop
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.environment import Environment, FailureKind, RowProblem, ToolError, Toolset, VerifyResult, schema_problems, tool
-from gym_bridge.core.errors import DataError, GymBridgeError, MissingDependencyError, TemplateError, UnknownEnvironmentError
+from gym_bridge.core.errors import DataError, GymBridgeError, MissingDependencyError, RolloutError, TemplateError, UnknownEnvironmentError, UserError
 from gym_bridge.core.helper_model import HelperModel
 from gym_bridge.core.items import TOKEN_FIELDS, Item, final_text, output_text
 from gym_bridge.core.metrics import summarize
@@ -54,8 +54,8 @@ __all__ = [
     # policies
     "ChatPolicy", "Generation", "GenerationRequest", "Policy", "SamplingParams", "ScriptedPolicy",
     # errors
-    "BackendError", "ContextOverflowError", "DataError", "GymBridgeError", "MissingDependencyError", "TemplateError",
-    "UnknownEnvironmentError",
+    "BackendError", "ContextOverflowError", "DataError", "GymBridgeError", "MissingDependencyError", "RolloutError", "TemplateError",
+    "UnknownEnvironmentError", "UserError",
 ]
 
 # Public too, but resolved on first use (so not in `__all__`: a star import stays light).

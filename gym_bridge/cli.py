@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from gym_bridge.core.errors import GymBridgeError, MissingDependencyError
+from gym_bridge.core.errors import GymBridgeError, MissingDependencyError, RolloutError
 from gym_bridge.view import cli as view_cli
 
 EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -834,7 +834,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "env":
             return _env_check(args)
         return _envs(args)
-    except GymBridgeError as error:
+    except RolloutError:  # a rollout's failure outside a rollout (a backend gone at start-up): a crash, as any bug
+        raise
+    except GymBridgeError as error:  # a UserError (or a bare GymBridgeError): the message says what to fix
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except FileNotFoundError as error:

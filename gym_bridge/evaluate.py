@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Iterable, Protocol, Sequence
 
 from gym_bridge.core.bounded_call import call_environment, describe_error
-from gym_bridge.core.engine import Engine, ensure_ready
-from gym_bridge.core.environment import to_verify_result
+from gym_bridge.core.engine import Engine, call_step, ensure_ready, verify_output
 from gym_bridge.core.environment import Environment
-from gym_bridge.core.errors import DataError, UnknownEnvironmentError
+from gym_bridge.core.errors import DataError, UnknownEnvironmentError, classify
 from gym_bridge.core.health import HealthSettings, ToolCallAlarm, tool_call_health
 from gym_bridge.core.metrics import summarize
 from gym_bridge.core.record import RolloutRecord
@@ -177,16 +176,15 @@ async def _rescore(record: dict[str, Any], env_class: type[Environment], source:
     env = env_class()
     rescored = dict(record)
     try:
-        await call_environment(env, "setup", (task,), timeout_s=env_class.tool_timeout_s)
-        result = await call_environment(env, "verify", (task, record["response"].get("output") or []), timeout_s=env_class.verify_timeout_s)
-        result = to_verify_result(result)
+        await call_step(env, "setup", (task,), step="setup", timeout_s=env_class.tool_timeout_s)
+        result = await verify_output(env, task, record["response"].get("output") or [])
         rescored.update(
             reward=result.reward, reward_components=result.reward_components or {"reward": result.reward},
             mask_sample=result.mask_sample, failure_kind=result.failure_kind, failure_reason=result.failure_reason,
         )
         rescored["metrics"] = {**record.get("metrics", {}), "verify": dict(result.metrics)}
-    except Exception as error:
-        reason = "verify did not return in time" if isinstance(error, TimeoutError) else f"verify raised {describe_error(error)}"
+    except Exception as error:  # whatever failed, the re-scoring did: the verifier's failure, re-scored next time
+        reason = classify(error, step="verify", timeout_s=env_class.verify_timeout_s).reason
         rescored.update(reward=0.0, reward_components={}, mask_sample=True, failure_kind="verifier", failure_reason=reason)
     finally:
         try:

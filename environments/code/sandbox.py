@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from gym_bridge import UserError
+
 HARNESS = Path(__file__).with_name("harness.py")
 SANDBOX_UID_BASE = 100_000_000
 """Root runs each concurrent sandbox as its own uid/gid (no such user exists): see `sandbox_uid`."""
@@ -56,7 +58,7 @@ object lives in the sandbox's IPC namespace, outside every rlimit, until the run
 shared memory took one second. The filter fails these calls with EPERM."""
 
 
-class SandboxUnavailable(Exception):
+class SandboxUnavailable(UserError):
     """The sandbox cannot start on this machine; the message says why and what to do."""
 
 

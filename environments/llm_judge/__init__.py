@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import regex
 
-from gym_bridge import Environment, GymBridgeError, HelperModel, Item, Task, VerifyResult, final_text
+from gym_bridge import Environment, GymBridgeError, HelperModel, Item, RolloutError, Task, VerifyResult, final_text
 
 EQUAL, NOT_EQUAL = "[[A=B]]", "[[A!=B]]"
 
@@ -32,8 +32,10 @@ Think briefly, then end your reply with exactly one verdict:
 JUDGE_PROMPT = "QUESTION:\n{question}\n\nANSWER A:\n{first}\n\nANSWER B:\n{second}\n\nAre A and B equivalent? End with {equal} or {not_equal}."
 
 
-class JudgeFailure(Exception):
+class JudgeFailure(RolloutError):
     """The judge gave no usable verdict."""
+
+    failure_kind = "verifier"
 
 
 @dataclass(frozen=True)

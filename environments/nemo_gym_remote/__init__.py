@@ -27,7 +27,7 @@ from typing import Any, Callable, ClassVar, TypeVar
 
 import httpx
 
-from gym_bridge import TOKEN_FIELDS, Environment, Item, RolloutFailure, Task, VerifyResult, get_environment, known_environments, register, remote_url
+from gym_bridge import TOKEN_FIELDS, Environment, Item, RolloutError, RolloutFailure, Task, VerifyResult, get_environment, known_environments, register, remote_url
 
 NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 """Transport errors raised before a request reached the server: safe to retry even for a tool."""
@@ -36,8 +36,10 @@ OFF_LOOP_BYTES = 1 << 20
 T = TypeVar("T")
 
 
-class RemoteError(Exception):
+class RemoteError(RolloutError):
     """The resources server could not be reached or answered something unusable."""
+
+    failure_kind = "env"
 
 
 class NemoGymRemoteEnvironment(Environment):

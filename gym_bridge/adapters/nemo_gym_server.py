@@ -18,7 +18,6 @@ import math
 import os
 import re
 import zlib
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from typing import Any
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import Environment
-from gym_bridge.core.errors import DataError, GymBridgeError, MissingDependencyError, UnknownEnvironmentError
+from gym_bridge.core.errors import DataError, GymBridgeError, MissingDependencyError, RolloutError, UnknownEnvironmentError, UserError
 from gym_bridge.core.items import TOKEN_FIELDS
 from gym_bridge.core.policy import BackendError, ChatPolicy, ChatRequest, ChatTurn, SamplingParams
 from gym_bridge.core.record import RolloutRecord
@@ -36,8 +35,6 @@ from gym_bridge.core.rollout_file import dump_line
 from gym_bridge.core.task import MAX_ROW_DEPTH, Task, parse_task
 
 DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
-MAX_ENGINES = 64
-"""Distinct sampling settings kept at once (NeMo RL sends two: training and validation)."""
 
 
 @dataclass(frozen=True)
@@ -111,7 +108,7 @@ class ModelServers:
             await policy.aclose()
 
 
-class RowError(GymBridgeError):
+class RowError(UserError):
     """A `/run` body that is not a usable row; answered with 422 naming `field`."""
 
     def __init__(self, message: str, *, field: str = "") -> None:
@@ -131,10 +128,14 @@ class AgentServer:
             self.env_classes[name] = get_environment(name)  # raises UnknownEnvironmentError listing the known ones
         ensure_ready(self.env_classes.values())  # a missing sandbox stops the server at start, not each /run
         self.policy: Any = policy if policy is not None else ModelServers(settings)
-        self._engines: OrderedDict[SamplingParams, Engine] = OrderedDict()
+        self.engine = Engine(self.policy, None, EngineConfig(
+            limits=Limits(max_turns=settings.max_turns, max_completion_tokens=settings.max_completion_tokens),
+            max_concurrency=settings.max_concurrency, deadline_s=settings.deadline_s, model_name=settings.model or "",
+        ))
+        """The one engine of every `/run`: its concurrency bound holds across them; each row brings its own sampling."""
         self._counter = itertools.count()
-        self._slots: asyncio.Semaphore | None = None
         self.in_flight = 0
+        """`/run` requests being answered (running, or waiting for one of the engine's slots)."""
         self.completed = 0
 
     def check_row(self, row: Any) -> tuple[Task, type[Environment], SamplingParams]:
@@ -175,31 +176,14 @@ class AgentServer:
             raise RowError(f"must be a positive integer, got {max_tokens!r}", field="responses_create_params.max_output_tokens")
         return SamplingParams(temperature=values["temperature"], top_p=values["top_p"], max_new_tokens=max_tokens)
 
-    def engine(self, sampling: SamplingParams) -> Engine:
-        engine = self._engines.get(sampling)
-        if engine is None:
-            settings = self.settings
-            config = EngineConfig(
-                sampling=sampling, limits=Limits(max_turns=settings.max_turns, max_completion_tokens=settings.max_completion_tokens),
-                max_concurrency=settings.max_concurrency, deadline_s=settings.deadline_s, model_name=settings.model or "",
-            )
-            engine = self._engines[sampling] = Engine(self.policy, None, config)
-            while len(self._engines) > MAX_ENGINES:
-                self._engines.popitem(last=False)
-        self._engines.move_to_end(sampling)
-        return engine
-
     async def run(self, row: Any) -> dict[str, Any]:
         """One `/run`: the NeMo Gym result of a rollout of `row`. Raises RowError before running."""
         task, env_class, sampling = self.check_row(row)
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.settings.max_concurrency)
-        async with self._slots:
-            self.in_flight += 1
-            try:
-                record = await self.engine(sampling).rollout(task, 0, env_class=env_class)
-            finally:
-                self.in_flight -= 1
+        self.in_flight += 1
+        try:
+            record = await self.engine.rollout(task, 0, env_class=env_class, sampling=sampling)
+        finally:
+            self.in_flight -= 1
         self.completed += 1
         result = to_run_result(record)
         result["response"]["model"] = result["response"]["model"] or getattr(self.policy, "model_name", None) or ""
@@ -403,7 +387,7 @@ def build_app(settings: AgentServerSettings, *, policy: ChatPolicy | None = None
     return app
 
 
-class ClientDisconnected(Exception):
+class ClientDisconnected(RolloutError):
     """The `/run` client went away before its rollout finished; the rollout was cancelled."""
 
 

@@ -18,8 +18,10 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from gym_bridge.core.bounded_call import AbortedCall, call_bounded, call_environment, describe_error
-from gym_bridge.core.environment import Environment, FailureKind, ToolError
+from gym_bridge.core.bounded_call import call_bounded, call_environment
+from gym_bridge.core.environment import Environment, ToolError
+from gym_bridge.core.errors import AbortedCall, classify
+from gym_bridge.core.errors import RolloutFailure as RolloutFailure
 from gym_bridge.core.items import TOKEN_FIELDS, ChatMessage, function_call_item, function_call_output_item, message_item, reasoning_item, user_message_item
 from gym_bridge.core.parsers.call import ParsedCall, ParsedTurn
 from gym_bridge.core.policy import CallTokens, ChatPolicy, ChatRequest, ChatTurn, Generation, GenerationRequest, Policy, SamplingParams
@@ -27,15 +29,6 @@ from gym_bridge.core.task import Task
 from gym_bridge.core.template import ChatTemplate, ToolOutput
 from gym_bridge.core.toolcall import parse_turn
 from gym_bridge.core.trajectory import Trajectory
-
-
-class RolloutFailure(Exception):
-    """A failure that is not the policy's: the rollout is recorded with `kind` and masked."""
-
-    def __init__(self, kind: FailureKind, reason: str) -> None:
-        super().__init__(reason)
-        self.kind: FailureKind = kind
-        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -200,7 +193,7 @@ class RolloutContext:
         if turn.tokens is not None:
             fields = dict(zip(TOKEN_FIELDS, (list(turn.tokens.prompt_token_ids), list(turn.tokens.generation_token_ids),
                                              list(turn.tokens.generation_log_probs))))
-            items[-1].update(fields)  # type: ignore[typeddict-item]
+            items[-1].update(fields)
             message.update(fields)
         self.trajectory.output.extend(items)
         self.messages.append(message)
@@ -262,10 +255,8 @@ class RolloutContext:
                 result = await call_environment(self.env, "call_tool", (name, arguments), timeout_s=timeout_s)
         except ToolError as error:
             return json.dumps({"error": str(error)})
-        except TimeoutError:
-            raise RolloutFailure("env", f"tool {name!r} did not return within {timeout_s:g} s") from None
         except Exception as error:
-            raise RolloutFailure("env", f"tool {name!r} raised {describe_error(error)}") from None
+            raise classify(error, step="tool", what=f"tool {name!r}", timeout_s=timeout_s) from None
         max_chars = self.limits.max_tool_output_chars
         if isinstance(result, str):
             return capped_output(result, max_chars)

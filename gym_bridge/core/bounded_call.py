@@ -16,6 +16,8 @@ import threading
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Callable
 
+from gym_bridge.core.errors import AbortedCall, RolloutError, describe_error
+
 if TYPE_CHECKING:
     from gym_bridge.core.environment import Environment
 
@@ -29,25 +31,10 @@ IDLE_THREAD_EXIT_S = 30.0
 """An idle thread exits after this long without work."""
 
 
-class AbortedCall(Exception):
-    """The called code raised `SystemExit`, `KeyboardInterrupt` or `CancelledError` of its own:
-    it ends that call (and its rollout), not the run."""
-
-    def __init__(self, original: BaseException) -> None:
-        self.original = original
-        detail = str(original)
-        super().__init__(f"{type(original).__name__}({detail})" if detail else type(original).__name__)
-
-
-class StuckCallsError(RuntimeError):
+class StuckCallsError(RolloutError, RuntimeError):
     """Refused: the owner already has too many calls stuck past their timeout (or the process too many threads)."""
 
-
-def describe_error(error: BaseException) -> str:
-    """`Type: message` for a failure reason; an AbortedCall is described by what the code raised."""
-    if isinstance(error, AbortedCall):
-        return f"{type(error.original).__name__}: {error.original}" if str(error.original) else type(error.original).__name__
-    return f"{type(error).__name__}: {error}"
+    failure_kind = "env"
 
 
 async def call_bounded(fn: Callable[..., Any], *args: Any, timeout_s: float, owner: str = "", **kwargs: Any) -> Any:

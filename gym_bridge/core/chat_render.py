@@ -23,8 +23,9 @@ REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 def render_chat(template: str, conversation: Sequence[Mapping[str, Any]], *, tools: Any = None, documents: Any = None,
                 add_generation_prompt: bool = False, variables: Mapping[str, Any] | None = None) -> str:
     """`conversation` (dicts) rendered by `template`; `variables`: special tokens and template arguments."""
-    return compiled_template(template).render(messages=prepared_messages(conversation), tools=tools, documents=documents,
-                                              add_generation_prompt=add_generation_prompt, **(variables or {}))
+    rendered: str = compiled_template(template).render(messages=prepared_messages(conversation), tools=tools, documents=documents,
+                                                       add_generation_prompt=add_generation_prompt, **(variables or {}))
+    return rendered
 
 
 def prepared_messages(conversation: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -65,7 +66,8 @@ def compiled_template(template: str) -> Any:
             return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
 
         def _body(self, caller: Any) -> str:
-            return caller()
+            body: str = caller()
+            return body
 
     def raise_exception(message: str) -> None:
         raise jinja2.exceptions.TemplateError(message)

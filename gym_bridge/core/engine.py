@@ -2,8 +2,8 @@
 
 asyncio throughout. A global semaphore and per-environment semaphores bound concurrency; each
 rollout has a deadline (verify included), each tool call and verify a timeout. `Engine.rollout` is the one error
-boundary: whatever fails there becomes a record with a failure kind, masked from training, and
-its siblings go on. Repeats of a task form a group and `run_groups` keeps them together;
+boundary: whatever fails there becomes a record with a failure kind (`gym_bridge.core.errors.classify`
+decides which), masked from training, and its siblings go on. Repeats of a task form a group and `run_groups` keeps them together;
 `stream` yields records as they finish.
 """
 
@@ -16,10 +16,12 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 
-from gym_bridge.core.agent_loop import AgentLoop, Limits, RolloutContext, RolloutFailure, ToolCallingLoop
-from gym_bridge.core.bounded_call import call_environment, describe_error
+from gym_bridge.core.agent_loop import AgentLoop, Limits, RolloutContext, ToolCallingLoop
+from gym_bridge.core.bounded_call import call_environment
 from gym_bridge.core.environment import Environment, to_verify_result, VerifyResult
-from gym_bridge.core.policy import BackendError, ChatPolicy, ContextOverflowError, Policy, SamplingParams, is_token_policy
+from gym_bridge.core.errors import RolloutFailure, Step, classify
+from gym_bridge.core.items import Item
+from gym_bridge.core.policy import ChatPolicy, Policy, SamplingParams, is_token_policy
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.task import Task
@@ -104,84 +106,61 @@ class Engine:
         assert self._global is not None
         return self._global, per_env
 
-    async def rollout(self, task: Task, repeat_index: int = 0, *, env_class: type[Environment] | None = None) -> RolloutRecord:
-        """Run one rollout of `task` to a record. Never raises for a failed rollout."""
+    async def rollout(self, task: Task, repeat_index: int = 0, *, env_class: type[Environment] | None = None,
+                      sampling: SamplingParams | None = None) -> RolloutRecord:
+        """Run one rollout of `task` to a record, sampled with `sampling` (None: the config's).
+        Never raises for a failed rollout."""
+        sampling = sampling or self.config.sampling
         global_slot, env_slot = self._semaphores(task.env_name)
         async with global_slot:
             if env_slot is None:
-                return await self._rollout(task, repeat_index, env_class)
+                return await self._rollout(task, repeat_index, env_class, sampling)
             async with env_slot:
-                return await self._rollout(task, repeat_index, env_class)
+                return await self._rollout(task, repeat_index, env_class, sampling)
 
-    async def _rollout(self, task: Task, repeat_index: int, env_class: type[Environment] | None) -> RolloutRecord:
+    async def _rollout(self, task: Task, repeat_index: int, env_class: type[Environment] | None,
+                       sampling: SamplingParams) -> RolloutRecord:
         started = time.perf_counter()
         if env_class is None:
             env_class = resolve_tasks([task])[task.env_name]
         tools = task.tools if task.tools is not None else tuple(spec.schema for spec in env_class.tool_specs().values())
         trajectory = Trajectory(prompt_ids=[])
-        finish, failure, verify_result = "failed", None, None
+        finish = "failed"
+        failure: RolloutFailure | None = None
+        verify_result: VerifyResult | None = None
         env: Environment | None = None
+        timeout_s = env_class.tool_timeout_s
         try:
             if not self.uses_messages:
                 assert self.template is not None
                 trajectory.prompt_ids = self.template.prompt_ids(task.messages, tools or None)
             env = env_class()
             ctx = RolloutContext(
-                task=task, env=env, policy=self.policy, template=self.template, sampling=self.config.sampling,
+                task=task, env=env, policy=self.policy, template=self.template, sampling=sampling,
                 limits=self.config.limits, trajectory=trajectory, session_id=f"{task.index}-{repeat_index}", tools=tools,
                 messages=list(task.messages) if self.uses_messages else None,
             )
             loop: AgentLoop = getattr(env_class, "agent_loop", None) or ToolCallingLoop()
             async with asyncio.timeout(self.config.deadline_s):
                 if _overrides(env, "setup"):
-                    await self._step("env", "setup", call_environment(env, "setup", (task,), timeout_s=env_class.tool_timeout_s))
+                    await call_step(env, "setup", (task,), step="setup", timeout_s=timeout_s)
                 finish = await loop.run(ctx)
-                verify_result = await self._verify(env, task, trajectory)
+                verify_result = await verify_output(env, task, trajectory.output)
             if verify_result.failure_kind is not None:
                 failure = RolloutFailure(verify_result.failure_kind, verify_result.failure_reason or "verifier reported a failure")
-        except RolloutFailure as error:
-            failure = error
-        except ContextOverflowError as error:
-            failure = RolloutFailure("context_overflow", str(error))
-        except BackendError as error:
-            failure = RolloutFailure("infra", f"generation backend: {error}")
-        except TimeoutError:
-            failure = RolloutFailure("timeout", f"rollout exceeded its deadline of {self.config.deadline_s:g} s")
         except Exception as error:  # the one boundary: a bad rollout is data, not a crash
-            failure = RolloutFailure("infra", f"{type(error).__name__}: {error}")
+            failure = classify(error, timeout_s=self.config.deadline_s)
         finally:
             if env is not None and _overrides(env, "close"):
                 try:
-                    await call_environment(env, "close", timeout_s=env_class.tool_timeout_s)
-                except Exception as error:
-                    if failure is None:
-                        failure = RolloutFailure("env", f"close() failed: {describe_error(error)}")
+                    await call_step(env, "close", step="close", what="close()", timeout_s=timeout_s)
+                except RolloutFailure as error:
+                    failure = failure or error
         return self._record(task, repeat_index, env_class, trajectory, finish, failure, verify_result, time.perf_counter() - started)
 
-    async def _step(self, kind: str, what: str, awaitable) -> object:  # type: ignore[no-untyped-def]
-        try:
-            return await awaitable
-        except TimeoutError:
-            raise RolloutFailure(kind, f"{what} did not return in time") from None  # type: ignore[arg-type]
-        except RolloutFailure:
-            raise
-        except Exception as error:
-            raise RolloutFailure(kind, f"{what} raised {describe_error(error)}") from None  # type: ignore[arg-type]
-
-    async def _verify(self, env: Environment, task: Task, trajectory: Trajectory) -> VerifyResult:
-        timeout_s = type(env).verify_timeout_s
-        try:
-            result = await call_environment(env, "verify", (task, trajectory.output), timeout_s=timeout_s)
-        except TimeoutError:
-            raise RolloutFailure("verifier", f"verify did not return within {timeout_s:g} s") from None
-        except Exception as error:
-            raise RolloutFailure("verifier", f"verify raised {describe_error(error)}") from None
-        try:
-            return to_verify_result(result)
-        except (TypeError, ValueError) as error:
-            raise RolloutFailure("verifier", str(error)) from None
-
-    def _record(self, task, repeat_index, env_class, trajectory, finish, failure, verify_result, latency_s) -> RolloutRecord:  # type: ignore[no-untyped-def]
+    def _record(self, task: Task, repeat_index: int, env_class: type[Environment], trajectory: Trajectory, finish: str,
+                failure: RolloutFailure | None, verify_result: VerifyResult | None, latency_s: float) -> RolloutRecord:
+        components: dict[str, float]
         if failure is not None:
             reward, components, mask = 0.0, {}, True
             kind, reason, finish = failure.kind, failure.reason, "failed"
@@ -222,15 +201,36 @@ class Engine:
             for future in pending:
                 future.cancel()
 
-    async def run_groups(self, tasks: Sequence[Task], *, group_size: int) -> list[list[RolloutRecord]]:
-        """All `group_size` repeats of each task, grouped and in task order."""
+    async def run_groups(self, tasks: Sequence[Task], *, group_size: int, sampling: SamplingParams | None = None) -> list[list[RolloutRecord]]:
+        """All `group_size` repeats of each task, grouped and in task order, sampled with `sampling` (None: the config's)."""
         env_classes = resolve_tasks(tasks)
         ensure_ready(env_classes.values())
         groups = [
-            asyncio.gather(*(self.rollout(task, repeat, env_class=env_classes[task.env_name]) for repeat in range(group_size)))
+            asyncio.gather(*(self.rollout(task, repeat, env_class=env_classes[task.env_name], sampling=sampling)
+                             for repeat in range(group_size)))
             for task in tasks
         ]
         return [list(group) for group in await asyncio.gather(*groups)]
+
+
+async def call_step(env: Environment, method: str, args: tuple[Any, ...] = (), *, step: Step, timeout_s: float, what: str = "") -> Any:
+    """`env.<method>(*args)` under `timeout_s`; whatever it raises is raised as the RolloutFailure `classify` makes of it."""
+    try:
+        return await call_environment(env, method, args, timeout_s=timeout_s)
+    except Exception as error:
+        raise classify(error, step=step, what=what, timeout_s=timeout_s) from None
+
+
+async def verify_output(env: Environment, task: Task, output: list[Item]) -> VerifyResult:
+    """`env.verify(task, output)` under the environment's `verify_timeout_s`, as a VerifyResult.
+
+    Raises RolloutFailure(`verifier`) when verify raises, hangs or returns something that is not a score.
+    """
+    result = await call_step(env, "verify", (task, output), step="verify", timeout_s=type(env).verify_timeout_s)
+    try:
+        return to_verify_result(result)
+    except (TypeError, ValueError) as error:
+        raise RolloutFailure("verifier", str(error)) from None
 
 
 def ensure_ready(env_classes: Iterable[type[Environment]]) -> None:

@@ -16,15 +16,15 @@ import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Literal, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 import pydantic
 
+from gym_bridge.core.errors import FAILURE_KINDS as FAILURE_KINDS
+from gym_bridge.core.errors import FailureKind as FailureKind
+from gym_bridge.core.errors import RolloutError
 from gym_bridge.core.items import Item
 from gym_bridge.core.task import Task
-
-FailureKind = Literal["infra", "env", "verifier", "timeout", "context_overflow"]
-FAILURE_KINDS: tuple[FailureKind, ...] = typing.get_args(FailureKind)
 
 
 @dataclass(frozen=True)
@@ -87,11 +87,14 @@ def schema_problems(model: type[pydantic.BaseModel], row: dict[str, Any]) -> lis
     return []
 
 
-class ToolError(Exception):
+class ToolError(RolloutError):
     """Raised by a tool for an error the model should read (bad input, missing item).
 
-    Any other exception from a tool is a bug in the environment and fails the rollout as `env`.
+    Any other exception from a tool is a bug in the environment and fails the rollout as `env`
+    (so does a ToolError raised outside a tool).
     """
+
+    failure_kind = "env"
 
 
 @dataclass(frozen=True)
@@ -270,6 +273,7 @@ class Environment:
     @classmethod
     def tool_specs(cls) -> dict[str, ToolSpec]:
         """The environment's tools by name, derived once per class."""
+        specs: dict[str, ToolSpec]
         if cls.__dict__.get("_tool_specs") is None:
             specs = {}
             for attr in dir(cls):
@@ -277,7 +281,8 @@ class Environment:
                 if callable(member) and getattr(member, "__gym_bridge_tool__", False):
                     specs[attr] = tool_spec(member, name=attr)
             cls._tool_specs = specs
-        return cls.__dict__["_tool_specs"]
+        specs = cls.__dict__["_tool_specs"]
+        return specs
 
     @classmethod
     def tool_arguments(cls, name: str, args: str | Mapping[str, Any]) -> dict[str, Any]:

@@ -1,17 +1,38 @@
-"""Errors raised before any generation starts: bad data, unknown environments, bad templates.
+"""gym_bridge's one error tree, and the one boundary that turns a rollout's exceptions into failure kinds.
 
-A bad rollout is data, not an exception (see `gym_bridge.core.engine`); the errors here are for
-input a user must fix, and each message names what to fix.
+Every error derives from `GymBridgeError`, on one of two branches. `UserError`: the user's mistake
+(bad data, bad setup, a missing extra, a template gym_bridge refuses), raised before any generation;
+the message names what to fix and the CLI exits 2 with it. `RolloutError`: a rollout failed for a
+reason that is not the policy's (backend, context overflow, environment, verifier); it carries a
+`failure_kind` and ends as a masked record, never as a crash. `classify` is the boundary between the
+two worlds: whatever escapes a step of a rollout becomes a `RolloutFailure` with a kind and a reason.
 """
 
 from __future__ import annotations
 
+import typing
+from typing import Literal
+
+FailureKind = Literal["infra", "env", "verifier", "timeout", "context_overflow"]
+"""Why a rollout failed: `infra` (generation backend, transport, gym_bridge itself), `env` (setup, a
+tool, close), `verifier`, `timeout` (the rollout's deadline), `context_overflow` (the prompt did not fit)."""
+FAILURE_KINDS: tuple[FailureKind, ...] = typing.get_args(FailureKind)
+
 
 class GymBridgeError(Exception):
-    """Base class of gym_bridge's user-facing errors."""
+    """The root of gym_bridge's errors; raise one of its two branches, `UserError` or `RolloutError`.
+
+    (A bare `GymBridgeError`, which older code raises, counts as a `UserError`.)"""
 
 
-class DataError(GymBridgeError, ValueError):
+# -- the user's mistakes: reported before anything runs, the CLI exits 2 --------------------
+
+
+class UserError(GymBridgeError):
+    """Something the user must fix (data, setup, an extra to install, a template); the message says what."""
+
+
+class DataError(UserError, ValueError):
     """A task row is malformed; the message names the source (file:line) and the field."""
 
     def __init__(self, message: str, *, source: str = "", field: str = "") -> None:
@@ -23,17 +44,120 @@ class DataError(GymBridgeError, ValueError):
         super().__init__(f"{where}: {message}" if where else message)
 
 
-class UnknownEnvironmentError(GymBridgeError, LookupError):
+class UnknownEnvironmentError(UserError, LookupError):
     """A row names an environment that is not registered."""
 
 
-class TemplateError(GymBridgeError):
+class TemplateError(UserError):
     """The chat template cannot be used token-in/token-out for the conversation shapes needed."""
 
 
-class MissingDependencyError(GymBridgeError, ImportError):
+class MissingDependencyError(UserError, ImportError):
     """An optional dependency is missing; the message carries the exact install command."""
 
 
-class UnknownParserError(GymBridgeError, LookupError):
+class UnknownParserError(UserError, LookupError):
     """A tool-call or reasoning parser name that gym_bridge does not know; the message lists the known ones."""
+
+
+class TokenPolicyRequiredError(UserError, TypeError):
+    """Training was given a policy that cannot return token ids and log-probs."""
+
+
+# -- a rollout's failures: each becomes a failure kind on its record --------------------------
+
+
+class RolloutError(GymBridgeError):
+    """A rollout failed for a reason that is not the policy's; it ends as a masked record of `failure_kind`."""
+
+    failure_kind: FailureKind = "infra"
+    """The kind its rollout's record gets when this escapes the agent loop (see `classify`)."""
+
+    @property
+    def reason(self) -> str:
+        """The record's `failure_reason`."""
+        return str(self)
+
+
+class RolloutFailure(RolloutError):
+    """A failure raised on purpose with its kind (by a loop, an environment, the engine); kept as it is
+    wherever in the rollout it is raised, and the rollout is recorded with `kind` and masked."""
+
+    def __init__(self, kind: FailureKind, reason: str) -> None:
+        super().__init__(reason)
+        self.failure_kind = kind
+
+    @property
+    def kind(self) -> FailureKind:
+        """Its `failure_kind`."""
+        return self.failure_kind
+
+
+class BackendError(RolloutError):
+    """The generation backend failed (transport, server error, crash); the rollout fails as `infra`."""
+
+    @property
+    def reason(self) -> str:
+        return f"generation backend: {self}"
+
+
+class ContextOverflowError(RolloutError):
+    """The prompt plus requested tokens do not fit the model's context window."""
+
+    failure_kind = "context_overflow"
+
+
+class AbortedCall(RolloutError):
+    """The called code raised `SystemExit`, `KeyboardInterrupt` or `CancelledError` of its own:
+    it ends that call (and its rollout), not the run."""
+
+    failure_kind = "env"
+
+    def __init__(self, original: BaseException) -> None:
+        self.original = original
+        detail = str(original)
+        super().__init__(f"{type(original).__name__}({detail})" if detail else type(original).__name__)
+
+
+def describe_error(error: BaseException) -> str:
+    """`Type: message` for a failure reason; an AbortedCall is described by what the code raised."""
+    if isinstance(error, AbortedCall):
+        return f"{type(error.original).__name__}: {error.original}" if str(error.original) else type(error.original).__name__
+    return f"{type(error).__name__}: {error}"
+
+
+# -- the boundary -------------------------------------------------------------------------------
+
+Step = Literal["rollout", "setup", "tool", "verify", "close"]
+"""Where an exception escaped: environment code (`setup`, a `tool`, `verify`, `close`), each called under
+its own timeout, or the rest of the `rollout` (the agent loop, model calls) under the rollout's deadline."""
+
+STEP_KINDS: dict[Step, FailureKind] = {"setup": "env", "tool": "env", "verify": "verifier", "close": "env"}
+"""The kind of whatever escapes environment code, whatever its type (a judge model that is down fails
+`verify`, so it is the verifier's failure)."""
+
+
+def classify(error: BaseException, *, step: Step = "rollout", what: str = "", timeout_s: float | None = None) -> RolloutFailure:
+    """The failure a rollout's record gets for `error`, which escaped `step` (`what` names the call in
+    the reason, default the step; `timeout_s` is the step's bound, the deadline for `rollout`).
+
+    | escaped                | `rollout`                                  | `setup`, `tool`, `close` / `verify`         |
+    |------------------------|--------------------------------------------|---------------------------------------------|
+    | RolloutFailure         | itself                                     | itself                                      |
+    | other RolloutError     | its `failure_kind`, its `reason`           | env / verifier: "<what> raised Type: ..."  |
+    | TimeoutError           | timeout: "rollout exceeded its deadline"   | env / verifier: "<what> did not return ..." |
+    | any other Exception    | infra: "Type: message"                     | env / verifier: "<what> raised Type: ..."  |
+    """
+    if isinstance(error, RolloutFailure):
+        return error
+    if step == "rollout":
+        if isinstance(error, RolloutError):
+            return RolloutFailure(error.failure_kind, error.reason)
+        if isinstance(error, TimeoutError):
+            return RolloutFailure("timeout", f"rollout exceeded its deadline of {timeout_s or 0:g} s")
+        return RolloutFailure("infra", f"{type(error).__name__}: {error}")
+    what = what or step
+    if isinstance(error, TimeoutError):
+        within = f"within {timeout_s:g} s" if timeout_s is not None else "in time"
+        return RolloutFailure(STEP_KINDS[step], f"{what} did not return {within}")
+    return RolloutFailure(STEP_KINDS[step], f"{what} raised {describe_error(error)}")

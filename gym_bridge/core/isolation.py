@@ -12,14 +12,17 @@ import inspect
 from concurrent.futures import BrokenExecutor
 from typing import TYPE_CHECKING, Any
 
+from gym_bridge.core.errors import RolloutError
 from gym_bridge.core.offload import run_in_process
 
 if TYPE_CHECKING:
     from gym_bridge.core.environment import Environment
 
 
-class WorkerCrashed(RuntimeError):
+class WorkerCrashed(RolloutError, RuntimeError):
     """The worker process running an isolated environment's code died (os._exit, a signal, a segfault)."""
+
+    failure_kind = "env"
 
 
 async def call_isolated(env: "Environment", method: str, args: tuple[Any, ...], kwargs: dict[str, Any], *, timeout_s: float) -> Any:

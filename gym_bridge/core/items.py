@@ -122,7 +122,7 @@ def final_text(output: list[Item]) -> str:
 def output_text(output: list[Item]) -> str:
     """The text of every assistant message of a trajectory, joined (the Responses API's
     `output_text`; reasoning items are not included)."""
-    return "".join(item_text(item) for item in output if item["type"] == "message")  # type: ignore[arg-type]
+    return "".join(item_text(item) for item in output if item["type"] == "message")
 
 
 ChatMessage = dict[str, Any]

@@ -15,7 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, Sequence, runtime_checkable
 
-from gym_bridge.core.errors import GymBridgeError
+from gym_bridge.core.errors import BackendError as BackendError
+from gym_bridge.core.errors import ContextOverflowError as ContextOverflowError
+from gym_bridge.core.errors import TokenPolicyRequiredError as TokenPolicyRequiredError
 
 FinishReason = Literal["stop", "length"]
 LogprobsMode = Literal["raw", "processed"]
@@ -63,14 +65,6 @@ class Generation:
     text: str | None = None
     """Decoded text, when the backend returns it (saves a decode)."""
     metrics: dict[str, float] = field(default_factory=dict)
-
-
-class BackendError(Exception):
-    """The generation backend failed (transport, server error, crash); the rollout fails as `infra`."""
-
-
-class ContextOverflowError(Exception):
-    """The prompt plus requested tokens do not fit the model's context window."""
 
 
 @runtime_checkable
@@ -138,10 +132,6 @@ class ChatPolicy(Protocol):
     async def chat(self, request: ChatRequest) -> ChatTurn:
         """Answer one turn; raises `BackendError` or `ContextOverflowError`."""
         ...
-
-
-class TokenPolicyRequiredError(GymBridgeError, TypeError):
-    """Training was given a policy that cannot return token ids and log-probs."""
 
 
 def is_token_policy(policy: object) -> bool:

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import orjson
 
-from gym_bridge.core.errors import DataError, GymBridgeError
+from gym_bridge.core.errors import DataError, UserError
 from gym_bridge.core.record import RECORD_FIELDS
 from gym_bridge.core.task import Task
 
@@ -32,7 +32,7 @@ def dump_line(record: Any) -> str:
     return orjson.dumps(record, option=_ORJSON_OPTIONS).decode()
 
 
-def load_line(line: str) -> Any:
+def load_line(line: str | bytes) -> Any:
     """One JSON line as a record; raises `json.JSONDecodeError` when it is not JSON."""
     try:
         return orjson.loads(line)
@@ -109,10 +109,10 @@ def prepare_resume(path: str | Path, tasks: Sequence[Task]) -> set[tuple[int, in
         if record.get("failure_kind") is None:
             kept[key] = record  # type: ignore[index]
     _write_atomic(path, kept.values())
-    return set(kept)  # type: ignore[arg-type]
+    return set(kept)
 
 
-class OutputLockedError(GymBridgeError):
+class OutputLockedError(UserError):
     """Another process is writing the same rollout file."""
 
 

@@ -124,7 +124,8 @@ def _run_shape(template: ChatTemplate, shape: str, messages: list[ChatMessage], 
     profile, tools = template.profile, list(PROBE_TOOLS)
     streamed = template.prompt_text(messages, tools)
     conversation = list(messages)
-    closing, calls_seen, turn_ids = "", 0, []
+    closing, calls_seen = "", 0
+    turn_ids: list[str] = []
     for step in steps:
         if step.turn is not None:
             full = template.render(conversation, tools=tools, add_generation_prompt=True)

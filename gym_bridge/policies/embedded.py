@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gym_bridge.core.errors import MissingDependencyError
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -26,7 +28,7 @@ CACHE_ROOT_ENV = "GYM_BRIDGE_CACHE"
 """Root folder for gym_bridge caches; the embedded model goes in a sub-folder of it."""
 
 
-class EmbeddedModelUnavailableError(RuntimeError):
+class EmbeddedModelUnavailableError(MissingDependencyError, RuntimeError):
     """A package needed to build the embedded model is not installed."""
 
 

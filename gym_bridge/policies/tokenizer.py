@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gym_bridge.core.chat_render import render_chat
-from gym_bridge.core.errors import GymBridgeError
+from gym_bridge.core.errors import UserError
 from gym_bridge.core.piece_encoder import PieceEncoder
 
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 GENERIC_TOKENIZER_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
 """Classes for which transformers itself uses `tokenizer.json` as it is; model-specific classes
 (`Qwen2Tokenizer`, `LlamaTokenizerFast`, ...) may rebuild parts of the pipeline in code."""
-class TokenizerLoadError(GymBridgeError):
+class TokenizerLoadError(UserError):
     """A tokenizer folder cannot be used without transformers (no `tokenizer.json`, unreadable files)."""
 
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gym_bridge.core.errors import GymBridgeError
+from gym_bridge.core.errors import UserError
 
 
-class AdmissionError(GymBridgeError):
+class AdmissionError(UserError):
     """A hop allows fewer rollouts in flight than asked (none at all, or `strict`)."""
 
 

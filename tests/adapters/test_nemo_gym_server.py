@@ -575,3 +575,50 @@ def test_the_nemo_rl_recipe_fronts_every_agent_with_an_environment_server():
             fronts.setdefault(server["agent_server"]["name"], []).append(name)
     assert agents == {"weather", "multi_step", "math"}
     assert fronts == {agent: [f"{agent}_environment_server"] for agent in agents}
+
+
+def test_runs_with_different_temperatures_share_one_engine_and_its_bound(monkeypatch):
+    """Issue 21 item 7: one engine serves every `/run` (its `max_concurrency` holds across sampling
+    settings), and each rollout samples with its own row's temperature and top_p."""
+    import threading
+
+    from gym_bridge.core.engine import Engine
+    from gym_bridge.core.policy import ChatTurn
+
+    class Recording:
+        def __init__(self) -> None:
+            self.seen: list[tuple[str, float, float]] = []
+            self.running = self.peak = 0
+
+        async def chat(self, request):
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+            await asyncio.sleep(0.2)
+            self.running -= 1
+            self.seen.append((request.messages[-1]["content"], request.sampling.temperature, request.sampling.top_p))
+            return ChatTurn(text="\\boxed{12}")
+
+    engines: list[int] = []
+    rollout = Engine.rollout
+
+    async def counted(self, *args, **kwargs):
+        engines.append(id(self))
+        return await rollout(self, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "rollout", counted)
+    policy = Recording()
+    settings = AgentServerSettings(envs=("math",), model_base_urls=("http://127.0.0.1:9/v1",), model="m", max_concurrency=1)
+    rows = [{**MATH_ROW, "responses_create_params": {**MATH_ROW["responses_create_params"], "input": f"What is 7 + 5? ({name})",
+                                                     "temperature": temperature, "top_p": top_p}}
+            for name, temperature, top_p in (("a", 0.3, 0.9), ("b", 1.1, 0.5))]
+    results: list[dict] = []
+    with app_in_thread(build_app(settings, policy=policy)) as agent_url:
+        threads = [threading.Thread(target=lambda row=row: results.append(run(agent_url, row).json())) for row in rows]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    assert [result["reward"] for result in results] == [1.0, 1.0]
+    assert len(engines) == 2 and len(set(engines)) == 1      # both rollouts on one engine
+    assert policy.peak == 1                                    # its bound of 1 held across the two settings
+    assert sorted(policy.seen) == [("What is 7 + 5? (a)", 0.3, 0.9), ("What is 7 + 5? (b)", 1.1, 0.5)]

@@ -1,0 +1,129 @@
+"""The error tree (every error under GymBridgeError, on one branch) and the boundary's classification table."""
+
+import ast
+import builtins
+import importlib
+import pathlib
+
+import pytest
+
+import gym_bridge
+from gym_bridge.core.errors import (
+    FAILURE_KINDS,
+    AbortedCall,
+    BackendError,
+    ContextOverflowError,
+    DataError,
+    GymBridgeError,
+    RolloutError,
+    RolloutFailure,
+    UserError,
+    classify,
+)
+
+ROOT = pathlib.Path(gym_bridge.__file__).parent.parent
+BUILTIN_EXCEPTIONS = {name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, BaseException)}
+
+
+def exception_classes() -> dict[str, tuple[str, str]]:
+    """`module:Class` -> (module, class) of every class in gym_bridge/ and environments/ that derives from
+    an exception, read from the source (a class is one when a base is a builtin exception or such a class)."""
+    defined: list[tuple[str, str, set[str]]] = []
+    for folder in ("gym_bridge", "environments"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if "tests" in path.relative_to(ROOT).parts:
+                continue
+            module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef):
+                    bases = {base.id if isinstance(base, ast.Name) else base.attr for base in node.bases
+                             if isinstance(base, (ast.Name, ast.Attribute))}
+                    defined.append((module, node.name, bases))
+    names, found = set(BUILTIN_EXCEPTIONS), {}
+    while True:
+        new = {f"{module}:{name}": (module, name) for module, name, bases in defined if bases & names}
+        if new.keys() == found.keys():
+            return found
+        found = new
+        names |= {name for _, name in found.values()}
+
+
+def test_the_source_scan_finds_errors_of_every_kind():
+    found = exception_classes()
+    # a builtin base, a base from another module, a base from the same module
+    assert {"gym_bridge.core.errors:UserError", "gym_bridge.policies.remote:ServerUnreachableError",
+            "gym_bridge.core.errors:ContextOverflowError", "environments.llm_judge:JudgeFailure"} <= found.keys()
+
+
+def test_every_error_derives_from_gym_bridge_error_on_exactly_one_branch():
+    """Private exceptions (`_Name`) are signals caught inside their module and may stay outside the tree."""
+    off_tree, two_branches, private = [], [], []
+    for key, (module, name) in exception_classes().items():
+        cls = getattr(importlib.import_module(module), name)
+        if cls is GymBridgeError:
+            continue
+        if name.startswith("_"):
+            private.append(key)
+        elif not issubclass(cls, GymBridgeError):
+            off_tree.append(key)
+        elif issubclass(cls, UserError) == issubclass(cls, RolloutError):
+            two_branches.append(key)
+        if issubclass(cls, RolloutError):
+            assert cls.failure_kind in FAILURE_KINDS, key
+    assert off_tree == [] and two_branches == []
+    assert len(private) <= 4  # remote.py's retry signals, offload's stale worker: the few that never leave their module
+
+
+def test_the_user_errors_and_rollout_errors_importable_from_their_old_places_are_the_tree_s():
+    from gym_bridge.core.agent_loop import RolloutFailure as loop_failure
+    from gym_bridge.core.bounded_call import AbortedCall as bounded_aborted
+    from gym_bridge.core.environment import FailureKind, ToolError
+    from gym_bridge.core.policy import BackendError as policy_backend
+    from gym_bridge.core.policy import TokenPolicyRequiredError
+    from gym_bridge.policies.embedded import EmbeddedModelUnavailableError
+
+    assert (loop_failure, bounded_aborted, policy_backend) == (RolloutFailure, AbortedCall, BackendError)
+    assert FailureKind is gym_bridge.FailureKind
+    assert issubclass(ToolError, RolloutError) and ToolError.failure_kind == "env"
+    assert issubclass(TokenPolicyRequiredError, UserError) and issubclass(TokenPolicyRequiredError, TypeError)
+    assert issubclass(EmbeddedModelUnavailableError, UserError)  # a missing extra: the CLI exits 2 with the hint
+    assert issubclass(DataError, ValueError)  # old `except ValueError` still catch it
+
+
+class Boom(Exception):
+    pass
+
+
+def failure(error: BaseException, **kwargs) -> tuple[str, str]:
+    made = classify(error, **kwargs)
+    return made.kind, made.reason
+
+
+@pytest.mark.parametrize(("error", "step", "expected"), [
+    # the agent loop and model calls: a RolloutError keeps its kind, the deadline is a timeout, the rest infra
+    (RolloutFailure("env", "no server"), "rollout", ("env", "no server")),
+    (BackendError("connection refused"), "rollout", ("infra", "generation backend: connection refused")),
+    (ContextOverflowError("9000 > 8192"), "rollout", ("context_overflow", "9000 > 8192")),
+    (AbortedCall(SystemExit(3)), "rollout", ("env", "SystemExit(3)")),
+    (TimeoutError(), "rollout", ("timeout", "rollout exceeded its deadline of 600 s")),
+    (Boom("a bug"), "rollout", ("infra", "Boom: a bug")),
+    # environment code: the step decides the kind, whatever the type (a RolloutFailure raised on purpose excepted)
+    (RolloutFailure("env", "no server"), "setup", ("env", "no server")),
+    (Boom("x"), "setup", ("env", "setup raised Boom: x")),
+    (TimeoutError(), "setup", ("env", "setup did not return within 600 s")),
+    (Boom("x"), "close", ("env", "close raised Boom: x")),
+    (Boom("x"), "tool", ("env", "tool raised Boom: x")),
+    (BackendError("judge down"), "verify", ("verifier", "verify raised BackendError: judge down")),
+    (AbortedCall(KeyboardInterrupt("pressed")), "verify", ("verifier", "verify raised KeyboardInterrupt: pressed")),
+    (TimeoutError(), "verify", ("verifier", "verify did not return within 600 s")),
+    (RolloutFailure("verifier", "no verdict"), "verify", ("verifier", "no verdict")),
+])
+def test_the_boundary_classifies_each_escape(error, step, expected):
+    assert failure(error, step=step, timeout_s=600.0) == expected
+
+
+def test_the_boundary_names_the_call_and_works_without_a_bound():
+    assert failure(TimeoutError(), step="tool", what="tool 'measure'", timeout_s=0.5) == ("env", "tool 'measure' did not return within 0.5 s")
+    assert failure(TimeoutError(), step="setup") == ("env", "setup did not return in time")
+    original = RolloutFailure("infra", "x")
+    assert classify(original, step="verify") is original
