@@ -9,6 +9,11 @@ around generation. Two ways to make the same call, one at a time:
            (`gym_bridge.capture`), which validates it, renders, generates, parses, records the call
            and answers in OpenAI's shape; the client parses that answer.
 
+The same two ways run once more against a model server, as in a remote-generation run: a
+`RemotePolicy` on `benchmarks/stub_server.py` (vLLM's `/v1/completions` shape, answered at once, in
+its own process). `remote_overhead_us_per_call` is then what the endpoint adds to a direct
+`RemotePolicy` call (`--no-remote` skips this pair).
+
 `overhead_us_per_call` is the median per-call time of capture minus that of direct. Each of
 `--runs` runs makes `--calls` calls per way (after a warm-up) and yields a mean per call; the
 report gives the median over runs with the min and max. The machine (`lscpu` model name, CPU
@@ -65,7 +70,7 @@ def machine() -> dict[str, Any]:
     return {"cpu_model": model, "cpus": os.cpu_count(), "load_1min": round(os.getloadavg()[0], 2)}
 
 
-async def direct_calls(template: ChatTemplate, policy: InstantPolicy, sampling: SamplingParams, calls: int) -> float:
+async def direct_calls(template: ChatTemplate, policy: Any, sampling: SamplingParams, calls: int) -> float:
     """Mean seconds per in-process call: render, generate, decode, parse."""
     start = time.perf_counter()
     for _ in range(calls):
@@ -77,7 +82,7 @@ async def direct_calls(template: ChatTemplate, policy: InstantPolicy, sampling: 
     return (time.perf_counter() - start) / calls
 
 
-async def capture_calls(template: ChatTemplate, policy: InstantPolicy, sampling: SamplingParams, calls: int) -> float:
+async def capture_calls(template: ChatTemplate, policy: Any, sampling: SamplingParams, calls: int, *, expect_call: bool = True) -> float:
     """Mean seconds per call of an openai client through the capture endpoint (a fresh session per run)."""
     import openai
 
@@ -90,7 +95,7 @@ async def capture_calls(template: ChatTemplate, policy: InstantPolicy, sampling:
             start = time.perf_counter()
             for _ in range(calls):
                 reply = await client.chat.completions.create(model="policy", messages=MESSAGES, tools=chat_tools)
-                assert reply.choices[0].message.tool_calls, "the endpoint did not answer the scripted tool call"
+                assert reply.choices[0].message.tool_calls or not expect_call, "the endpoint did not answer the scripted tool call"
             return (time.perf_counter() - start) / calls
 
 
@@ -99,7 +104,7 @@ def summary(values: list[float]) -> dict[str, float]:
     return {"median_us": round(statistics.median(micros), 1), "min_us": round(min(micros), 1), "max_us": round(max(micros), 1)}
 
 
-async def main(runs: int, calls: int) -> dict[str, Any]:
+async def main(runs: int, calls: int, *, remote: bool = True) -> dict[str, Any]:
     tokenizer = load_embedded_tokenizer()
     template = ChatTemplate(tokenizer)  # type: ignore[arg-type]  # a transformers tokenizer is one
     ids = tokenizer.encode(ANSWER, add_special_tokens=False) + [tokenizer.eos_token_id]
@@ -111,15 +116,47 @@ async def main(runs: int, calls: int) -> dict[str, Any]:
         direct.append(await direct_calls(template, policy, sampling, calls))
         capture.append(await capture_calls(template, policy, sampling, calls))
     overheads = [c - d for c, d in zip(capture, direct)]
-    return {"benchmark": "capture_overhead", "runs": runs, "calls_per_run": calls, "machine": machine(),
-            "direct_per_call": summary(direct), "capture_per_call": summary(capture), "overhead_per_call": summary(overheads),
-            "overhead_us_per_call": round((statistics.median(capture) - statistics.median(direct)) * 1e6, 1)}
+    report = {"benchmark": "capture_overhead", "runs": runs, "calls_per_run": calls, "machine": machine(),
+              "direct_per_call": summary(direct), "capture_per_call": summary(capture), "overhead_per_call": summary(overheads),
+              "overhead_us_per_call": round((statistics.median(capture) - statistics.median(direct)) * 1e6, 1)}
+    if remote:
+        report.update(await remote_pair(template, sampling, runs, calls))
+    return report
+
+
+async def remote_pair(template: ChatTemplate, sampling: SamplingParams, runs: int, calls: int) -> dict[str, Any]:
+    """Direct `RemotePolicy` calls to the stub server against the same calls through the endpoint in front of it."""
+    from gym_bridge.policies.remote import RemotePolicy
+
+    stub = subprocess.Popen([sys.executable, str(Path(__file__).resolve().parent / "stub_server.py"), "--port", "0"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        line = stub.stdout.readline() if stub.stdout else ""
+        if not line.startswith("serving "):
+            raise SystemExit(f"the stub server did not start: {line!r}")
+        policy = RemotePolicy(line.split(" at ")[-1].strip(), model="stub", request_timeout_s=60)
+        try:
+            await direct_calls(template, policy, sampling, 20)  # warm-up: the connection pool
+            direct, capture = [], []
+            for _ in range(runs):
+                direct.append(await direct_calls(template, policy, sampling, calls))
+                capture.append(await capture_calls(template, policy, sampling, calls, expect_call=False))
+        finally:
+            await policy.aclose()
+    finally:
+        stub.kill()
+        stub.wait()
+    overheads = [c - d for c, d in zip(capture, direct)]
+    return {"remote_direct_per_call": summary(direct), "remote_capture_per_call": summary(capture),
+            "remote_overhead_per_call": summary(overheads),
+            "remote_overhead_us_per_call": round((statistics.median(capture) - statistics.median(direct)) * 1e6, 1)}
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--calls", type=int, default=100)
+    parser.add_argument("--no-remote", action="store_true", help="skip the pair against a RemotePolicy on the stub server")
     args = parser.parse_args()
-    report = asyncio.run(main(args.runs, args.calls))
+    report = asyncio.run(main(args.runs, args.calls, remote=not args.no_remote))
     print(json.dumps(report))
