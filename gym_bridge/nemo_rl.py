@@ -7,8 +7,9 @@ installed, no torch); `GymBridgeEnvironmentActor` also imports ray.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gym_bridge._lazy import lazy_names
 
 if TYPE_CHECKING:  # the names, for type checkers and linters; at run time `__getattr__` imports them
     from gym_bridge.adapters.nemo_rl import (  # noqa: F401
@@ -20,14 +21,4 @@ _ACTOR = "GymBridgeEnvironmentActor"
 """The Ray actor class NeMo RL's `create_env` starts (imports ray); not in `__all__`, so `import *` stays light."""
 _ADAPTER = "gym_bridge.adapters.nemo_rl"
 
-
-def __getattr__(name: str) -> Any:
-    if name not in __all__ and name != _ACTOR:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_ADAPTER), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_names(globals(), _ADAPTER, (*__all__, _ACTOR), listed=__all__)

@@ -8,8 +8,9 @@ imports `gym_bridge.adapters.verl`, and with it verl 0.9.1, torch, transformers,
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gym_bridge._lazy import lazy_names
 
 if TYPE_CHECKING:  # the names, for type checkers and linters; at run time `__getattr__` imports them
     from gym_bridge.adapters.verl import (  # noqa: F401
@@ -23,14 +24,4 @@ __all__ = [
 ]
 _ADAPTER = "gym_bridge.adapters.verl"
 
-
-def __getattr__(name: str) -> Any:
-    if name not in __all__:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_ADAPTER), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_names(globals(), _ADAPTER, __all__)
