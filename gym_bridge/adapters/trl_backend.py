@@ -156,4 +156,6 @@ def _vllm_awake(generation: Any) -> Iterator[None]:
         yield
     finally:
         generation.llm.sleep(level=2)
+        # TRL 1.16's VLLMGeneration has no public setter for this flag; its own generate() sets it the same way
+        # after a level-2 sleep, and reads it to push the weights again before the next generation.
         generation._llm_weights_sleeping = True
