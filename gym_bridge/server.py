@@ -140,130 +140,151 @@ def build_app(
 
     app = FastAPI(title="gym-bridge serve-model", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.serve = state
-
-    def route(handler: Callable[[Request], Awaitable[dict[str, Any]]]) -> Callable[[Request], Awaitable[JSONResponse]]:
-        async def wrapped(request: Request) -> JSONResponse:
-            try:
-                return JSONResponse(await handler(request))
-            except ApiError as error:
-                return _error_response(error)
-            except Exception as error:  # one request fails, the server goes on
-                return _error_response(ApiError(500, f"{type(error).__name__}: {error}", "InternalServerError"))
-
-        wrapped.__name__ = handler.__name__
-        return wrapped
-
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": state.model_name, "generations": state.generations}
-
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        entry = {"id": state.model_name, "object": "model", "created": state.started, "owned_by": "gym_bridge",
-                 "root": state.model_root or state.model_name, "parent": None, "max_model_len": state.max_model_len}
-        return {"object": "list", "data": [entry]}
-
-    async def completions(request: Request) -> dict[str, Any]:
-        body = await _parse(request, CompletionBody, state)
-        _check_model(body.model, state)
-        body.check_supported()
-        if body.echo or body.suffix:
-            raise ApiError(400, "echo and suffix are not supported by serve-model")
-        prompts = _completion_prompts(body.prompt, state)
-        if len(prompts) * body.n > MAX_CHOICES:
-            raise ApiError(400, f"prompts x n must be at most {MAX_CHOICES}, got {len(prompts) * body.n}")
-        for prompt_ids in prompts:
-            _check_fits(len(prompt_ids), body.max_tokens, state)
-        jobs = [(prompt_ids, body.sampling(max_new_tokens=body.max_tokens, default_mode=state.logprobs_mode, seed_offset=i))
-                for prompt_ids in prompts for i in range(body.n)]
-        generations = await _generate_all(state, jobs, request)
-        choices = []
-        for index, ((prompt_ids, sampling), generation) in enumerate(zip(jobs, generations)):
-            text, stop_reason = _final_text(generation, sampling, body, state)
-            choice: dict[str, Any] = {"index": index, "text": text, "logprobs": None, "finish_reason": generation.finish_reason,
-                                      "stop_reason": stop_reason, "logprobs_mode": sampling.logprobs_mode}
-            if body.logprobs is not None:
-                choice["logprobs"] = _completion_logprobs(generation, as_ids=body.return_tokens_as_token_ids, state=state)
-            if body.return_token_ids:
-                choice["prompt_token_ids"] = list(prompt_ids)
-                choice["token_ids"] = list(generation.token_ids)
-            choices.append(choice)
-        prompt_tokens = sum(len(prompt_ids) for prompt_ids in prompts)
-        completion_tokens = sum(len(generation.token_ids) for generation in generations)
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": state.model_name, "choices": choices, "usage": _usage(prompt_tokens, completion_tokens)}
-
-    async def chat_completions(request: Request) -> dict[str, Any]:
-        body = await _parse(request, ChatBody, state)
-        _check_model(body.model, state)
-        body.check_supported()
-        if body.tool_choice not in (None, "auto", "none"):
-            raise ApiError(400, "tool_choice must be 'auto' or 'none' on serve-model")
-        use_tools = bool(body.tools) and body.tool_choice != "none"
-        tools = [from_chat_tool(tool) for tool in body.tools or []] if use_tools else None
-        messages = template_messages(body.messages, tool_format=state.template.tool_format)
-        try:
-            prompt_ids = state.template.prompt_ids(messages, tools)
-        except Exception as error:
-            raise ApiError(400, f"the chat template cannot render these messages: {type(error).__name__}: {error}") from None
-        prefix = required_prefix(body)
-        if prefix:
-            _check_ids(prefix, state)
-            prompt_ids = splice_prefix(state.template, messages, tools, prompt_ids, prefix)
-        requested = body.max_completion_tokens or body.max_tokens
-        max_tokens = requested or DEFAULT_CHAT_MAX_TOKENS
-        if requested is None and state.max_model_len is not None:
-            max_tokens = max(1, min(max_tokens, state.max_model_len - len(prompt_ids)))
-        _check_fits(len(prompt_ids), max_tokens, state)
-        jobs = [(prompt_ids, body.sampling(max_new_tokens=max_tokens, default_mode=state.logprobs_mode, seed_offset=i))
-                for i in range(body.n)]
-        generations = await _generate_all(state, jobs, request)
-        choices = []
-        for index, ((_, sampling), generation) in enumerate(zip(jobs, generations)):
-            text, stop_reason = _final_text(generation, sampling, body, state)
-            message, finish_reason = _assistant_message(text, generation, parse_tools=use_tools)
-            choice: dict[str, Any] = {"index": index, "message": message, "logprobs": None, "finish_reason": finish_reason,
-                                      "stop_reason": stop_reason, "logprobs_mode": sampling.logprobs_mode}
-            if body.logprobs:
-                choice["logprobs"] = {"content": _chat_logprobs(generation, as_ids=body.return_tokens_as_token_ids, state=state)}
-                if body.return_tokens_as_token_ids:
-                    message.update(prompt_token_ids=list(prompt_ids), generation_token_ids=list(generation.token_ids),
-                                   generation_log_probs=list(generation.logprobs))
-            if body.return_token_ids:
-                choice["token_ids"] = list(generation.token_ids)
-            choices.append(choice)
-        completion_tokens = sum(len(generation.token_ids) for generation in generations)
-        answer: dict[str, Any] = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                                  "model": state.model_name, "choices": choices, "usage": _usage(len(prompt_ids), completion_tokens)}
-        if body.return_token_ids:
-            answer["prompt_token_ids"] = list(prompt_ids)
-        return answer
-
-    async def tokenize(request: Request) -> dict[str, Any]:
-        body = await _parse(request, TokenizeBody, state)
-        _check_model(body.model, state)
-        if (body.prompt is None) == (body.messages is None):
-            raise ApiError(400, "give exactly one of 'prompt' or 'messages'")
-        if body.prompt is not None:
-            tokens = tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
-        else:
-            tools = [from_chat_tool(tool) for tool in body.tools or []] or None
-            tokens = state.template.prompt_ids(template_messages(body.messages or [], tool_format=state.template.tool_format), tools)
-        return {"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens}
-
-    async def detokenize(request: Request) -> dict[str, Any]:
-        body = await _parse(request, DetokenizeBody, state)
-        _check_model(body.model, state)
-        _check_ids(body.tokens, state)
-        return {"prompt": tokenizer.decode(body.tokens, skip_special_tokens=False)}
-
-    app.add_api_route("/v1/completions", route(completions), methods=["POST"])
-    app.add_api_route("/v1/chat/completions", route(chat_completions), methods=["POST"])
+    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/v1/models", models, methods=["GET"])
+    app.add_api_route("/v1/completions", _json_route(completions), methods=["POST"])
+    app.add_api_route("/v1/chat/completions", _json_route(chat_completions), methods=["POST"])
     for path in ("/tokenize", "/v1/tokenize"):
-        app.add_api_route(path, route(tokenize), methods=["POST"])
+        app.add_api_route(path, _json_route(tokenize), methods=["POST"])
     for path in ("/detokenize", "/v1/detokenize"):
-        app.add_api_route(path, route(detokenize), methods=["POST"])
+        app.add_api_route(path, _json_route(detokenize), methods=["POST"])
     return app
+
+
+# -- routes: each reads the shared `ServerState` from its app ---------------------------------
+
+
+def _state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.serve
+    return state
+
+
+def _json_route(handler: Callable[[Request], Awaitable[dict[str, Any]]]) -> Callable[[Request], Awaitable[JSONResponse]]:
+    """`handler` answering JSON, with an `ApiError` (or any other error, as a 500) as an OpenAI-style error body."""
+    async def wrapped(request: Request) -> JSONResponse:
+        try:
+            return JSONResponse(await handler(request))
+        except ApiError as error:
+            return _error_response(error)
+        except Exception as error:  # one request fails, the server goes on
+            return _error_response(ApiError(500, f"{type(error).__name__}: {error}", "InternalServerError"))
+
+    wrapped.__name__ = handler.__name__
+    return wrapped
+
+
+async def health(request: Request) -> dict[str, Any]:
+    state = _state(request)
+    return {"status": "ok", "model": state.model_name, "generations": state.generations}
+
+
+async def models(request: Request) -> dict[str, Any]:
+    state = _state(request)
+    entry = {"id": state.model_name, "object": "model", "created": state.started, "owned_by": "gym_bridge",
+             "root": state.model_root or state.model_name, "parent": None, "max_model_len": state.max_model_len}
+    return {"object": "list", "data": [entry]}
+
+
+async def completions(request: Request) -> dict[str, Any]:
+    state = _state(request)
+    body = await _parse(request, CompletionBody, state)
+    _check_model(body.model, state)
+    body.check_supported()
+    if body.echo or body.suffix:
+        raise ApiError(400, "echo and suffix are not supported by serve-model")
+    prompts = _completion_prompts(body.prompt, state)
+    if len(prompts) * body.n > MAX_CHOICES:
+        raise ApiError(400, f"prompts x n must be at most {MAX_CHOICES}, got {len(prompts) * body.n}")
+    for prompt_ids in prompts:
+        _check_fits(len(prompt_ids), body.max_tokens, state)
+    jobs = [(prompt_ids, body.sampling(max_new_tokens=body.max_tokens, default_mode=state.logprobs_mode, seed_offset=i))
+            for prompt_ids in prompts for i in range(body.n)]
+    generations = await _generate_all(state, jobs, request)
+    choices = []
+    for index, ((prompt_ids, sampling), generation) in enumerate(zip(jobs, generations)):
+        text, stop_reason = _final_text(generation, sampling, body, state)
+        choice: dict[str, Any] = {"index": index, "text": text, "logprobs": None, "finish_reason": generation.finish_reason,
+                                  "stop_reason": stop_reason, "logprobs_mode": sampling.logprobs_mode}
+        if body.logprobs is not None:
+            choice["logprobs"] = _completion_logprobs(generation, as_ids=body.return_tokens_as_token_ids, state=state)
+        if body.return_token_ids:
+            choice["prompt_token_ids"] = list(prompt_ids)
+            choice["token_ids"] = list(generation.token_ids)
+        choices.append(choice)
+    prompt_tokens = sum(len(prompt_ids) for prompt_ids in prompts)
+    completion_tokens = sum(len(generation.token_ids) for generation in generations)
+    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+            "model": state.model_name, "choices": choices, "usage": _usage(prompt_tokens, completion_tokens)}
+
+
+async def chat_completions(request: Request) -> dict[str, Any]:
+    state = _state(request)
+    body = await _parse(request, ChatBody, state)
+    _check_model(body.model, state)
+    body.check_supported()
+    if body.tool_choice not in (None, "auto", "none"):
+        raise ApiError(400, "tool_choice must be 'auto' or 'none' on serve-model")
+    use_tools = bool(body.tools) and body.tool_choice != "none"
+    tools = [from_chat_tool(tool) for tool in body.tools or []] if use_tools else None
+    messages = template_messages(body.messages, tool_format=state.template.tool_format)
+    try:
+        prompt_ids = state.template.prompt_ids(messages, tools)
+    except Exception as error:
+        raise ApiError(400, f"the chat template cannot render these messages: {type(error).__name__}: {error}") from None
+    prefix = required_prefix(body)
+    if prefix:
+        _check_ids(prefix, state)
+        prompt_ids = splice_prefix(state.template, messages, tools, prompt_ids, prefix)
+    requested = body.max_completion_tokens or body.max_tokens
+    max_tokens = requested or DEFAULT_CHAT_MAX_TOKENS
+    if requested is None and state.max_model_len is not None:
+        max_tokens = max(1, min(max_tokens, state.max_model_len - len(prompt_ids)))
+    _check_fits(len(prompt_ids), max_tokens, state)
+    jobs = [(prompt_ids, body.sampling(max_new_tokens=max_tokens, default_mode=state.logprobs_mode, seed_offset=i))
+            for i in range(body.n)]
+    generations = await _generate_all(state, jobs, request)
+    choices = []
+    for index, ((_, sampling), generation) in enumerate(zip(jobs, generations)):
+        text, stop_reason = _final_text(generation, sampling, body, state)
+        message, finish_reason = _assistant_message(text, generation, parse_tools=use_tools)
+        choice: dict[str, Any] = {"index": index, "message": message, "logprobs": None, "finish_reason": finish_reason,
+                                  "stop_reason": stop_reason, "logprobs_mode": sampling.logprobs_mode}
+        if body.logprobs:
+            choice["logprobs"] = {"content": _chat_logprobs(generation, as_ids=body.return_tokens_as_token_ids, state=state)}
+            if body.return_tokens_as_token_ids:
+                message.update(prompt_token_ids=list(prompt_ids), generation_token_ids=list(generation.token_ids),
+                               generation_log_probs=list(generation.logprobs))
+        if body.return_token_ids:
+            choice["token_ids"] = list(generation.token_ids)
+        choices.append(choice)
+    completion_tokens = sum(len(generation.token_ids) for generation in generations)
+    answer: dict[str, Any] = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                              "model": state.model_name, "choices": choices, "usage": _usage(len(prompt_ids), completion_tokens)}
+    if body.return_token_ids:
+        answer["prompt_token_ids"] = list(prompt_ids)
+    return answer
+
+
+async def tokenize(request: Request) -> dict[str, Any]:
+    state = _state(request)
+    body = await _parse(request, TokenizeBody, state)
+    _check_model(body.model, state)
+    if (body.prompt is None) == (body.messages is None):
+        raise ApiError(400, "give exactly one of 'prompt' or 'messages'")
+    if body.prompt is not None:
+        tokens = state.policy.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+    else:
+        tools = [from_chat_tool(tool) for tool in body.tools or []] or None
+        tokens = state.template.prompt_ids(template_messages(body.messages or [], tool_format=state.template.tool_format), tools)
+    return {"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens}
+
+
+async def detokenize(request: Request) -> dict[str, Any]:
+    state = _state(request)
+    body = await _parse(request, DetokenizeBody, state)
+    _check_model(body.model, state)
+    _check_ids(body.tokens, state)
+    return {"prompt": state.policy.tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
 
 async def _parse(request: Request, model: type[pydantic.BaseModel], state: ServerState) -> Any:

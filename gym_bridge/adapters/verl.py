@@ -21,9 +21,9 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar
 
-from gym_bridge.adapters.trl import to_trl_batch
 from gym_bridge.adapters.verl_data import AGENT_LOOP_CONFIG, AGENT_NAME, ROW_COLUMN, check_verl_files, plain, task_from_columns
 from gym_bridge.core.agent_loop import Limits
+from gym_bridge.core.batch import to_training_row
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.errors import MissingDependencyError
 from gym_bridge.core.health import HealthSettings, ToolCallAlarm
@@ -260,21 +260,21 @@ def to_agent_loop_output(record: RolloutRecord, *, policy: VerlServerPolicy, pro
     (log-prob 0.0 there), `reward_score` from the verifier, `extra_fields["reward_extra_info"]` with
     `REWARD_EXTRA_KEYS`. A masked record (a failure, or a sample its verifier masked) keeps its tokens
     with mask all 0, `reward_score` 0.0 and `extra_fields["gym_bridge_masked"] = True` plus its failure
-    kind, so verl drops it from the loss. The token translation is TRL's `to_trl_batch` (an empty
-    completion becomes one EOS id with mask 0; a harness that rewrote its history gives its last
-    segment, and `gym_bridge_harness_rewrites` counts the earlier, untrained ones)."""
-    row = {key: values[0] for key, values in to_trl_batch(
-        [record], eos_token_ids=sorted(policy.eos_token_ids), max_completion_length=response_length).items()}
-    masked = row["env_reward"] is None
-    prompt_ids = row["prompt_ids"][-prompt_length:]  # longer only for a masked context overflow
-    components = {} if masked else dict(record.reward_components)
+    kind, so verl drops it from the loss. The token rules are every trainer's, `core.batch.to_training_row`
+    (an empty completion becomes one EOS id with mask 0; a harness that rewrote its history gives its last
+    segment, and `gym_bridge_harness_rewrites` counts the earlier, untrained ones); here the row is cut to
+    verl's prompt and response lengths."""
+    row = to_training_row(record, eos_token_ids=sorted(policy.eos_token_ids), max_completion_length=response_length)
+    masked = row.masked
+    prompt_ids = list(row.prompt_ids[-prompt_length:])  # longer only for a masked context overflow
+    components = dict(row.reward_components)
     reward_extra_info = {
         "gym_bridge_reward": float(record.reward), "gym_bridge_masked": float(masked), "gym_bridge_failed": float(record.failed),
         "gym_bridge_turns": record.turns, "gym_bridge_tool_calls": record.tool_calls, "gym_bridge_env": record.env,
         "gym_bridge_failure_kind": record.failure_kind or "", "gym_bridge_reward_components": json.dumps(components, sort_keys=True),
         "gym_bridge_parse_errors": record.parse_errors, "gym_bridge_unparsed_tool_calls": record.unparsed_tool_calls,
         "gym_bridge_no_answer": float(record.finish_reason != "answer" and not record.failed),
-        "gym_bridge_harness_rewrites": row["harness_rewrites"],
+        "gym_bridge_harness_rewrites": row.harness_rewrites,
     }
     extra_fields: dict[str, Any] = {
         "reward_extra_info": reward_extra_info, "gym_bridge_masked": masked, "gym_bridge_failure_kind": record.failure_kind,
@@ -284,10 +284,10 @@ def to_agent_loop_output(record: RolloutRecord, *, policy: VerlServerPolicy, pro
     }
     return AgentLoopOutput(
         prompt_ids=prompt_ids,
-        response_ids=row["completion_ids"][:response_length],
-        response_mask=row["env_mask"][:response_length],
-        response_logprobs=row["logprobs"][:response_length] if policy.with_logprobs else None,
-        reward_score=0.0 if masked else float(row["env_reward"]),
+        response_ids=list(row.completion_ids[:response_length]),
+        response_mask=list(row.completion_mask[:response_length]),
+        response_logprobs=list(row.completion_logprobs[:response_length]) if policy.with_logprobs else None,
+        reward_score=0.0 if row.reward is None else row.reward,
         num_turns=1 + record.turns + _tool_rounds(record),
         metrics={"generate_sequences": policy.generate_s, "tool_calls": max(0.0, record.latency_s - policy.generate_s),
                  "num_preempted": policy.num_preempted if policy.num_preempted is not None else -1},

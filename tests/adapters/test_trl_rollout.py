@@ -282,7 +282,7 @@ def test_backend_trainer_model_refuses_sharded_generation(smol_tokenizer, shardi
 
 
 def test_vllm_sleep_mode_is_awake_for_the_batch_only():
-    from gym_bridge.adapters.trl import _vllm_awake
+    from gym_bridge.adapters.trl_backend import _vllm_awake
 
     calls = []
 
