@@ -600,14 +600,16 @@ def _serve_model(args: argparse.Namespace) -> int:
     from gym_bridge.server import bind_socket, serve
 
     sock = bind_socket(args.host, args.port)  # a busy port fails now, not after the model has loaded
+    from gym_bridge.policies.factory import PolicySpec, build_policy
     from gym_bridge.policies.transformers import TransformersPolicy, cpu_threads
 
     threads = cpu_threads(torch_threads(args.threads, default=cpu_threads(), cores=os.cpu_count() or 1, load=_load_average()))
     print(f"serve-model: {threads} CPU thread{'s' if threads > 1 else ''} per generation (--threads N to change)", file=sys.stderr, flush=True)
 
-    policy = TransformersPolicy.from_pretrained(args.model, device=args.device, max_batch_size=args.max_batch_size, batch_wait_s=args.batch_wait_s,
-                                                max_batch_tokens=args.max_batch_tokens,
-                                                release_memory_above_tokens=args.release_memory_above_tokens)
+    policy = build_policy(PolicySpec(kind="transformers", model=args.model, device=args.device, max_batch_size=args.max_batch_size,
+                                     batch_wait_s=args.batch_wait_s, max_batch_tokens=args.max_batch_tokens,
+                                     release_memory_above_tokens=args.release_memory_above_tokens))
+    assert isinstance(policy, TransformersPolicy)
     if args.model is None:
         from gym_bridge.policies.embedded import embedded_model_path
 

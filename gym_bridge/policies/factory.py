@@ -43,6 +43,13 @@ class PolicySpec:
     """`vllm`: which log-probs the engine returns."""
     gpu_memory_utilization: float = 0.9
     """`vllm`: the share of GPU memory the engine takes."""
+    device: str | None = None
+    """`embedded`, `transformers`: where the model runs (None: CUDA when available, else the CPU)."""
+    max_batch_size: int | None = None
+    batch_wait_s: float | None = None
+    max_batch_tokens: int | None = None
+    release_memory_above_tokens: int | None = None
+    """`embedded`, `transformers`: the batching and memory settings of `TransformersPolicy`."""
 
 
 def build_policy(spec: PolicySpec) -> Policy | ChatPolicy:
@@ -51,7 +58,7 @@ def build_policy(spec: PolicySpec) -> Policy | ChatPolicy:
     if spec.kind not in POLICY_KINDS:
         raise GymBridgeError(f"policy kind must be one of {', '.join(POLICY_KINDS)}, got {spec.kind!r}")
     if spec.kind in ("embedded", "transformers"):
-        return _transformers(None if spec.kind == "embedded" else spec.model)
+        return _transformers(None if spec.kind == "embedded" else spec.model, spec)
     if spec.kind == "vllm":
         return _vllm(spec)
     if not spec.base_urls:
@@ -79,12 +86,15 @@ def _timeouts(spec: PolicySpec) -> dict[str, Any]:
     return options
 
 
-def _transformers(model: str | None) -> Policy:
+def _transformers(model: str | None, spec: PolicySpec) -> Policy:
     try:
         from gym_bridge.policies.transformers import TransformersPolicy
     except ImportError as error:
         raise MissingDependencyError(f"a transformers policy needs torch and transformers ({error}): {TRANSFORMERS_HINT}") from None
-    return TransformersPolicy.from_pretrained(model)
+    settings = {"max_batch_size": spec.max_batch_size, "batch_wait_s": spec.batch_wait_s}
+    options: dict[str, Any] = {key: value for key, value in settings.items() if value is not None}
+    return TransformersPolicy.from_pretrained(model, device=spec.device, max_batch_tokens=spec.max_batch_tokens,
+                                              release_memory_above_tokens=spec.release_memory_above_tokens, **options)
 
 
 def _vllm(spec: PolicySpec) -> Policy:

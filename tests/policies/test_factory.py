@@ -34,6 +34,13 @@ def test_transformers_kind_loads_the_named_folder(tiny_model_dir) -> None:
     assert len(_generates(policy)) == 3
 
 
+def test_transformers_kind_takes_the_batching_settings(tiny_model_dir) -> None:
+    policy = build_policy(PolicySpec(kind="transformers", model=str(tiny_model_dir), device="cpu", max_batch_size=3, batch_wait_s=0.02,
+                                     max_batch_tokens=500, release_memory_above_tokens=1000))
+    assert isinstance(policy, TransformersPolicy) and policy.device.type == "cpu"
+    assert (policy.max_batch_size, policy.batch_wait_s, policy.max_batch_tokens, policy.release_memory_above_tokens) == (3, 0.02, 500, 1000)
+
+
 def test_embedded_kind_loads_the_embedded_model_whatever_the_model_field(tiny_model_dir, monkeypatch) -> None:
     import gym_bridge.policies.embedded as embedded
 
