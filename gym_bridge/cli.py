@@ -166,10 +166,11 @@ def _limit_module_paths(args: argparse.Namespace) -> tuple[str, ...] | None:
 
 
 def _load_policy(model: str | None):  # type: ignore[no-untyped-def]
-    from gym_bridge.policies.transformers import TransformersPolicy, cpu_threads
+    from gym_bridge.policies.factory import PolicySpec, build_policy
+    from gym_bridge.policies.transformers import cpu_threads
 
     cpu_threads(torch_threads(None, default=cpu_threads(), cores=os.cpu_count() or 1, load=_load_average()))
-    return TransformersPolicy.from_pretrained(model)
+    return build_policy(PolicySpec(kind="transformers", model=model))
 
 
 def _local_setup(args: argparse.Namespace) -> tuple[Any, Any, str]:
@@ -179,12 +180,13 @@ def _local_setup(args: argparse.Namespace) -> tuple[Any, Any, str]:
     model_name = args.model or f"{EMBEDDED_MODEL_NAME} (embedded)"
     if args.backend == "vllm":
         from gym_bridge.policies.embedded import embedded_model_path
+        from gym_bridge.policies.factory import PolicySpec, build_policy
         from gym_bridge.policies.remote import load_tokenizer
-        from gym_bridge.policies.vllm_engine import VLLMEnginePolicy, load_vllm_engine
 
         path = args.model or str(embedded_model_path())
         loaded = load_tokenizer(path)
-        policy = VLLMEnginePolicy(load_vllm_engine(path, seed=args.seed, logprobs_mode="raw", gpu_memory_utilization=args.gpu_memory_utilization))
+        policy = build_policy(PolicySpec(kind="vllm", model=path, seed=args.seed, logprobs_mode="raw",
+                                         gpu_memory_utilization=args.gpu_memory_utilization))
         return policy, ChatTemplate(loaded.tokenizer, eos_token_ids=loaded.eos_token_ids), model_name
     policy = _load_policy(args.model)
     return policy, ChatTemplate(policy.tokenizer, eos_token_ids=sorted(policy.eos_token_ids)), model_name
@@ -233,15 +235,16 @@ async def _remote_setup(args: argparse.Namespace) -> tuple[Any, Any, str]:
     urls = _base_urls(args)
     api_key = os.environ.get(args.api_key_env) or None
     if args.api != "completions":
-        from gym_bridge.policies.chat_api import ChatAPIPolicy
+        from gym_bridge.policies.factory import PolicySpec, build_policy
 
         if len(urls) != 1 or not args.model:
             raise GymBridgeError(f"--api {args.api} needs exactly one --base-url and --model NAME")
-        policy = ChatAPIPolicy(model=args.model, base_url=urls[0], api=args.api, api_key=api_key,
-                               request_timeout_s=args.request_timeout_s, max_retries=args.max_retries)
+        policy = build_policy(PolicySpec(kind="chat", model=args.model, base_urls=(urls[0],), api=args.api, api_key=api_key,
+                                         request_timeout_s=args.request_timeout_s, max_retries=args.max_retries))
         return policy, None, args.model
 
-    from gym_bridge.policies.remote import RemotePolicy, ServerUnreachableError, served_models
+    from gym_bridge.policies.factory import PolicySpec, build_policy
+    from gym_bridge.policies.remote import ServerUnreachableError, served_models
 
     urls = await _live_base_urls(urls, api_key=api_key, timeout_s=min(args.request_timeout_s, 30.0))
     try:
@@ -263,7 +266,8 @@ async def _remote_setup(args: argparse.Namespace) -> tuple[Any, Any, str]:
     entry = next((entry for entry in models if entry["id"] == model), {})
     path, source = _remote_tokenizer_path(args.tokenizer, model, entry)
     loaded = await _matching_tokenizer(urls[0], path, model=model, api_key=api_key, source=source, server_up=bool(models))
-    policy = RemotePolicy(urls, model=model, api_key=api_key, request_timeout_s=args.request_timeout_s, max_retries=args.max_retries)
+    policy = build_policy(PolicySpec(kind="remote", model=model, base_urls=tuple(urls), api_key=api_key,
+                                     request_timeout_s=args.request_timeout_s, max_retries=args.max_retries))
     from gym_bridge.core.template import ChatTemplate
 
     return policy, ChatTemplate(loaded.tokenizer, eos_token_ids=loaded.eos_token_ids), model
@@ -308,11 +312,7 @@ async def _matching_tokenizer(base_url: str, path: str, *, model: str, api_key: 
 
 
 async def _close(policy: Any) -> None:
-    aclose = getattr(policy, "aclose", None)
-    if aclose is not None:
-        await aclose()
-    else:
-        policy.close()
+    await policy.aclose()
 
 
 def _apply_env_options(env_settings: Sequence[str], env_urls: Sequence[str]) -> None:
@@ -600,14 +600,16 @@ def _serve_model(args: argparse.Namespace) -> int:
     from gym_bridge.server import bind_socket, serve
 
     sock = bind_socket(args.host, args.port)  # a busy port fails now, not after the model has loaded
+    from gym_bridge.policies.factory import PolicySpec, build_policy
     from gym_bridge.policies.transformers import TransformersPolicy, cpu_threads
 
     threads = cpu_threads(torch_threads(args.threads, default=cpu_threads(), cores=os.cpu_count() or 1, load=_load_average()))
     print(f"serve-model: {threads} CPU thread{'s' if threads > 1 else ''} per generation (--threads N to change)", file=sys.stderr, flush=True)
 
-    policy = TransformersPolicy.from_pretrained(args.model, device=args.device, max_batch_size=args.max_batch_size, batch_wait_s=args.batch_wait_s,
-                                                max_batch_tokens=args.max_batch_tokens,
-                                                release_memory_above_tokens=args.release_memory_above_tokens)
+    policy = build_policy(PolicySpec(kind="transformers", model=args.model, device=args.device, max_batch_size=args.max_batch_size,
+                                     batch_wait_s=args.batch_wait_s, max_batch_tokens=args.max_batch_tokens,
+                                     release_memory_above_tokens=args.release_memory_above_tokens))
+    assert isinstance(policy, TransformersPolicy)
     if args.model is None:
         from gym_bridge.policies.embedded import embedded_model_path
 

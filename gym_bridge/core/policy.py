@@ -75,6 +75,11 @@ class Policy(Protocol):
         """Continue `request.prompt_ids`; raises `BackendError` or `ContextOverflowError`."""
         ...
 
+    async def aclose(self) -> None:
+        """Release what the policy holds (batching workers, connections); an engine or model it was
+        handed stays with its owner. Called once, on the loop that used it, when the caller is done."""
+        ...
+
 
 @dataclass(frozen=True)
 class ChatToolCall:
@@ -185,3 +190,6 @@ class ScriptedPolicy:
         if isinstance(step, BaseException):
             raise step
         return step
+
+    async def aclose(self) -> None:
+        """Nothing to release."""

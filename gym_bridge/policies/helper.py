@@ -16,6 +16,7 @@ from gym_bridge.core.errors import GymBridgeError
 from gym_bridge.core.helper_model import HelperModel
 from gym_bridge.core.policy import SamplingParams
 from gym_bridge.core.template import ChatTemplate
+from gym_bridge.policies.factory import PolicySpec, build_policy
 
 HELPER_APIS = ("completions", "chat", "responses")
 _loading = threading.Lock()
@@ -54,21 +55,20 @@ def _load(
     sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
     if api not in HELPER_APIS:
         raise GymBridgeError(f"helper model api must be one of {', '.join(HELPER_APIS)}, got {api!r}")
-    if base_url is None:
-        from gym_bridge.policies.transformers import TransformersPolicy
-
-        local = TransformersPolicy.from_pretrained(model)
-        return HelperModel(local, ChatTemplate(local.tokenizer, eos_token_ids=sorted(local.eos_token_ids)), sampling)
     api_key = os.environ.get(api_key_env) or None
-    if api != "completions":
-        from gym_bridge.policies.chat_api import ChatAPIPolicy
+    if base_url is None:
+        local = build_policy(PolicySpec(kind="transformers", model=model))
+        from gym_bridge.policies.transformers import TransformersPolicy  # loaded by now
 
+        assert isinstance(local, TransformersPolicy)
+        return HelperModel(local, ChatTemplate(local.tokenizer, eos_token_ids=sorted(local.eos_token_ids)), sampling)
+    if api != "completions":
         if not model:
             raise GymBridgeError(f"a helper model at {base_url} with api={api!r} needs the served model's name")
-        chat = ChatAPIPolicy(model=model, base_url=base_url, api=api, api_key=api_key,  # type: ignore[arg-type]
-                             request_timeout_s=request_timeout_s, max_retries=max_retries)
+        chat = build_policy(PolicySpec(kind="chat", model=model, base_urls=(base_url,), api=api, api_key=api_key,  # type: ignore[arg-type]
+                                       request_timeout_s=request_timeout_s, max_retries=max_retries))
         return HelperModel(chat, None, sampling)
-    from gym_bridge.policies.remote import RemotePolicy, load_tokenizer
+    from gym_bridge.policies.remote import load_tokenizer
 
     if tokenizer is None:
         from gym_bridge.policies.embedded import embedded_model_path
@@ -77,5 +77,6 @@ def _load(
     loaded = load_tokenizer(tokenizer)
     if not model:
         raise GymBridgeError(f"a helper model at {base_url} needs the served model's name")
-    remote = RemotePolicy(base_url, model=model, api_key=api_key, request_timeout_s=request_timeout_s, max_retries=max_retries)
+    remote = build_policy(PolicySpec(kind="remote", model=model, base_urls=(base_url,), api_key=api_key,
+                                     request_timeout_s=request_timeout_s, max_retries=max_retries))
     return HelperModel(remote, ChatTemplate(loaded.tokenizer, eos_token_ids=loaded.eos_token_ids), sampling)

@@ -1,6 +1,6 @@
 """A `Policy` backed by a Hugging Face causal LM: the embedded model, a local checkpoint, or a trainer's model.
 
-Concurrent `generate` calls are queued; one background task per event loop gathers what arrives
+Concurrent `generate` calls are queued (`gym_bridge.policies.batcher`); one background task per event loop gathers what arrives
 within `batch_wait_s` (up to `max_batch_size` requests and `max_batch_tokens` padded tokens), groups
 requests whose sampling settings agree, and runs one left-padded `model.generate` per group in a
 worker thread. Each row is then cut after its own EOS, stop string or `max_new_tokens`; a row whose
@@ -18,7 +18,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -42,6 +41,7 @@ from gym_bridge.core.policy import (
     GenerationRequest,
     SamplingParams,
 )
+from gym_bridge.policies.batcher import Batcher, GatherRule, Waiting
 
 UTF8_MAX_BYTES_PER_CHAR = 4
 
@@ -93,11 +93,13 @@ class TransformersPolicy:
         self._vocab_size = model.get_input_embeddings().num_embeddings
         self._max_positions: int | None = getattr(model.config.get_text_config(), "max_position_embeddings", None)
         self._model_lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: asyncio.Queue[_Pending] | None = None
-        self._worker: asyncio.Task[None] | None = None
-        self._carried: _Pending | None = None
-        """A request that did not fit the last batch: it opens the next one."""
+        self._batcher: Batcher[GenerationRequest, Generation] = Batcher(
+            self._generate_batch,
+            rule=GatherRule(max_batch_size=max_batch_size, quiet_gap_s=batch_wait_s, max_wait_s=batch_wait_s),
+            name="TransformersPolicy",
+            fits=self._fits_batch,
+            split=_compatible_groups,
+        )
         self._closed = False
 
     @classmethod
@@ -141,24 +143,18 @@ class TransformersPolicy:
         self._check_request(request)
         if request.sampling.max_new_tokens <= 0:
             return Generation(token_ids=[], logprobs=[], finish_reason="length", text="")
-        future: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
-        self._queue_on_running_loop().put_nowait(_Pending(request=request, future=future, enqueued_at_s=time.perf_counter()))
-        return await future
+        return await self._batcher.submit(request)
 
     def close(self) -> None:
-        """Stop the background worker; calls still queued, and later calls, get a `BackendError`."""
+        """Stop the background worker (from any thread); calls still queued, and later calls, get a `BackendError`."""
         self._closed = True
-        worker, loop = self._worker, self._loop
-        if worker is None or loop is None or loop.is_closed() or worker.done():
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            worker.cancel()
-        else:
-            loop.call_soon_threadsafe(worker.cancel)
+        self._batcher.stop()
+
+    async def aclose(self) -> None:
+        """`close`, waiting on this loop until the worker is gone."""
+        self._closed = True
+        self._batcher.stop()
+        await self._batcher.aclose()
 
     def _check_request(self, request: GenerationRequest) -> None:
         prompt_length = len(request.prompt_ids)
@@ -174,76 +170,14 @@ class TransformersPolicy:
                 f"(at most {self._max_positions - max_new_tokens} prompt tokens fit)"
             )
 
-    def _queue_on_running_loop(self) -> asyncio.Queue[_Pending]:
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop or self._queue is None or self._worker is None or self._worker.done():
-            self._loop = loop
-            self._queue = asyncio.Queue()
-            self._carried = None
-            self._worker = loop.create_task(self._serve(self._queue), name="TransformersPolicy worker")
-        return self._queue
+    def _fits_batch(self, batch: Sequence[GenerationRequest], request: GenerationRequest) -> bool:
+        """Whether `request` may join `batch` within `max_batch_tokens` padded tokens."""
+        if self.max_batch_tokens is None:
+            return True
+        width = max(_padded_width(queued) for queued in (*batch, request))
+        return (len(batch) + 1) * width <= self.max_batch_tokens
 
-    async def _serve(self, queue: asyncio.Queue[_Pending]) -> None:
-        batch: list[_Pending] = []
-        try:
-            while True:
-                await self._collect(queue, batch)
-                for group in _compatible_groups(batch):
-                    await self._run_group(group)
-                batch.clear()
-        except asyncio.CancelledError:
-            if self._carried is not None:
-                batch.append(self._carried)
-                self._carried = None
-            while not queue.empty():
-                batch.append(queue.get_nowait())
-            for item in batch:
-                if not item.future.done():
-                    item.future.set_exception(BackendError("TransformersPolicy was closed before generating"))
-            raise
-
-    async def _collect(self, queue: asyncio.Queue[_Pending], batch: list[_Pending]) -> None:
-        """Append to `batch` the next request and all that arrive within `batch_wait_s` of it,
-        while they fit `max_batch_size` and `max_batch_tokens`."""
-        loop = asyncio.get_running_loop()
-        first, self._carried = self._carried, None
-        batch.append(first if first is not None else await queue.get())
-        width = _padded_width(batch[0])
-        deadline_s = loop.time() + self.batch_wait_s
-        while len(batch) < self.max_batch_size:
-            remaining_s = deadline_s - loop.time()
-            try:
-                if remaining_s <= 0:
-                    item = queue.get_nowait()
-                else:
-                    item = await asyncio.wait_for(queue.get(), remaining_s)
-            except (asyncio.QueueEmpty, TimeoutError):
-                break
-            wider = max(width, _padded_width(item))
-            if self.max_batch_tokens is not None and (len(batch) + 1) * wider > self.max_batch_tokens:
-                self._carried = item
-                break
-            batch.append(item)
-            width = wider
-
-    async def _run_group(self, group: list[_Pending]) -> None:
-        live = [item for item in group if not item.future.done()]
-        if not live:
-            return
-        try:
-            generations = await asyncio.to_thread(self._generate_batch, live)
-        except Exception as error:
-            for item in live:
-                if not item.future.done():
-                    backend_error = BackendError(f"generation failed: {type(error).__name__}: {error}")
-                    backend_error.__cause__ = error
-                    item.future.set_exception(backend_error)
-            return
-        for item, generation in zip(live, generations, strict=True):
-            if not item.future.done():
-                item.future.set_result(generation)
-
-    def _generate_batch(self, batch: list[_Pending]) -> list[Generation]:
+    def _generate_batch(self, batch: list[Waiting[GenerationRequest, Generation]]) -> list[Generation]:
         requests = [item.request for item in batch]
         sampling = requests[0].sampling
         input_ids, attention_mask = _left_padded(
@@ -400,20 +334,13 @@ def release_memory(device: torch.device) -> None:
             pass
 
 
-def _padded_width(item: "_Pending") -> int:
-    return len(item.request.prompt_ids) + item.request.sampling.max_new_tokens
+def _padded_width(request: GenerationRequest) -> int:
+    return len(request.prompt_ids) + request.sampling.max_new_tokens
 
 
-@dataclass(frozen=True)
-class _Pending:
-    request: GenerationRequest
-    future: asyncio.Future[Generation]
-    enqueued_at_s: float
-
-
-def _compatible_groups(pending: list[_Pending]) -> list[list[_Pending]]:
+def _compatible_groups(pending: list[Waiting[GenerationRequest, Generation]]) -> list[list[Waiting[GenerationRequest, Generation]]]:
     """Split requests, in arrival order, into groups that one `generate` call can serve."""
-    groups: dict[tuple[float, float, int, int | None], list[_Pending]] = {}
+    groups: dict[tuple[float, float, int, int | None, str], list[Waiting[GenerationRequest, Generation]]] = {}
     for item in pending:
         groups.setdefault(_sampling_key(item.request.sampling), []).append(item)
     return list(groups.values())

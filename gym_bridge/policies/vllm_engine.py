@@ -2,9 +2,9 @@
 
 Prompts go in as token ids (`{"prompt_token_ids": [...]}`) with one `vllm.SamplingParams` each,
 log-probs on; the sampled ids, their log-probs and the finish reason come back from each
-`RequestOutput`. `LLM.generate` blocks and is not thread-safe, so one background task per event
-loop gathers the requests that arrive while the engine is busy and hands them all to the next
-`generate` call in a worker thread (vLLM schedules them together). A request that the engine
+`RequestOutput`. `LLM.generate` blocks and is not thread-safe, so a `Batcher` (one background task
+per event loop) gathers the requests that arrive while the engine is busy and hands them all to the
+next `generate` call in a worker thread (vLLM schedules them together). A request that the engine
 rejects (a prompt longer than the model's context) fails alone: the batch is retried one by one.
 The worker thread first selects the CUDA device that was current when the policy was built: with
 `distributed_executor_backend="external_launcher"` (TRL's colocate mode) vLLM runs the model in
@@ -17,11 +17,11 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 from gym_bridge.core.errors import MissingDependencyError
 from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest, SamplingParams
+from gym_bridge.policies.batcher import Batcher, GatherRule, Waiting
 from gym_bridge.policies.remote import CONTEXT_OVERFLOW_PATTERN
 
 _VLLM_MODES = {"raw_logprobs": "raw", "processed_logprobs": "processed"}
@@ -60,12 +60,6 @@ def to_vllm_sampling_params(sampling: SamplingParams) -> Any:
     )
 
 
-@dataclass(frozen=True)
-class _Pending:
-    request: GenerationRequest
-    future: asyncio.Future[Generation]
-
-
 class VLLMEnginePolicy:
     """Implements `Policy` with a `vllm.LLM` (offline engine) that the caller created and owns.
 
@@ -92,9 +86,15 @@ class VLLMEnginePolicy:
         self.cuda_device: int | None = _current_cuda_device()
         """The CUDA device each engine call runs on (the current one at construction; None without CUDA in this process)."""
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: asyncio.Queue[_Pending] | None = None
-        self._worker: asyncio.Task[None] | None = None
+        self._batcher: Batcher[GenerationRequest, Generation] = Batcher(
+            self._generate_waiting,
+            rule=GatherRule(max_batch_size=max_batch_size, quiet_gap_s=batch_wait_s, max_wait_s=self.max_batch_wait_s),
+            name="VLLMEnginePolicy",
+        )
+
+    @property
+    def _worker(self) -> asyncio.Task[None] | None:
+        return self._batcher.worker
 
     async def generate(self, request: GenerationRequest) -> Generation:
         """Continue `request.prompt_ids` in the next engine call.
@@ -115,60 +115,20 @@ class VLLMEnginePolicy:
                 f"the vllm.LLM returns {self.engine_logprobs_mode} log-probs but {mode} ones were asked for; create it with "
                 f"logprobs_mode='{mode}_logprobs'"
             )
-        future: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
-        self._queue_on_running_loop().put_nowait(_Pending(request=request, future=future))
-        return await future
-
-    def _queue_on_running_loop(self) -> asyncio.Queue[_Pending]:
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop or self._queue is None or self._worker is None or self._worker.done():
-            self._loop, self._queue = loop, asyncio.Queue()
-            self._worker = loop.create_task(self._serve(self._queue), name="VLLMEnginePolicy worker")
-        return self._queue
-
-    async def _serve(self, queue: asyncio.Queue[_Pending]) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = [await queue.get()]
-            cap = loop.time() + self.max_batch_wait_s
-            while len(batch) < self.max_batch_size:
-                try:  # gather while requests keep coming (each within batch_wait_s), up to max_batch_wait_s in all
-                    remaining_s = min(self.batch_wait_s, cap - loop.time())
-                    batch.append(queue.get_nowait() if remaining_s <= 0 else await asyncio.wait_for(queue.get(), remaining_s))
-                except (asyncio.QueueEmpty, TimeoutError):
-                    break
-            live = [item for item in batch if not item.future.done()]
-            if not live:
-                continue
-            try:
-                results = await asyncio.to_thread(self._generate_batch, [item.request for item in live])
-            except asyncio.CancelledError:
-                for item in live:
-                    if not item.future.done():
-                        item.future.set_exception(BackendError("VLLMEnginePolicy stopped before generating"))
-                raise
-            except Exception as error:  # the worker must never die with requests waiting
-                results = [BackendError(f"generation failed: {type(error).__name__}: {error}")] * len(live)
-            for item, result in zip(live, results, strict=True):
-                if item.future.done():
-                    continue
-                if isinstance(result, BaseException):
-                    item.future.set_exception(result)
-                else:
-                    item.future.set_result(result)
+        return await self._batcher.submit(request)
 
     async def aclose(self) -> None:
         """Stop the batching worker; the engine stays with its owner."""
-        worker, self._worker = self._worker, None
-        if worker is not None and not worker.done():
-            worker.cancel()
-            await asyncio.gather(worker, return_exceptions=True)
+        await self._batcher.aclose()
 
     def _select_device(self) -> None:
         if self.cuda_device is not None:
             import torch
 
             torch.cuda.set_device(self.cuda_device)
+
+    def _generate_waiting(self, batch: list[Waiting[GenerationRequest, Generation]]) -> list[Generation | BaseException]:
+        return self._generate_batch([item.request for item in batch])
 
     def _generate_batch(self, requests: list[GenerationRequest]) -> list[Generation | BaseException]:
         """One `LLM.generate` for all requests; if it raises, each request alone, so one bad prompt fails alone."""

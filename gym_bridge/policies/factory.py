@@ -1,0 +1,109 @@
+"""Build a policy from a small spec: the one place that turns plain settings into a policy object.
+
+`PolicySpec(kind=...)` names what to build: `embedded` (the embedded SmolLM2 through transformers),
+`transformers` (a local folder or hub id; none: the embedded model), `vllm` (a `vllm.LLM` built here
+on that model), `remote` (an OpenAI-compatible server spoken token-in/token-out) or `chat` (a chat
+API: evaluation only). The CLI, helper models and TRL's server mode build through `build_policy`;
+backends a trainer owns (its `vllm.LLM`, its training model) are wrapped where the trainer is.
+A backend whose extra is not installed raises `MissingDependencyError` with the install command.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from gym_bridge.core.errors import GymBridgeError, MissingDependencyError
+
+if TYPE_CHECKING:
+    from gym_bridge.core.policy import ChatPolicy, Policy
+
+PolicyKind = Literal["embedded", "transformers", "remote", "vllm", "chat"]
+POLICY_KINDS: tuple[PolicyKind, ...] = ("embedded", "transformers", "remote", "vllm", "chat")
+TRANSFORMERS_HINT = "pip install torch transformers (dependencies of gym-bridge itself)"
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """What policy to build. Unset options (None) keep the policy class's own default."""
+
+    kind: PolicyKind
+    model: str | None = None
+    """A folder or hub id (`transformers`, `vllm`; None: the embedded model); the served model's name (`remote`, `chat`)."""
+    base_urls: tuple[str, ...] = ()
+    """The servers of `remote` (one or more) and `chat` (exactly one)."""
+    api: Literal["chat", "responses"] = "chat"
+    """Which chat API `chat` speaks."""
+    api_key: str | None = None
+    request_timeout_s: float | None = None
+    max_retries: int | None = None
+    seed: int | None = None
+    """`vllm`: the engine's seed."""
+    logprobs_mode: Literal["raw", "processed"] = "raw"
+    """`vllm`: which log-probs the engine returns."""
+    gpu_memory_utilization: float = 0.9
+    """`vllm`: the share of GPU memory the engine takes."""
+    device: str | None = None
+    """`embedded`, `transformers`: where the model runs (None: CUDA when available, else the CPU)."""
+    max_batch_size: int | None = None
+    batch_wait_s: float | None = None
+    max_batch_tokens: int | None = None
+    release_memory_above_tokens: int | None = None
+    """`embedded`, `transformers`: the batching and memory settings of `TransformersPolicy`."""
+
+
+def build_policy(spec: PolicySpec) -> Policy | ChatPolicy:
+    """The policy `spec` describes. Raises GymBridgeError for settings that do not fit its kind and
+    MissingDependencyError (with the install command) when the kind's extra is missing."""
+    if spec.kind not in POLICY_KINDS:
+        raise GymBridgeError(f"policy kind must be one of {', '.join(POLICY_KINDS)}, got {spec.kind!r}")
+    if spec.kind in ("embedded", "transformers"):
+        return _transformers(None if spec.kind == "embedded" else spec.model, spec)
+    if spec.kind == "vllm":
+        return _vllm(spec)
+    if not spec.base_urls:
+        raise GymBridgeError(f"a {spec.kind} policy needs at least one base URL")
+    if not spec.model:
+        raise GymBridgeError(f"a {spec.kind} policy at {spec.base_urls[0]} needs the served model's name")
+    options = _timeouts(spec)
+    if spec.kind == "chat":
+        from gym_bridge.policies.chat_api import ChatAPIPolicy
+
+        if len(spec.base_urls) != 1:
+            raise GymBridgeError(f"a chat policy talks to exactly one base URL, got {len(spec.base_urls)}")
+        return ChatAPIPolicy(model=spec.model, base_url=spec.base_urls[0], api=spec.api, api_key=spec.api_key, **options)
+    from gym_bridge.policies.remote import RemotePolicy
+
+    return RemotePolicy(list(spec.base_urls), model=spec.model, api_key=spec.api_key, **options)
+
+
+def _timeouts(spec: PolicySpec) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    if spec.request_timeout_s is not None:
+        options["request_timeout_s"] = spec.request_timeout_s
+    if spec.max_retries is not None:
+        options["max_retries"] = spec.max_retries
+    return options
+
+
+def _transformers(model: str | None, spec: PolicySpec) -> Policy:
+    try:
+        from gym_bridge.policies.transformers import TransformersPolicy
+    except ImportError as error:
+        raise MissingDependencyError(f"a transformers policy needs torch and transformers ({error}): {TRANSFORMERS_HINT}") from None
+    settings = {"max_batch_size": spec.max_batch_size, "batch_wait_s": spec.batch_wait_s}
+    options: dict[str, Any] = {key: value for key, value in settings.items() if value is not None}
+    return TransformersPolicy.from_pretrained(model, device=spec.device, max_batch_tokens=spec.max_batch_tokens,
+                                              release_memory_above_tokens=spec.release_memory_above_tokens, **options)
+
+
+def _vllm(spec: PolicySpec) -> Policy:
+    from gym_bridge.policies.vllm_engine import VLLMEnginePolicy, load_vllm_engine
+
+    path = spec.model
+    if path is None:
+        from gym_bridge.policies.embedded import embedded_model_path
+
+        path = str(embedded_model_path())
+    engine = load_vllm_engine(path, seed=spec.seed, logprobs_mode=spec.logprobs_mode, gpu_memory_utilization=spec.gpu_memory_utilization)
+    return VLLMEnginePolicy(engine)
