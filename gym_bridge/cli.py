@@ -165,7 +165,7 @@ def _limit_module_paths(args: argparse.Namespace) -> tuple[str, ...] | None:
     return allow_module_paths([*args.allow_module, *trusted])
 
 
-def _load_policy(model: str | None):  # type: ignore[no-untyped-def]
+def _load_policy(model: str | None) -> Any:
     from gym_bridge.policies.factory import PolicySpec, build_policy
     from gym_bridge.policies.transformers import cpu_threads
 
@@ -379,7 +379,7 @@ async def _eval_locked(args: argparse.Namespace) -> int:
         ticker = asyncio.ensure_future(_tick(progress))
     scored = {"count": 0, "reward": 0.0}
 
-    def on_record(row: dict) -> None:  # type: ignore[type-arg]
+    def on_record(row: dict[str, Any]) -> None:
         if progress is not None:
             if not row["mask_sample"]:
                 scored["count"] += 1

@@ -18,7 +18,7 @@ import math
 import os
 import re
 import zlib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -332,7 +332,7 @@ def build_app(settings: AgentServerSettings, *, policy: ChatPolicy | None = None
     server = AgentServer(settings, policy)
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI):  # type: ignore[no-untyped-def]
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
         aclose = getattr(server.policy, "aclose", None)
         if aclose is not None:

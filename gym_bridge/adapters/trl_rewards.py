@@ -77,7 +77,7 @@ def reward_metrics(
         if reward is not None:
             scored.setdefault(env, []).append(row)
     for env, rows in sorted(scored.items()):
-        metrics[f"gym_bridge/{env}/reward"] = sum(float(rewards[row]) for row in rows) / len(rows)  # type: ignore[arg-type]
+        metrics[f"gym_bridge/{env}/reward"] = sum(float(rewards[row] or 0.0) for row in rows) / len(rows)  # rows hold scored rewards only
         names = sorted({name for row in rows for name in reward_components[row]})
         for name in names:
             metrics[f"gym_bridge/{env}/{name}"] = sum(reward_components[row].get(name, 0.0) for row in rows) / len(rows)
