@@ -210,16 +210,15 @@ class ChatTemplate:
     # -- rendering -------------------------------------------------------------------------
 
     def _apply(self, conversation: list[ChatMessage], kwargs: dict[str, Any]) -> str:
-        messages = prepared_messages(conversation)  # the same input whichever renders it, whatever transformers is installed
         direct = self._direct_template()
         if direct is not None:
-            try:
-                return render_chat(direct, messages, tools=kwargs.get("tools"), add_generation_prompt=kwargs["add_generation_prompt"],
+            try:  # render_chat prepares the messages itself
+                return render_chat(direct, conversation, tools=kwargs.get("tools"), add_generation_prompt=kwargs["add_generation_prompt"],
                                    variables={**_special_tokens(self.tokenizer), **self.chat_template_kwargs})
             except Exception:  # noqa: BLE001 - the tokenizer's own rendering below raises (or answers) as before
                 pass
-        try:
-            text = self.tokenizer.apply_chat_template(messages, **self.chat_template_kwargs, **kwargs)
+        try:  # prepared as render_chat prepares them, so the prompt does not depend on the installed transformers
+            text = self.tokenizer.apply_chat_template(prepared_messages(conversation), **self.chat_template_kwargs, **kwargs)
         except Exception as error:  # jinja's TemplateError, TypeError, UndefinedError, the template's raise_exception
             raise TemplateError(
                 f"the chat template could not render the conversation [{_describe(conversation)}]: {type(error).__name__}: {error}. "
