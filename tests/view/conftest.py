@@ -35,7 +35,11 @@ def multi_step_script(turn) -> list:
 def evaluate(template, script: list, *, env: str, limit: int, output: Path, health: HealthSettings | None = None) -> EvalResult:
     engine = Engine(ScriptedPolicy({"": script}), template, EngineConfig(model_name="SmolLM2-135M-Instruct (embedded)"))
     tasks = select_tasks(env_names=[env], limit=limit)
-    return asyncio.run(run_eval(engine, tasks, output=output, health=health))
+    result = asyncio.run(run_eval(engine, tasks, output=output, health=health))
+    # records are written as rollouts finish, in any order: the tests read them in task order
+    lines = output.read_text().splitlines(keepends=True)
+    output.write_text("".join(sorted(lines, key=lambda line: (json.loads(line)["task_index"], json.loads(line)["repeat_index"]))))
+    return result
 
 
 @pytest.fixture(scope="session")
