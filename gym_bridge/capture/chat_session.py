@@ -20,7 +20,7 @@ from typing import Any
 
 from gym_bridge.capture.assembly import CapturedCall
 from gym_bridge.capture.session import SessionState
-from gym_bridge.core.items import TOKEN_FIELDS, function_call_item, function_call_output_item, message_item, reasoning_item, user_message_item
+from gym_bridge.core.items import TOKEN_FIELDS, function_call_output_item, user_message_item
 from gym_bridge.core.policy import BackendError, CallTokens, ChatPolicy, ChatRequest, ChatTurn, ContextOverflowError
 
 
@@ -99,7 +99,8 @@ class ChatCaptureSession(SessionState):
         if turn.reasoning:
             message["reasoning_content"] = turn.reasoning
         self._tokens[_answer_key(message)] = tokens
-        self._turn_items(message, tokens)
+        self._append_turn(message, reasoning=message.get("reasoning_content") or "", prompt_ids=tokens.prompt_token_ids,
+                          completion_ids=tokens.generation_token_ids, logprobs=tokens.generation_log_probs)
         self._seen = [_plain(m) for m in messages] + [_plain(message)]
         finish = "tool_calls" if turn.tool_calls and turn.finish_reason == "stop" else turn.finish_reason
         usage = {"prompt_tokens": len(prompt), "completion_tokens": len(tokens.generation_token_ids),
@@ -108,19 +109,6 @@ class ChatCaptureSession(SessionState):
                 "model": self.model_name, "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
                 "usage": usage}
 
-    def _turn_items(self, message: dict[str, Any], tokens: CallTokens) -> None:
-        items: list[Any] = []
-        if message.get("reasoning_content"):
-            items.append(reasoning_item(message["reasoning_content"], item_id=self._item_id("rs")))
-        calls = message.get("tool_calls") or []
-        if message["content"] or not calls:
-            items.append(dict(message_item(message["content"] or "", item_id=self._item_id("msg"))))
-        for call in calls:
-            items.append(function_call_item(call["function"]["name"], call["function"]["arguments"], call_id=call["id"],
-                                            item_id=self._item_id("fc")))
-        items[-1].update(zip(TOKEN_FIELDS, (list(tokens.prompt_token_ids), list(tokens.generation_token_ids),
-                                            list(tokens.generation_log_probs))))
-        self.output.extend(items)
 
 
 def _answer_key(message: dict[str, Any]) -> str:

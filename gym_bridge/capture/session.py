@@ -18,6 +18,7 @@ import asyncio
 import secrets
 import time
 from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import pydantic
@@ -26,7 +27,7 @@ from gym_bridge.capture.assembly import CapturedCall
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.dialects.chat import ApiError, ChatBody, MessageIn, from_chat_tool
 from gym_bridge.core.dialects.template_view import template_messages
-from gym_bridge.core.items import Item, function_call_item, function_call_output_item, message_item, reasoning_item, user_message_item
+from gym_bridge.core.items import TOKEN_FIELDS, Item, function_call_item, function_call_output_item, message_item, reasoning_item, user_message_item
 from gym_bridge.core.parsers.call import ParsedTurn
 from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest, Policy, SamplingParams
 from gym_bridge.core.template import ChatTemplate
@@ -142,6 +143,22 @@ class SessionState:
         self._items += 1
         return f"{prefix}_{self.label or 'capture'}_{self._items}"
 
+    def _append_turn(self, message: dict[str, Any], *, reasoning: str, prompt_ids: Sequence[int], completion_ids: Sequence[int],
+                     logprobs: Sequence[float]) -> None:
+        """The Responses items of one answered call (reasoning, message, function calls), the last one
+        carrying the call's token fields."""
+        items: list[Any] = []
+        if reasoning:
+            items.append(reasoning_item(reasoning, item_id=self._item_id("rs")))
+        calls = message.get("tool_calls") or []
+        if message["content"] or not calls:
+            items.append(dict(message_item(message["content"] or "", item_id=self._item_id("msg"))))
+        for call in calls:
+            items.append(function_call_item(call["function"]["name"], call["function"]["arguments"], call_id=call["id"],
+                                            item_id=self._item_id("fc")))
+        items[-1].update(zip(TOKEN_FIELDS, (list(prompt_ids), list(completion_ids), list(logprobs))))
+        self.output.extend(items)
+
     def _body(self, data: Any) -> ChatBody:
         if not isinstance(data, dict):
             raise self.fail(400, "request body must be a JSON object")
@@ -216,7 +233,8 @@ class CaptureSession(SessionState):
         message = self._message(parsed)
         self.last_finish_reason = generation.finish_reason
         self.calls.append(CapturedCall(prompt_ids=list(prompt_ids), completion_ids=list(ids), logprobs=list(generation.logprobs)))
-        self._turn_items(parsed, message, prompt_ids, generation)
+        self._append_turn(message, reasoning=parsed.reasoning, prompt_ids=prompt_ids, completion_ids=generation.token_ids,
+                          logprobs=generation.logprobs)
         echoed = template_messages([MessageIn.model_validate(message)], tool_format=self.template.tool_format)
         self._context = _Context(messages=messages + echoed, tools=tools, ids=list(prompt_ids) + list(ids), last_token=last_token)
         finish = "tool_calls" if message.get("tool_calls") and generation.finish_reason == "stop" else generation.finish_reason
@@ -246,16 +264,3 @@ class CaptureSession(SessionState):
             else:
                 self.output.append(user_message_item(message["content"], item_id=self._item_id("msg")))
 
-    def _turn_items(self, parsed: ParsedTurn, message: dict[str, Any], prompt_ids: list[int], generation: Generation) -> None:
-        items: list[Any] = []
-        if parsed.reasoning:
-            items.append(reasoning_item(parsed.reasoning, item_id=self._item_id("rs")))
-        calls = message.get("tool_calls") or []
-        if message["content"] or not calls:
-            items.append(dict(message_item(message["content"] or "", item_id=self._item_id("msg"))))
-        for call in calls:
-            items.append(function_call_item(call["function"]["name"], call["function"]["arguments"], call_id=call["id"],
-                                            item_id=self._item_id("fc")))
-        items[-1].update(prompt_token_ids=list(prompt_ids), generation_token_ids=list(generation.token_ids),
-                         generation_log_probs=list(generation.logprobs))
-        self.output.extend(items)
