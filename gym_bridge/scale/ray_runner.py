@@ -24,7 +24,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gym_bridge.core.engine import Engine, ensure_ready
 from gym_bridge.core.environment import Environment
@@ -35,6 +35,9 @@ from gym_bridge.core.task import Task
 from gym_bridge.core.trajectory import Trajectory
 from gym_bridge.scale import admission
 from gym_bridge.scale.router import merge_stats
+
+if TYPE_CHECKING:
+    from gym_bridge.policies.factory import PolicySpec
 
 INSTALL_HINT = "pip install 'gym-bridge[ray]'"
 RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory")
@@ -461,19 +464,20 @@ class RayRollouts:
 @dataclass(frozen=True)
 class RemoteEngineFactory:
     """Builds, inside a worker, an engine that generates on OpenAI-compatible servers (a trainer's vLLM
-    servers): the trainer's template and engine settings, a fresh `RemotePolicy` over the same replicas."""
+    servers): the trainer's template and engine settings, and a fresh policy built from the same
+    `PolicySpec` as the trainer's own (its servers, request timeout and retries)."""
 
-    base_urls: tuple[str, ...]
-    model: str
+    spec: PolicySpec
     template: Any
     config: Any
 
     def __call__(self) -> Engine:
         from dataclasses import replace
 
-        from gym_bridge.policies.remote import RemotePolicy
+        from gym_bridge.core.policy import require_token_policy
+        from gym_bridge.policies.factory import build_policy
 
-        policy = RemotePolicy(list(self.base_urls), model=self.model)
+        policy = require_token_policy(build_policy(self.spec))
         return Engine(policy, self.template, replace(self.config, template_check="off"))  # checked in the trainer's process
 
 

@@ -70,3 +70,14 @@ class GpuWeather(_weather_class()):  # type: ignore[misc]
     name = "weather_gpu"
     aliases = ()
     ray_resources = {"num_gpus": 1}
+
+
+POLICY_SETTINGS = ("base_urls", "model", "request_timeout_s", "connect_timeout_s", "max_retries", "backoff_s", "max_backoff_s",
+                   "down_for_s", "retry_reached_calls", "max_connections", "max_connections_per_server", "extra_body")
+"""The settings of a `RemotePolicy` that decide how it calls its servers."""
+
+
+def policy_settings(build_engine) -> dict:  # type: ignore[no-untyped-def]
+    """The `POLICY_SETTINGS` of the policy `build_engine()` makes (in a Ray worker process, or here)."""
+    policy = build_engine().policy
+    return {name: getattr(policy, name) for name in POLICY_SETTINGS}

@@ -14,7 +14,7 @@ from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.errors import GymBridgeError
 from gym_bridge.evaluate import run_eval, select_tasks
 from gym_bridge.scale.ray_runner import RayOptions, RayRollouts, wait_for_workers
-from tests.scale.engines import ScriptedEngine, scripted_policy
+from tests.scale.engines import ScriptedEngine, policy_settings, scripted_policy
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
@@ -139,13 +139,15 @@ def test_three_sandbox_workers_do_not_fit_two_sandboxes_and_the_statement_says_s
 def test_trainer_path_workers_generate_on_the_replicas_with_affinity(smol_template):
     """What `RolloutOptions(ray=...)` runs: workers rebuilding the trainer's engine over its vLLM servers
     (stub replicas here); a batch's pairs come back in order, a task's repeats on one worker."""
+    from gym_bridge.policies.factory import PolicySpec
     from gym_bridge.scale.ray_runner import RemoteEngineFactory
     from tests.scale.stub_replicas import stub_replicas
 
     tasks = _weather_tasks(4)
     pairs = [(task, repeat) for task in tasks for repeat in (0, 1)][1:]  # the first group starts on an earlier rank
     with stub_replicas(2, delay_s=0.01) as replicas:
-        factory = RemoteEngineFactory(tuple(r.url for r in replicas), "stub", smol_template, EngineConfig(model_name="stub"))
+        spec = PolicySpec(kind="remote", model="stub", base_urls=tuple(r.url for r in replicas))
+        factory = RemoteEngineFactory(spec, smol_template, EngineConfig(model_name="stub"))
         rollouts = RayRollouts(factory, RayOptions(num_workers=2), max_concurrency=8, report=lambda line: None)
         try:
             records = asyncio.run(rollouts.run_pairs(pairs))
@@ -155,3 +157,30 @@ def test_trainer_path_workers_generate_on_the_replicas_with_affinity(smol_templa
     assert [(r.task.index, r.repeat_index) for r in records] == [(t.index, i) for t, i in pairs]
     assert all(r.reward == 1.0 and not r.failed for r in records)
     assert stats["affinity_hit_rate"] == 1.0 and sum(r["episodes"] for r in stats["replicas"]) == 7
+
+
+def test_trainer_path_workers_keep_the_trainer_s_request_timeout_and_retries(smol_template):
+    """`RolloutOptions(server_request_timeout_s=..., server_max_retries=...)` reach the policy each Ray
+    worker builds: a replica slower than the timeout fails the rollouts as `infra` on the workers too
+    (not after the policy's default of 120 s), and the worker's policy has the driver's settings."""
+    from gym_bridge.adapters.trl import RolloutOptions
+    from gym_bridge.adapters.trl_backend import on_ray
+    from gym_bridge.policies.remote import RemotePolicy
+    from tests.scale.stub_replicas import stub_replicas
+
+    tasks = _weather_tasks(2)
+    options = RolloutOptions(server_request_timeout_s=0.5, server_max_retries=0, ray=RayOptions(num_workers=1))
+    with stub_replicas(1, delay_s=3.0) as replicas:
+        driver_policy = RemotePolicy([replicas[0].url], model="stub", request_timeout_s=0.5, max_retries=0)
+        rollouts = on_ray(options, "vllm_server", driver_policy, smol_template, EngineConfig(model_name="stub"))
+        assert rollouts is not None
+        rollouts.report = lambda line: None
+        try:
+            records = asyncio.run(rollouts.run_pairs([(task, 0) for task in tasks]))
+        finally:
+            rollouts.shutdown()
+        worker_policy = ray.get(ray.remote(policy_settings).remote(rollouts.build_engine))
+    assert all(r.failed and r.failure_kind == "infra" and "timed out after 0.5 s" in (r.failure_reason or "") for r in records), [
+        (r.failure_kind, r.failure_reason) for r in records]
+    assert worker_policy == policy_settings(lambda: Engine(driver_policy, smol_template, EngineConfig(model_name="stub")))
+
