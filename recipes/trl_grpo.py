@@ -120,24 +120,37 @@ def dataset_sources(entries: list[dict[str, Any]], config_dir: Path, work_dir: P
 
 
 def run_directory(records_root: Path) -> Path:
-    """`records_root/run-N` for the first N not taken: a run never overwrites an earlier run's
-    records. Every rank of one launch agrees on N through the launch's TORCHELASTIC_RUN_ID or,
-    without one, because rank 0 creates the folder before the others look (they take the newest)."""
+    """`records_root/run-N` for the first N not taken: a run never overwrites an earlier run's records.
+
+    Rank 0 claims N by creating the folder (mkdir is atomic: two launches at once get different N) and
+    sends its name to the other ranks over the launch's process group (torch.distributed, which
+    `GRPOConfig.device` sets up under `accelerate launch` or torchrun), so every rank of one launch
+    writes into the same folder whatever order they start in. Raises SystemExit for a launch of
+    several processes (WORLD_SIZE > 1) whose process group is not set up yet.
+    """
+    import torch.distributed as dist
+
+    shared = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    if not shared and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise SystemExit("run_directory: WORLD_SIZE > 1 but no torch.distributed process group; set it up first (GRPOConfig.device)")
+    name: list[str | None] = [_claim_run(records_root) if not shared or dist.get_rank() == 0 else None]
+    if shared:
+        dist.broadcast_object_list(name, src=0)
+    path = records_root / str(name[0])
+    path.mkdir(parents=True, exist_ok=True)  # a node that does not share rank 0's filesystem
+    return path
+
+
+def _claim_run(records_root: Path) -> str:
+    """Create `records_root/run-N` for the first N above those taken; returns its name."""
     records_root.mkdir(parents=True, exist_ok=True)
-    launch = os.environ.get("TORCHELASTIC_RUN_ID")
-    if launch and launch != "none":
-        path = records_root / f"run-{launch}"
-        path.mkdir(exist_ok=True)
-        return path
-    taken = sorted(int(p.name.removeprefix("run-")) for p in records_root.glob("run-*") if p.name.removeprefix("run-").isdigit())
-    if int(os.environ.get("RANK", "0")) != 0 and taken:
-        return records_root / f"run-{taken[-1]}"
-    number = (taken[-1] + 1) if taken else 1
+    taken = [int(p.name.removeprefix("run-")) for p in records_root.glob("run-*") if p.name.removeprefix("run-").isdigit()]
+    number = max(taken, default=0) + 1
     while True:
         try:
             (records_root / f"run-{number}").mkdir()
-            return records_root / f"run-{number}"
-        except FileExistsError:
+            return f"run-{number}"
+        except FileExistsError:  # another launch took it between the listing and the mkdir
             number += 1
 
 
@@ -182,6 +195,7 @@ def main() -> None:
 
     rollout_options = dict(config.get("gym_bridge") or {})
     records_dir = rollout_options.pop("records_dir", "rollouts")
+    _ = grpo_args.device  # sets up the launch's process group, through which the ranks agree on run_dir
     run_dir = run_directory(output_dir / (records_dir or "runs"))
     writer = None
     trainer: Any = None

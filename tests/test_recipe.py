@@ -48,14 +48,60 @@ def test_a_prepare_entry_generates_its_rows_under_the_output_dir(recipe, tmp_pat
 
 
 def test_every_run_gets_its_own_records_folder(recipe, tmp_path, monkeypatch):
-    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
-    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
     first, second = recipe.run_directory(tmp_path / "rollouts"), recipe.run_directory(tmp_path / "rollouts")
     assert (first.name, second.name) == ("run-1", "run-2") and first.is_dir() and second.is_dir()
-    monkeypatch.setenv("RANK", "1")
-    assert recipe.run_directory(tmp_path / "rollouts") == second  # other ranks join rank 0's newest run
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
-    assert recipe.run_directory(tmp_path / "rollouts").name == "run-abc"  # torchrun: every rank agrees on the id
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit, match="no torch.distributed process group"):
+        recipe.run_directory(tmp_path / "rollouts")  # ranks that cannot talk cannot agree on a folder
+    assert sorted(p.name for p in (tmp_path / "rollouts").iterdir()) == ["run-1", "run-2"]
+
+
+_RANK = """
+import importlib.util, os, sys, time
+import torch.distributed as dist
+root, recipe_path, port, rank, world = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+spec = importlib.util.spec_from_file_location("r", recipe_path)
+recipe = importlib.util.module_from_spec(spec); spec.loader.exec_module(recipe)
+if world > 1:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+if rank == 0 and world > 1:
+    time.sleep(1.0)  # rank 0 is the last to look: the other ranks must still join its folder
+print(recipe.run_directory(__import__("pathlib").Path(root)))
+if world > 1:
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow  # 8 processes importing torch: about 30 s on 2 shared cores
+def test_ranks_of_concurrent_launches_agree_on_their_run_folder(tmp_path):
+    """Two launches of 3 ranks each (real processes with a real gloo process group, as `accelerate launch`
+    sets up; TORCHELASTIC_RUN_ID is `none` there) and two single-process runs start together on one
+    records folder: each launch's ranks share one run-N, and no two launches share one."""
+    import socket
+    import subprocess
+    import sys
+
+    root = tmp_path / "rollouts"
+    launches: list[list[subprocess.Popen[str]]] = []
+    for world in (3, 3, 1, 1):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        env = {**__import__("os").environ, "TORCHELASTIC_RUN_ID": "none", "WORLD_SIZE": str(world), "MASTER_PORT": str(port)}
+        launches.append([subprocess.Popen([sys.executable, "-c", _RANK, str(root), str(REPO / "recipes" / "trl_grpo.py"), str(port),
+                                           str(rank), str(world)], env={**env, "RANK": str(rank)}, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True)
+                         for rank in range(world)])
+    folders = []
+    for ranks in launches:
+        outputs = [process.communicate(timeout=120) for process in ranks]
+        assert all(process.returncode == 0 for process in ranks), [err[-2000:] for _, err in outputs]
+        paths = {out.strip() for out, _ in outputs}
+        assert len(paths) == 1, paths  # every rank of the launch writes into one folder
+        folders.append(Path(paths.pop()).name)
+    assert sorted(folders) == ["run-1", "run-2", "run-3", "run-4"]  # four launches, four folders
+    assert sorted(p.name for p in root.iterdir()) == ["run-1", "run-2", "run-3", "run-4"]
 
 
 def test_output_is_line_buffered_so_step_metrics_reach_a_log_file_as_they_happen(tmp_path):
