@@ -29,8 +29,8 @@ _entry_points_loaded = False
 _allowed_module_prefixes: tuple[str, ...] | None = None
 
 
-def register(env_class: type[Environment]) -> type[Environment]:
-    """Register an environment class under its `name` and `aliases`; usable as a decorator."""
+def register(env_class: type[Environment], *, aliases: Iterable[str] | None = None) -> type[Environment]:
+    """Register an environment class under its `name` and `aliases` (or the `aliases` given); usable as a decorator."""
     if not (isinstance(env_class, type) and issubclass(env_class, Environment)):
         raise TypeError(f"{env_class!r} is not a gym_bridge Environment subclass")
     if not env_class.name:
@@ -38,7 +38,7 @@ def register(env_class: type[Environment]) -> type[Environment]:
     env_class.tool_specs()  # derive schemas now: a bad tool signature fails at registration
     _registry[env_class.name] = env_class
     _aliases.pop(env_class.name, None)  # a name registered in its own right beats another's alias
-    for alias in env_class.aliases:
+    for alias in env_class.aliases if aliases is None else aliases:
         _aliases[alias] = env_class.name
     return env_class
 
@@ -89,8 +89,11 @@ def _check_module_allowed(module_name: str, path: str) -> None:
 def load_environment_module(path: str) -> type[Environment]:
     """Import `package.module:Class` (or a module exposing `ENVIRONMENT`) and register it.
 
+    The class must set its own `name`: a subclass that inherits its parent's would take the parent's
+    place for every row naming it, so it is refused with the fix (`name = "..."` on the subclass).
+    Only the aliases the class declares itself are registered; those it inherits stay its parent's.
     Raises UnknownEnvironmentError when the module is not allowed (`allow_module_paths`), cannot
-    be imported, or does not hold an Environment subclass under that name.
+    be imported, or does not hold an Environment subclass under that name, or for an inherited name.
     """
     module_name, _, attr = path.partition(":")
     _check_module_allowed(module_name, path)
@@ -107,10 +110,22 @@ def load_environment_module(path: str) -> type[Environment]:
             raise UnknownEnvironmentError(f"module {module_name!r} has no {attr or 'ENVIRONMENT'!r}")
     if not (isinstance(target, type) and issubclass(target, Environment)):
         raise UnknownEnvironmentError(f"{path!r} names {target!r} ({type(target).__name__}), not a gym_bridge Environment subclass")
+    _check_own_name(target, path)
     try:
-        return register(target)
+        return register(target, aliases=vars(target).get("aliases", ()))
     except (TypeError, ValueError) as error:
         raise UnknownEnvironmentError(f"{path!r} cannot be registered: {error}") from None
+
+
+def _check_own_name(env_class: type[Environment], path: str) -> None:
+    if "name" in vars(env_class) or not env_class.name:
+        return
+    owner = next(base for base in env_class.__mro__ if "name" in vars(base))
+    raise UnknownEnvironmentError(
+        f"{path!r}: {env_class.__name__} inherits `name = {env_class.name!r}` from {owner.__name__}, so registering it would "
+        f"replace {owner.__name__} for every row naming {env_class.name!r}; set `name = \"...\"` on {env_class.__name__} "
+        f"(its own routing name), or the same name to replace {owner.__name__} on purpose"
+    )
 
 
 def known_environments() -> dict[str, type[Environment]]:

@@ -49,6 +49,41 @@ def test_module_path_loading(tmp_path, monkeypatch):
     sys.modules.pop("my_env_pkg", None)
 
 
+def test_a_module_path_subclass_without_its_own_name_is_refused_and_leaves_its_parent_registered(tmp_path, monkeypatch):
+    """A subclass of `math` loaded by module path that does not set `name` would be registered as `math`,
+    replacing the bundled environment for every row that names it: refused, saying what to set."""
+    bundled = get_environment("math")
+    (tmp_path / "my_math_pkg.py").write_text(textwrap.dedent('''
+        from environments.math import MathEnvironment
+        class HarderMath(MathEnvironment):
+            description = "math, harder"
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with pytest.raises(UnknownEnvironmentError, match=r"HarderMath inherits `name = 'math'` from MathEnvironment.*"
+                                                          r"set `name = \"\.\.\.\"` on HarderMath"):
+            get_environment("my_math_pkg:HarderMath")
+        assert get_environment("math") is bundled
+    finally:
+        sys.modules.pop("my_math_pkg", None)
+
+
+def test_a_module_path_subclass_with_its_own_name_does_not_take_its_parent_s_aliases(tmp_path, monkeypatch):
+    bundled = get_environment("math")
+    (tmp_path / "my_named_math_pkg.py").write_text(textwrap.dedent('''
+        from environments.math import MathEnvironment
+        class NamedMath(MathEnvironment):
+            name = "named_math"
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        loaded = get_environment("my_named_math_pkg:NamedMath")
+        assert get_environment("named_math") is loaded and loaded is not bundled
+        assert get_environment("math_with_judge") is bundled  # the aliases MathEnvironment declares stay its own
+    finally:
+        sys.modules.pop("my_named_math_pkg", None)
+
+
 def test_resolve_checks_every_task_before_running():
     good = parse_task({"prompt": "x", "environment": "counter_for_registry_test"}, index=0, source="a.jsonl:1")
     unknown = parse_task({"prompt": "x", "environment": "nope"}, index=1, source="a.jsonl:2")
