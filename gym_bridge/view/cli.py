@@ -86,20 +86,19 @@ def run(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     from gym_bridge.view.decode import decoder_for
     from gym_bridge.view.show import format_rollout
-    from gym_bridge.view.transcript import load_rollouts, select
+    from gym_bridge.view.transcript import iter_rollouts, select
 
     if args.n < 0:
         raise GymBridgeError("-n must be >= 0")
-    records = load_rollouts(args.rollouts)
-    chosen = select(records, envs=args.env, failed=args.failed, sort=args.sort)
-    shown = chosen if args.n == 0 else chosen[: args.n]
+    selection = select(iter_rollouts(args.rollouts), envs=args.env, failed=args.failed, sort=args.sort, limit=args.n)
+    shown = selection.chosen
     decoder = decoder_for([record for _, record in shown], tokenizer=args.tokenizer)
     colour = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
     for position, record in shown:
         print(format_rollout(position, record, decoder, tokens=args.tokens, colour=colour))
         print()
-    print(f"showed {len(shown)} of {len(chosen)} selected rollouts ({len(records)} in the file)"
-          + ("; -n 0 shows all" if len(shown) < len(chosen) else ""))
+    print(f"showed {len(shown)} of {selection.selected} selected rollouts ({selection.total} in the file)"
+          + ("; -n 0 shows all" if len(shown) < selection.selected else ""))
     return 0
 
 

@@ -8,9 +8,12 @@ replies) and `segments(record)` into runs of model (trained) and environment (ma
 
 from __future__ import annotations
 
+import heapq
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from gym_bridge.core.errors import DataError
@@ -116,23 +119,47 @@ def _sort_key(name: str) -> Any:
     return keys[name]
 
 
-def select(records: Sequence[Mapping[str, Any]], *, envs: Sequence[str] = (), failed: bool = False,
-           sort: str = "file") -> list[tuple[int, Mapping[str, Any]]]:
-    """(position in the file, record) of the records of `envs` (all when empty), only failed ones with
-    `failed`, ordered by `sort` (one of `SORT_KEYS`; ties keep the file's order). Raises DataError for
-    an unknown sort key or an environment no record has."""
+@dataclass(frozen=True)
+class Selection:
+    """The rollouts chosen to show, in order, and how many the filters selected of how many read."""
+
+    chosen: list[tuple[int, Mapping[str, Any]]]
+    """(position in the file, record), at most the `limit` asked."""
+    selected: int
+    total: int
+
+
+def select(records: Iterable[Mapping[str, Any]], *, envs: Sequence[str] = (), failed: bool = False,
+           sort: str = "file", limit: int = 0) -> Selection:
+    """The first `limit` (0: all) of the records of `envs` (all when empty), only failed ones with
+    `failed`, ordered by `sort` (one of `SORT_KEYS`; ties keep the file's order). Reads `records` once
+    and holds at most `limit` of them (a bounded heap when sorting), so `show` takes a file of any size
+    from `iter_rollouts`. Raises DataError for an unknown sort key or an environment no record has."""
     if sort not in SORT_KEYS:
         raise DataError(f"--sort must be one of {', '.join(SORT_KEYS)}, got {sort!r}")
-    present = {str(record.get("env")) for record in records}
+    present: set[str] = set()
+    counts = [0, 0]  # read, selected
+
+    def matching() -> Iterator[tuple[int, Mapping[str, Any]]]:
+        for position, record in enumerate(records):
+            counts[0] += 1
+            env = str(record.get("env"))
+            present.add(env)
+            if (not envs or env in envs) and (not failed or record.get("failure_kind")):
+                counts[1] += 1
+                yield position, record
+
+    stream = matching()
+    if sort == "file":
+        chosen = list(islice(stream, limit or None))
+        deque(stream, maxlen=0)  # counted, not kept
+    else:
+        key = _sort_key(sort)
+        chosen = heapq.nsmallest(limit, stream, key=lambda entry: key(entry[1])) if limit else sorted(stream, key=lambda entry: key(entry[1]))
     missing = [env for env in envs if env not in present]
     if missing:
         raise DataError(f"no rollouts of environment(s) {', '.join(missing)}; the file has {', '.join(sorted(present)) or 'none'}")
-    chosen = [(position, record) for position, record in enumerate(records)
-              if (not envs or str(record.get("env")) in envs) and (not failed or record.get("failure_kind"))]
-    if sort != "file":
-        key = _sort_key(sort)
-        chosen.sort(key=lambda entry: key(entry[1]))
-    return chosen
+    return Selection(chosen=chosen, selected=counts[1], total=counts[0])
 
 
 def load_rollouts(path: str) -> list[dict[str, Any]]:

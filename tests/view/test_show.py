@@ -105,3 +105,44 @@ def test_show_bad_input_exits_2(capsys, tmp_path, mixed_file, argv, message):
     argv = [arg.format(rows=rows, mixed=mixed_file) for arg in argv]
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def _big_file(path, template_line: str, count: int) -> list[float]:
+    """`count` copies of one record with rewards 0.00..0.96 repeating (ties galore); returns the rewards."""
+    import json
+
+    record = json.loads(template_line)
+    rewards = [(index * 37 % 25) / 25 for index in range(count)]
+    with open(path, "w") as handle:
+        for index, reward in enumerate(rewards):
+            handle.write(json.dumps({**record, "reward": reward, "task_index": index}) + "\n")
+    return rewards
+
+
+@pytest.mark.parametrize(("sort", "order"), [
+    ("reward", lambda rewards: sorted(range(len(rewards)), key=lambda i: rewards[i])),  # worst first, ties in file order
+    ("best", lambda rewards: sorted(range(len(rewards)), key=lambda i: -rewards[i])),
+    ("file", lambda rewards: list(range(len(rewards)))),
+])
+def test_show_streams_a_large_file_with_bounded_memory(capsys, tmp_path, multi_step_file, sort, order):
+    """A file of 800 rollouts (16 MB) is shown holding a few records, not the file: the peak
+    of Python allocations stays far below the file's size, and the rollouts shown are those a full
+    sort picks (ties in the file's order)."""
+    import tracemalloc
+
+    path = tmp_path / "big.jsonl"
+    rewards = _big_file(path, multi_step_file.read_text().splitlines()[0], 800)
+    size = path.stat().st_size
+    capsys.readouterr()
+    tracemalloc.start()
+    try:
+        assert main(["show", str(path), "--sort", sort, "-n", "4", "--color", "never"]) == 0
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    out = capsys.readouterr().out
+    assert size > 10_000_000 and peak < size / 10, (size, peak)
+    shown = [int(position) for position in re.findall(r"═══ rollout #(\d+)", out)]
+    assert shown == order(rewards)[:4]
+    assert [f"reward={rewards[p]:.3f}" in line for p, line in zip(shown, re.findall(r"═══ rollout #.*", out))] == [True] * 4
+    assert "showed 4 of 800 selected rollouts (800 in the file); -n 0 shows all" in out
