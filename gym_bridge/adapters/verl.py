@@ -14,11 +14,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import socket
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, ClassVar
 
 from gym_bridge.adapters.verl_data import AGENT_LOOP_CONFIG, AGENT_NAME, ROW_COLUMN, check_verl_files, plain, task_from_columns
@@ -30,6 +33,7 @@ from gym_bridge.core.health import HealthSettings, ToolCallAlarm
 from gym_bridge.core.policy import BackendError, ContextOverflowError, FinishReason, Generation, GenerationRequest, SamplingParams
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import resolve_tasks
+from gym_bridge.core.rollout_file import RolloutWriter
 from gym_bridge.core.template import ChatTemplate
 
 try:
@@ -149,14 +153,16 @@ class GymBridgeAgentLoop(AgentLoopBase):
 
     Options come from the agent-loop YAML entry: `max_turns`, `deadline_s`, `max_new_tokens_per_turn`,
     `template_check`, `max_concurrency` and `per_env_concurrency` (rollouts at once in one agent-loop
-    worker, all environments / one environment; verl runs `rollout.agent.num_workers` workers). A row
+    worker, all environments / one environment; verl runs `rollout.agent.num_workers` workers), and
+    `records_path` (append every rollout's record, with its `metrics.train_step`, for `gym-bridge show`
+    / `view`; each worker process to its own `records_file`). A row
     naming an unknown environment raises (a configuration error that `GymBridgeDataset` reports at
     load time); anything that goes wrong while a rollout runs is a masked output.
     """
 
     def __init__(self, *args: Any, max_turns: int = 8, deadline_s: float = 600.0, max_new_tokens_per_turn: int | None = None,
                  template_check: str = "error", max_concurrency: int = 64, per_env_concurrency: int | None = None,
-                 **kwargs: Any) -> None:
+                 records_path: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
@@ -165,6 +171,7 @@ class GymBridgeAgentLoop(AgentLoopBase):
         self.max_new_tokens_per_turn = max_new_tokens_per_turn
         self.template_check = template_check
         self.template = template_for(self.tokenizer)
+        self.records_path = records_file(records_path) if records_path else None
         self.slots = RolloutSlots.shared(max_concurrency=int(max_concurrency),
                                          per_env_concurrency=int(per_env_concurrency) if per_env_concurrency else None)
 
@@ -185,7 +192,25 @@ class GymBridgeAgentLoop(AgentLoopBase):
         async with self.slots.hold(task.env_name):
             record = await Engine(policy, self.template, config).rollout(task, repeat, env_class=env_class)
         _alarm.observe(record)
+        if self.records_path is not None:
+            with RolloutWriter(self.records_path, append=True) as writer:
+                writer.write(with_train_step(record, policy.global_steps.get("min_global_steps")))
         return to_agent_loop_output(record, policy=policy, prompt_length=self.prompt_length, response_length=self.response_length)
+
+
+def records_file(records_path: str) -> Path:
+    """This agent-loop worker process's file for `records_path`: `<stem>.<host>-<pid>.jsonl` beside it
+    (verl runs several worker processes, on several nodes; each appends to its own)."""
+    path = Path(records_path)
+    return path.with_name(f"{path.stem}.{socket.gethostname()}-{os.getpid()}.jsonl")
+
+
+def with_train_step(record: RolloutRecord, step: int | None) -> dict[str, Any]:
+    """A record as `records_path` writes it: `metrics.train_step` is the optimizer steps done when it was
+    generated, as in the TRL recipe's records: the weights version verl's server reports for the
+    rollout's first call (`min_global_steps`; None where the server reports none)."""
+    row = record.to_dict()
+    return {**row, "metrics": {**row["metrics"], "train_step": step}}
 
 
 def repeat_index(columns: Mapping[str, Any]) -> int:

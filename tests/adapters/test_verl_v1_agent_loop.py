@@ -274,3 +274,26 @@ def test_the_v1_worker_fills_a_real_transfer_queue(config, data_file, tokenizer)
     finally:
         tq.close()
         ray.shutdown()
+
+
+def test_records_path_writes_every_rollout_with_its_training_step(monkeypatch, tmp_path, data_file, tokenizer):
+    """`records_path` in the agent-loop YAML: each worker process appends every rollout's record, with
+    `metrics.train_step` = the optimizer steps done when it was generated (the weights version verl's
+    server reports, as TRL's records carry the trainer's step), to its own file that `show` reads."""
+    import json
+
+    from gym_bridge.cli import main
+    from gym_bridge.policies.embedded import embedded_model_path
+
+    loop_yaml = tmp_path / "agent_loop.yaml"
+    loop_yaml.write_text(AGENT_LOOP_CONFIG.read_text().replace("records_path: null", f"records_path: {tmp_path / 'records' / 'train.jsonl'}"))
+    config = verl_config(str(embedded_model_path()), str(loop_yaml), **{"actor_rollout_ref.rollout.n": N})
+    RecordedQueue().install(monkeypatch)
+    server = ScriptedVerlServer(tokenizer, script(tokenizer), global_steps=5)  # weights after 5 optimizer steps
+    asyncio.run(generate(v1_worker(config, server), v1_batch(data_file, config, tokenizer, global_steps=6)))
+    files = list((tmp_path / "records").iterdir())
+    assert [file.name.split(".")[0] for file in files] == ["train"] and files[0].name.endswith(".jsonl")  # this process's file
+    records = [json.loads(line) for line in files[0].read_text().splitlines()]
+    assert sorted((r["env"], r["repeat_index"]) for r in records) == [("math", 0), ("math", 1), ("weather", 0), ("weather", 1)]
+    assert [r["metrics"]["train_step"] for r in records] == [5] * 4 and all(r["reward"] == 1.0 for r in records)
+    assert main(["show", str(files[0]), "-n", "0", "--color", "never"]) == 0

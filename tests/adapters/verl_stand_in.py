@@ -42,6 +42,8 @@ class ScriptedVerlServer:
     """The request ids the client asked the load balancer for (verl keeps one rollout on one server by it)."""
     max_model_len: int = 4096
     delay_s: float = 0.0
+    global_steps: int = 3
+    """The weights version it reports (verl's servers: the optimizer steps of the weights they were last sent)."""
     in_flight: int = 0
     peak: int = 0
 
@@ -74,7 +76,7 @@ class ScriptedVerlServer:
         ids = generation.token_ids[:max_tokens]
         log_probs = generation.logprobs[:max_tokens] if sampling_params.pop("logprobs", False) else None
         self.calls.append(Call(request_id, list(prompt_ids), dict(sampling_params, max_tokens=max_tokens), ids, log_probs))
-        return TokenOutput(token_ids=ids, log_probs=log_probs, stop_reason="completed", extra_fields={"global_steps": 3})
+        return TokenOutput(token_ids=ids, log_probs=log_probs, stop_reason="completed", extra_fields={"global_steps": self.global_steps})
 
 
 class _Handle:
