@@ -3,7 +3,8 @@
 `transcript(record)` turns one JSONL record into `Turn`s (the task's input messages, then each
 output item: assistant text, reasoning, tool calls with their arguments, tool outputs, user
 replies) and `segments(record)` into runs of model (trained) and environment (masked) tokens.
-`show` prints these; the HTML report embeds them. `select` filters and orders records for both.
+`show` prints these; the HTML report embeds them. `select` filters and orders records for `show`, in one
+pass that holds only the records it shows.
 """
 
 from __future__ import annotations
