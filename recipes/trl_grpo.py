@@ -163,12 +163,6 @@ def line_buffered_output() -> None:
             reconfigure(line_buffering=True)
 
 
-def with_train_step(row: dict[str, Any], step: int) -> dict[str, Any]:
-    """A rollout record as written: `metrics.train_step` is the optimizer steps done when it was generated
-    (its rollouts train step `step + 1`)."""
-    return {**row, "metrics": {**(row.get("metrics") or {}), "train_step": step}}
-
-
 def main() -> None:
     line_buffered_output()
     args = parse_args()
@@ -179,6 +173,7 @@ def main() -> None:
     warnings.filterwarnings("ignore", message=r"`(is_)?gradient_checkpointing\w*` is deprecated", category=FutureWarning)
 
     import gym_bridge
+    from gym_bridge.core.record import with_train_step
     from gym_bridge.core.rollout_file import RolloutWriter
     from trl import GRPOConfig, GRPOTrainer
 

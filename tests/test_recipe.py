@@ -126,7 +126,9 @@ def test_output_is_line_buffered_so_step_metrics_reach_a_log_file_as_they_happen
             child.wait()
 
 
-def test_records_carry_their_training_step(recipe):
+def test_records_carry_their_training_step():
+    from gym_bridge.core.record import with_train_step
+
     row = {"reward": 1.0, "metrics": {"turns": 2}}
-    assert recipe.with_train_step(row, 7) == {"reward": 1.0, "metrics": {"turns": 2, "train_step": 7}}
+    assert with_train_step(row, 7) == {"reward": 1.0, "metrics": {"turns": 2, "train_step": 7}}
     assert row == {"reward": 1.0, "metrics": {"turns": 2}}  # the record itself is not changed

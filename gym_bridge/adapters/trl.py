@@ -37,7 +37,7 @@ from gym_bridge.core.errors import DataError, GymBridgeError
 from gym_bridge.core.health import HealthSettings, ToolCallAlarm
 from gym_bridge.core.parsers import get_reasoning_parser, get_tool_parser
 from gym_bridge.core.policy import Policy, SamplingParams
-from gym_bridge.core.record import RolloutRecord
+from gym_bridge.core.record import RolloutRecord, with_train_step
 from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.task import Task, parse_task
 from gym_bridge.core.template import ChatTemplate
@@ -355,7 +355,7 @@ def _watch(records: Sequence[RolloutRecord], alarm: ToolCallAlarm, *, path: str 
     """Feed the tool-call alarm (it warns once per kind and environment) and append the records, with the
     trainer's step, to `path`."""
     step = getattr(getattr(trainer, "state", None), "global_step", None)
-    rows = [{**record.to_dict(), "step": step} for record in records]
+    rows = [with_train_step(record.to_dict(), step) for record in records]
     for row in rows:
         alarm.observe(row)
     if path is not None:

@@ -31,7 +31,7 @@ from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.errors import MissingDependencyError
 from gym_bridge.core.health import HealthSettings, ToolCallAlarm
 from gym_bridge.core.policy import BackendError, ContextOverflowError, FinishReason, Generation, GenerationRequest, SamplingParams
-from gym_bridge.core.record import RolloutRecord
+from gym_bridge.core.record import RolloutRecord, with_train_step
 from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.rollout_file import RolloutWriter
 from gym_bridge.core.template import ChatTemplate
@@ -194,7 +194,8 @@ class GymBridgeAgentLoop(AgentLoopBase):
         _alarm.observe(record)
         if self.records_path is not None:
             with RolloutWriter(self.records_path, append=True) as writer:
-                writer.write(with_train_step(record, policy.global_steps.get("min_global_steps")))
+                # the weights version verl's server reports for the rollout's first call (None where it reports none)
+                writer.write(with_train_step(record.to_dict(), policy.global_steps.get("min_global_steps")))
         return to_agent_loop_output(record, policy=policy, prompt_length=self.prompt_length, response_length=self.response_length)
 
 
@@ -203,14 +204,6 @@ def records_file(records_path: str) -> Path:
     (verl runs several worker processes, on several nodes; each appends to its own)."""
     path = Path(records_path)
     return path.with_name(f"{path.stem}.{socket.gethostname()}-{os.getpid()}.jsonl")
-
-
-def with_train_step(record: RolloutRecord, step: int | None) -> dict[str, Any]:
-    """A record as `records_path` writes it: `metrics.train_step` is the optimizer steps done when it was
-    generated, as in the TRL recipe's records: the weights version verl's server reports for the
-    rollout's first call (`min_global_steps`; None where the server reports none)."""
-    row = record.to_dict()
-    return {**row, "metrics": {**row["metrics"], "train_step": step}}
 
 
 def repeat_index(columns: Mapping[str, Any]) -> int:

@@ -8,7 +8,7 @@ result, identity (`env`, `env_path`, `task_index`, `repeat_index`), the flat `to
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from gym_bridge.core.environment import FailureKind
 from gym_bridge.core.items import Item
@@ -101,3 +101,8 @@ class RolloutRecord:
         }
 
 
+def with_train_step(row: Mapping[str, Any], step: int | None) -> dict[str, Any]:
+    """A record's row as a trainer writes it beside training (TRL's recipe and `make_rollout(records_path=...)`,
+    verl's `records_path`): `metrics.train_step` is the optimizer steps done when its rollout was generated
+    (so it trains step `step + 1`); None where the trainer does not say."""
+    return {**row, "metrics": {**(row.get("metrics") or {}), "train_step": step}}

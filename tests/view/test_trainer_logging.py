@@ -43,7 +43,7 @@ def test_trl_rollout_alarms_once_and_writes_records_with_the_step(tmp_path, smol
     alarms = [record.getMessage() for record in caplog.records if "TOOL-CALL ALARM" in record.getMessage()]
     assert len(alarms) == 1 and "'weather' offers tools, but none of its first 2 rollouts called one" in alarms[0]
     records = read_records(path)
-    assert [record["step"] for record in records] == [0, 0, 1, 1] and {record["env"] for record in records} == {"weather"}
+    assert [record["metrics"]["train_step"] for record in records] == [0, 0, 1, 1] and {record["env"] for record in records} == {"weather"}
 
 
 def test_verl_reward_extra_info_carries_tool_call_health(smol_template, turn):
