@@ -15,6 +15,7 @@ from gym_bridge.capture.server import capture_server
 from gym_bridge.capture.session import CaptureSession
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.policy import SamplingParams, ScriptedPolicy
+from gym_bridge.core.template import ChatTemplate
 
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add.", "parameters": {
     "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}]
@@ -45,9 +46,11 @@ def comparable(message) -> dict:  # type: ignore[no-untyped-def]
     return dumped
 
 
-@pytest.mark.parametrize("text", ["12 + 30 = 42", TWO_CALLS], ids=["content", "tool_calls"])
-def test_a_streamed_answer_reassembles_to_the_plain_answer_and_captures_the_same_tokens(smol_template, turn, text) -> None:
+@pytest.mark.parametrize("text", ["12 + 30 = 42", TWO_CALLS, "<think>add them</think>" + TWO_CALLS],
+                         ids=["content", "tool_calls", "reasoning"])
+def test_a_streamed_answer_reassembles_to_the_plain_answer_and_captures_the_same_tokens(smol_tokenizer, turn, text) -> None:
     generation = turn(text)
+    template = ChatTemplate(smol_tokenizer, reasoning_parser="qwen3")  # SmolLM2's template, `<think>` read as reasoning
 
     async def check(session: CaptureSession, client: openai.AsyncOpenAI, base_url: str) -> None:
         plain = await client.chat.completions.create(model="policy", messages=QUESTION, tools=TOOLS)
@@ -63,8 +66,9 @@ def test_a_streamed_answer_reassembles_to_the_plain_answer_and_captures_the_same
         first, second = session.calls
         assert first == second and first.completion_ids == generation.token_ids and first.logprobs == generation.logprobs
         assert session.errors == []
+        assert ("reasoning_content" in comparable(plain.choices[0].message)) == ("<think>" in text)
 
-    serve(smol_template, {"": [generation, generation]}, check)
+    serve(template, {"": [generation, generation]}, check)
 
 
 def test_tool_call_deltas_carry_index_id_type_and_name_before_the_arguments(smol_template, turn) -> None:
