@@ -145,15 +145,18 @@ class CaptureServer:
 async def _event_stream(request: web.Request, events: Iterable[tuple[str | None, dict[str, Any]]], *,
                         done: bool) -> web.StreamResponse:
     """Server-Sent Events: one `data:` line per event (after its `event:` name when it has one),
-    then `data: [DONE]` when `done` (chat completions end so, the Responses API does not)."""
+    then `data: [DONE]` when `done` (chat completions end so, the Responses API does not). A client
+    that hangs up mid-stream ends it (the call is captured already)."""
     stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await stream.prepare(request)
-    for name, payload in events:
-        head = f"event: {name}\n" if name else ""
-        await stream.write(f"{head}data: {json.dumps(payload)}\n\n".encode())
-    if done:
-        await stream.write(b"data: [DONE]\n\n")
-    await stream.write_eof()
+    lines = [f"event: {name}\ndata: {json.dumps(payload)}\n\n" if name else f"data: {json.dumps(payload)}\n\n"
+             for name, payload in events]
+    try:
+        for line in [*lines, "data: [DONE]\n\n"] if done else lines:
+            await stream.write(line.encode())
+        await stream.write_eof()
+    except ConnectionResetError:
+        pass
     return stream
 
 
