@@ -31,7 +31,7 @@ NO_TOKENS = ("the chat policy answered without token ids; a harness behind a cha
 
 @dataclass(kw_only=True)
 class ChatCaptureSession(SessionState):
-    """Serves one rollout's calls from a chat policy with token ids; mutated only by `chat_completions`."""
+    """Serves one rollout's calls from a chat policy with token ids; mutated only by `chat_completions` (`responses` goes through it)."""
 
     policy: ChatPolicy
     _tokens: dict[str, CallTokens] = field(default_factory=dict)

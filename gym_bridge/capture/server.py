@@ -1,5 +1,10 @@
-"""The capture endpoint: an OpenAI-compatible `/v1/chat/completions` on loopback, one server per
-event loop, routing each request to its rollout's `CaptureSession`.
+"""The capture endpoint: an OpenAI-compatible `/v1/chat/completions` and `/v1/responses` on
+loopback, one server per event loop, routing each request to its rollout's `CaptureSession`.
+
+`stream: true` is answered as Server-Sent Events once the whole generation is in (the policy
+returns whole generations): the answer's `chat.completion.chunk`s ending with `data: [DONE]`, or
+the Responses API's named events ending with `response.completed`. What is captured does not
+depend on streaming; an error found before generating is an ordinary JSON error answer.
 
 A session is named in the URL (`http://127.0.0.1:PORT/s/<token>/v1`) or by the API key (the
 same token, for harnesses that only let you set `OPENAI_API_KEY` with a fixed base URL). Errors
@@ -12,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -20,7 +25,8 @@ from aiohttp import web
 
 from gym_bridge.capture.chat_session import ChatCaptureSession
 from gym_bridge.capture.session import CaptureSession
-from gym_bridge.core.dialects.chat import ApiError
+from gym_bridge.core.dialects.chat import ApiError, completion_chunks
+from gym_bridge.core.dialects.responses_api import response_events
 
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
 
@@ -41,10 +47,10 @@ class CaptureServer:
 
     def _app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_REQUEST_BYTES)
-        app.router.add_post("/s/{token}/v1/chat/completions", self._chat)
-        app.router.add_get("/s/{token}/v1/models", self._models)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_get("/v1/models", self._models)
+        for root in ("/s/{token}/v1", "/v1"):
+            app.router.add_post(f"{root}/chat/completions", self._chat)
+            app.router.add_post(f"{root}/responses", self._responses)
+            app.router.add_get(f"{root}/models", self._models)
         return app
 
     async def _start(self) -> None:
@@ -88,14 +94,38 @@ class CaptureServer:
             raise ApiError(401, "Incorrect API key provided: use the rollout's OPENAI_API_KEY", "invalid_request_error")
         return found
 
-    async def _chat(self, request: web.Request) -> web.Response:
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        async def answer(session: CaptureSession | ChatCaptureSession, data: Any) -> web.StreamResponse:
+            completion = await session.chat_completions(data)
+            if not data.get("stream"):
+                return web.json_response(completion)
+            include_usage = bool((data.get("stream_options") or {}).get("include_usage"))
+            events = [(None, chunk) for chunk in completion_chunks(completion, include_usage=include_usage)]
+            return await _event_stream(request, events, done=True)
+
+        return await self._serve(request, answer)
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        async def answer(session: CaptureSession | ChatCaptureSession, data: Any) -> web.StreamResponse:
+            response = await session.responses(data)
+            if not data.get("stream"):
+                return web.json_response(response)
+            return await _event_stream(request, [(event["type"], event) for event in response_events(response)], done=False)
+
+        return await self._serve(request, answer)
+
+    async def _serve(self, request: web.Request,
+                     answer: Callable[[CaptureSession | ChatCaptureSession, Any], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        """Find the session, read the JSON body and answer it; every failure is an error answer in OpenAI's shape."""
         try:
             session = self._find(request)
             try:
                 data = json.loads(await request.read())
             except (UnicodeDecodeError, json.JSONDecodeError) as error:
                 raise session.fail(400, f"request body is not valid JSON: {error}") from None
-            return web.json_response(await session.chat_completions(data))
+            if not isinstance(data, dict):
+                raise session.fail(400, "request body must be a JSON object")
+            return await answer(session, data)
         except ApiError as error:
             return _error(error)
         except web.HTTPException:
@@ -110,6 +140,24 @@ class CaptureServer:
             return _error(error)
         entry: dict[str, Any] = {"id": session.model_name, "object": "model", "created": 0, "owned_by": "gym_bridge"}
         return web.json_response({"object": "list", "data": [entry]})
+
+
+async def _event_stream(request: web.Request, events: Iterable[tuple[str | None, dict[str, Any]]], *,
+                        done: bool) -> web.StreamResponse:
+    """Server-Sent Events: one `data:` line per event (after its `event:` name when it has one),
+    then `data: [DONE]` when `done` (chat completions end so, the Responses API does not). A client
+    that hangs up mid-stream ends it (the call is captured already)."""
+    stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await stream.prepare(request)
+    lines = [f"event: {name}\ndata: {json.dumps(payload)}\n\n" if name else f"data: {json.dumps(payload)}\n\n"
+             for name, payload in events]
+    try:
+        for line in [*lines, "data: [DONE]\n\n"] if done else lines:
+            await stream.write(line.encode())
+        await stream.write_eof()
+    except ConnectionResetError:
+        pass
+    return stream
 
 
 _servers: dict[asyncio.AbstractEventLoop, CaptureServer] = {}

@@ -26,6 +26,7 @@ import pydantic
 from gym_bridge.capture.assembly import CapturedCall
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.dialects.chat import ApiError, ChatBody, MessageIn, from_chat_tool
+from gym_bridge.core.dialects.responses_api import ResponsesBody, check_stateless, to_chat_body, to_response
 from gym_bridge.core.dialects.template_view import template_messages
 from gym_bridge.core.items import TOKEN_FIELDS, Item, function_call_item, function_call_output_item, message_item, reasoning_item, user_message_item
 from gym_bridge.core.parsers.call import ParsedTurn
@@ -159,16 +160,36 @@ class SessionState:
         items[-1].update(zip(TOKEN_FIELDS, (list(prompt_ids), list(completion_ids), list(logprobs))))
         self.output.extend(items)
 
+    async def chat_completions(self, data: Any) -> dict[str, Any]:
+        """The answer to one `/v1/chat/completions` body, as OpenAI's API gives it (not streamed:
+        the server streams it); raises ApiError for a 4xx/5xx."""
+        raise NotImplementedError
+
+    async def responses(self, data: Any) -> dict[str, Any]:
+        """The answer to one `/v1/responses` body as a Responses `response` object: the request is
+        served as the chat-completions call it means, so capture and token-in are the chat path's."""
+        if not isinstance(data, dict):
+            raise self.fail(400, "request body must be a JSON object")
+        try:
+            body = ResponsesBody.model_validate(data)
+        except pydantic.ValidationError as error:
+            raise self.fail(400, f"invalid request: {_problems(error)}") from None
+        try:
+            check_stateless(body)
+            chat = to_chat_body(body)
+        except ApiError as error:
+            raise self.fail(error.status, error.message, code=getattr(error, "code", None)) from None
+        return to_response(await self.chat_completions(chat), request=body)
+
     def _body(self, data: Any) -> ChatBody:
         if not isinstance(data, dict):
             raise self.fail(400, "request body must be a JSON object")
         try:
             body = ChatBody.model_validate(data)
         except pydantic.ValidationError as error:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()[:5])
-            raise self.fail(400, f"invalid request: {problems}") from None
-        if body.stream:
-            raise self.fail(400, "stream=true is not supported by the gym_bridge capture endpoint; send stream=false", code="unsupported_parameter")
+            raise self.fail(400, f"invalid request: {_problems(error)}") from None
+        if body.stream_options is not None and not body.stream:
+            raise self.fail(400, "stream_options is only allowed when stream is true", code="invalid_stream_options")
         if body.n != 1:
             raise self.fail(400, f"n={body.n} is not supported by the gym_bridge capture endpoint; send n=1", code="unsupported_parameter")
         if body.model not in (None, self.model_name):
@@ -179,9 +200,13 @@ class SessionState:
         return body
 
 
+def _problems(error: pydantic.ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()[:5])
+
+
 @dataclass(kw_only=True)
 class CaptureSession(SessionState):
-    """Serves one rollout's calls from a token policy; mutated only by `chat_completions`."""
+    """Serves one rollout's calls from a token policy; mutated only by `chat_completions` (`responses` goes through it)."""
 
     policy: Policy
     template: ChatTemplate

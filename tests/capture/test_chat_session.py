@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 
 import openai
+import pytest
 
 from gym_bridge.capture import HarnessEnvironment
 from gym_bridge.core.engine import Engine, EngineConfig
@@ -49,6 +50,16 @@ async def tool_agent(client: openai.AsyncOpenAI, task: dict) -> str:
     return final.choices[0].message.content or ""
 
 
+async def responses_tool_agent(client: openai.AsyncOpenAI, task: dict) -> str:
+    """The same loop over `/v1/responses`: the output items go back as input."""
+    params = task["row"]["responses_create_params"]
+    items = list(params["input"])
+    reply = await client.responses.create(model=task["model"], input=items, tools=params["tools"])
+    items += [item.model_dump(exclude_none=True) for item in reply.output]
+    items.append({"type": "function_call_output", "call_id": reply.output[-1].call_id, "output": "42"})  # type: ignore[union-attr]
+    return (await client.responses.create(model=task["model"], input=items, tools=params["tools"])).output_text
+
+
 class ToolHarness(HarnessEnvironment):
     name = "chat_capture_harness"
     agent = tool_agent
@@ -57,14 +68,19 @@ class ToolHarness(HarnessEnvironment):
         return float(answer == "42")
 
 
-def rollout(policy: RecordingChat) -> dict:
+class ResponsesToolHarness(ToolHarness):
+    agent = responses_tool_agent
+
+
+def rollout(policy: RecordingChat, harness: type[HarnessEnvironment] = ToolHarness) -> dict:
     engine = Engine(policy, None, EngineConfig(sampling=SamplingParams(max_new_tokens=32), deadline_s=30))  # type: ignore[arg-type]
-    return asyncio.run(engine.rollout(parse_task(ROW, index=0), env_class=ToolHarness)).to_dict()
+    return asyncio.run(engine.rollout(parse_task(ROW, index=0), env_class=harness)).to_dict()
 
 
-def test_the_answered_message_goes_back_with_its_token_ids_and_the_calls_are_captured() -> None:
+@pytest.mark.parametrize("harness", [ToolHarness, ResponsesToolHarness], ids=["chat_completions", "responses"])
+def test_the_answered_message_goes_back_with_its_token_ids_and_the_calls_are_captured(harness) -> None:
     policy = RecordingChat(tokens=True)
-    record = rollout(policy)
+    record = rollout(policy, harness)
     assert record["failure_kind"] is None, record["failure_reason"]
     assert record["reward"] == 1.0
     echoed = [m for m in policy.requests[1].messages if m["role"] == "assistant"]

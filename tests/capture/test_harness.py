@@ -146,13 +146,25 @@ def test_a_hanging_command_is_killed_with_its_children(smol_template, tmp_path, 
     assert not status.exists() or status.read_text().split()[2] == "Z"  # gone (or a zombie awaiting its reaper)
 
 
-def test_stream_true_gets_a_400_and_the_rollout_records_it(smol_template) -> None:
-    source = CALL_ONCE.replace("messages=task['messages'])", "messages=task['messages'], stream=True)")
+def test_n_2_gets_a_400_and_the_rollout_records_it(smol_template) -> None:
+    source = CALL_ONCE.replace("messages=task['messages'])", "messages=task['messages'], n=2)")
     eng, policy = engine(smol_template, {"": []})
     record = rollout(eng, command_env(source))
     assert record["failure_kind"] == "env"
-    assert "the endpoint answered 400: stream=true is not supported" in record["failure_reason"]
+    assert "the endpoint answered 400: n=2 is not supported" in record["failure_reason"]
     assert "BadRequestError" in record["failure_reason"] and policy.calls == []
+
+
+def test_a_streaming_command_reads_the_answer_and_its_call_is_captured(smol_template, turn) -> None:
+    source = ("import json, os, sys, openai; task = json.load(sys.stdin); c = openai.OpenAI(max_retries=0); "
+              "s = c.chat.completions.create(model=os.environ['OPENAI_MODEL'], messages=task['messages'], stream=True); "
+              "print(''.join(k.choices[0].delta.content or '' for k in s if k.choices))")
+    answer = turn("12 + 30 = 42")
+    eng, policy = engine(smol_template, {"": [answer]})
+    record = rollout(eng, command_env(source))
+    assert record["failure_kind"] is None, record["failure_reason"]
+    assert record["metrics"]["verify"]["stdout_tail"].strip() == "12 + 30 = 42" and record["metrics"]["verify"]["endpoint_errors"] == []
+    assert record["tokens"]["prompt_ids"] == list(policy.calls[0].prompt_ids) and record["tokens"]["completion_ids"] == answer.token_ids
 
 
 def test_an_unknown_model_is_a_404_like_openai(smol_template) -> None:

@@ -13,6 +13,7 @@ from gym_bridge.core.dialects.chat import (
     ApiError, ChatBody, MessageIn, ToolIn, from_chat_tool, to_chat_tool, to_openai_messages, tool_call_arguments,
 )
 from gym_bridge.core.dialects.responses import from_chat_messages, item_text, to_chat_messages, to_responses_tool
+from gym_bridge.core.dialects.responses_api import output_items, request_messages
 from gym_bridge.core.dialects.template_view import template_messages, to_template_tool
 from gym_bridge.core.items import (
     function_call_item, function_call_output_item, message_item, reasoning_item, user_message_item,
@@ -213,3 +214,16 @@ def test_dialects_and_the_capture_session_load_no_web_framework_or_trainer():
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == ""
+
+
+def test_responses_output_items_go_back_as_the_one_assistant_message_they_came_from():
+    message = {"role": "assistant", "content": "Let me add.", "reasoning_content": "sum it", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}},
+        {"id": "call_2", "type": "function", "function": {"name": "add", "arguments": '{"a": 2}'}}]}
+    completion = {"id": "chatcmpl-x", "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]}
+    items = output_items(completion)
+    assert [item["type"] for item in items] == ["reasoning", "message", "function_call", "function_call"]
+    outputs = [{"type": "function_call_output", "call_id": "call_1", "output": [{"type": "input_text", "text": "1"}]}]
+    back = request_messages([{"role": "user", "content": "add"}, *items, *outputs])
+    assert back[1] == {"role": "assistant", "content": "Let me add.", "tool_calls": message["tool_calls"]}
+    assert back[2] == {"role": "tool", "tool_call_id": "call_1", "content": "1"} and len(back) == 3

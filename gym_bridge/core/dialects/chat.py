@@ -3,8 +3,9 @@
 Owns the pydantic models of a `/v1/chat/completions` body (`ChatBody`, with `MessageIn`,
 `ToolIn`), which serve-model and the capture endpoint both validate against; tool schemas
 between the Responses form and the chat form (`to_chat_tool`, `from_chat_tool`); chat messages
-as the chat-completions API is sent them (`to_openai_messages`); and `ApiError`, an error answer
-in OpenAI's shape. No web framework: the servers turn `ApiError` into their own responses.
+as the chat-completions API is sent them (`to_openai_messages`); a chat completion as the
+`chat.completion.chunk` objects of a streamed answer (`completion_chunks`); and `ApiError`, an
+error answer in OpenAI's shape. No web framework: the servers turn `ApiError` into their own responses.
 """
 
 from __future__ import annotations
@@ -151,9 +152,15 @@ class MessageIn(BaseModel):
         return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
 class ChatBody(SamplingBody):
     """A `/v1/chat/completions` request body."""
 
+    stream_options: StreamOptions | None = None
     messages: Annotated[list[MessageIn], Field(min_length=1)]
     tools: list[ToolIn] | None = None
     tool_choice: str | dict[str, Any] | None = None
@@ -221,3 +228,34 @@ def to_openai_messages(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, 
         else:
             out.append({"role": role, "content": message.get("content", "")})
     return out
+
+
+def completion_chunks(completion: Mapping[str, Any], *, include_usage: bool) -> list[dict[str, Any]]:
+    """A `chat.completion` answer as the `chat.completion.chunk` objects OpenAI streams for it: per
+    choice a role delta, the reasoning and content deltas, per tool call its index, id, type and
+    name then its arguments, and a last delta with the finish reason; with `include_usage` every
+    chunk has `usage: null` and a last chunk with no choices carries the usage."""
+    head = {"id": completion["id"], "object": "chat.completion.chunk", "created": completion["created"],
+            "model": completion["model"], "system_fingerprint": None}
+    if include_usage:
+        head["usage"] = None
+    deltas: list[tuple[int, dict[str, Any], str | None]] = []
+    for choice in completion["choices"]:
+        index, message = choice["index"], choice["message"]
+        deltas.append((index, {"role": "assistant", "content": None if message.get("content") is None else ""}, None))
+        if message.get("reasoning_content"):
+            deltas.append((index, {"reasoning_content": message["reasoning_content"]}, None))
+        if message.get("content"):
+            deltas.append((index, {"content": message["content"]}, None))
+        for position, call in enumerate(message.get("tool_calls") or []):
+            opened = {"index": position, "id": call["id"], "type": "function",
+                      "function": {"name": call["function"]["name"], "arguments": ""}}
+            deltas.append((index, {"tool_calls": [opened]}, None))
+            arguments = {"index": position, "function": {"arguments": call["function"]["arguments"]}}
+            deltas.append((index, {"tool_calls": [arguments]}, None))
+        deltas.append((index, {}, choice["finish_reason"]))
+    chunks = [{**head, "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+              for index, delta, finish in deltas]
+    if include_usage:
+        chunks.append({**head, "choices": [], "usage": completion["usage"]})
+    return chunks
