@@ -97,7 +97,7 @@ class CaptureServer:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         async def answer(session: CaptureSession | ChatCaptureSession, data: Any) -> web.StreamResponse:
             completion = await session.chat_completions(data)
-            if not data.get("stream"):
+            if data.get("stream") is not True:  # as the validated body reads it (a JSON true)
                 return web.json_response(completion)
             include_usage = bool((data.get("stream_options") or {}).get("include_usage"))
             events = [(None, chunk) for chunk in completion_chunks(completion, include_usage=include_usage)]
@@ -108,7 +108,7 @@ class CaptureServer:
     async def _responses(self, request: web.Request) -> web.StreamResponse:
         async def answer(session: CaptureSession | ChatCaptureSession, data: Any) -> web.StreamResponse:
             response = await session.responses(data)
-            if not data.get("stream"):
+            if data.get("stream") is not True:  # as the validated body reads it (a JSON true)
                 return web.json_response(response)
             return await _event_stream(request, [(event["type"], event) for event in response_events(response)], done=False)
 
