@@ -179,12 +179,11 @@ class ChatTemplate:
         self._empty_tools: Any = _UNSET
         self._direct: Any = _UNSET
         self._probe_head: str | None = None
-        backend = getattr(tokenizer, "_tokenizer", None)
+        backend = getattr(tokenizer, "backend_tokenizer", None)  # a fast tokenizer's `tokenizers.Tokenizer`
         fast = backend is not None and hasattr(backend, "encode_batch")
         self._pieces = PieceEncoder(backend) if fast else None
-        decoder = getattr(tokenizer, "backend_tokenizer", None)
         plain = not getattr(tokenizer, "clean_up_tokenization_spaces", False)
-        self._decode_backend: Callable[..., str] | None = getattr(decoder, "decode", None) if plain else None
+        self._decode_backend: Callable[..., str] | None = getattr(backend, "decode", None) if fast and plain else None
         """A fast tokenizer's own decode, which gives `tokenizer.decode`'s text when it cleans up no spaces (its
         Python wrapper checks every id's type first: a tenth of a tool-calling rollout's orchestration)."""
 
