@@ -48,13 +48,12 @@ class UserSimulationLoop:
                 return env.end("length")
             last = turn == ctx.limits.max_turns - 1
             if parsed.calls:
-                call_ids = [item["call_id"] for item in ctx.trajectory.output[-len(parsed.calls):]]  # type: ignore[typeddict-item]
-                outputs = [await ctx.call_tool(call, call_id) for call, call_id in zip(parsed.calls, call_ids)]
+                outputs = [await ctx.call_tool(call) for call in parsed.calls]
                 if env.goal_met:
                     return env.end("goal", "answer")
                 if last:
                     return env.end("turns", "max_turns")
-                if not ctx.append_tool_outputs(outputs):
+                if not await ctx.append_tool_outputs_async(outputs):
                     return env.end("budget")
                 continue
             if last:
@@ -62,7 +61,7 @@ class UserSimulationLoop:
             reply = await env.user_reply(ctx, parsed.content)
             if reply is None:
                 return env.end("user", "answer")
-            if not ctx.append_user_message(reply):
+            if not await ctx.append_user_message_async(reply):
                 return env.end("budget")
         return env.end("turns", "max_turns")
 

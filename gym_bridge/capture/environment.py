@@ -91,7 +91,7 @@ def _session(ctx: RolloutContext, model_name: str) -> CaptureSession | ChatCaptu
     if is_token_policy(policy):
         if ctx.template is None:
             raise RolloutFailure("infra", "a harness environment over a token policy needs the run's chat template")
-        return CaptureSession(policy=policy, template=ctx.template, **common)  # type: ignore[arg-type]
+        return CaptureSession(policy=policy, template=ctx.template, **common)
     if isinstance(policy, ChatPolicy):
         return ChatCaptureSession(policy=policy, **common)
     raise RolloutFailure("infra", f"a harness environment needs a token policy or a chat policy, got {type(policy).__name__}")

@@ -1,11 +1,8 @@
 """The agent loop: generate, parse tool calls, run tools, append their outputs, repeat.
 
-`RolloutContext` gives a loop the three things it may do — sample a model turn, call a tool,
-append an environment message — and keeps the token stream append-only while doing them.
-With a chat policy it keeps a message list instead: the same three steps append assistant and
-tool messages. Hosted APIs return no token ids, so their records carry none (evaluation only); a
-server that returns each call's token ids (NeMo RL's) gets them back on its assistant messages,
-and the token stream is built from what it reports, checked to be contiguous across turns.
+`RolloutContext` gives a loop what it may do — sample a model turn, call a tool, append tool
+outputs or a user message — over the rollout's `Transcript` (`gym_bridge.core.transcript`: a
+token stream for a token policy, chat messages for a chat policy; the loop never knows which).
 `ToolCallingLoop` is the default loop; an environment can name its own (`agent_loop`
 attribute) for user simulation or game steps. Loops raise `RolloutFailure` for what is not the
 policy's fault; what the policy gets wrong is scored, not raised.
@@ -16,19 +13,20 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, Sequence
 
 from gym_bridge.core.bounded_call import call_bounded, call_environment
-from gym_bridge.core.environment import Environment, ToolError
+from gym_bridge.core.environment import Environment, ToolError, ToolSpec
 from gym_bridge.core.errors import AbortedCall, classify
 from gym_bridge.core.errors import RolloutFailure as RolloutFailure
-from gym_bridge.core.items import TOKEN_FIELDS, ChatMessage, function_call_item, function_call_output_item, message_item, reasoning_item, user_message_item
+from gym_bridge.core.items import function_call_output_item
 from gym_bridge.core.parsers.call import ParsedCall, ParsedTurn
-from gym_bridge.core.policy import CallTokens, ChatPolicy, ChatRequest, ChatTurn, Generation, GenerationRequest, Policy, SamplingParams
+from gym_bridge.core.policy import ChatPolicy, Generation, Policy, SamplingParams
 from gym_bridge.core.task import Task
 from gym_bridge.core.template import ChatTemplate, ToolOutput
-from gym_bridge.core.toolcall import parse_turn
 from gym_bridge.core.trajectory import Trajectory
+from gym_bridge.core.transcript import OFF_LOOP_TOKENIZE_CHARS as OFF_LOOP_TOKENIZE_CHARS
+from gym_bridge.core.transcript import TOKENIZE_TIMEOUT_S, Transcript
 
 
 @dataclass(frozen=True)
@@ -41,10 +39,6 @@ class Limits:
     """Model and environment tokens after the prompt, over all turns."""
     max_tool_output_chars: int = 100_000
     """Characters of one tool output the model reads at most; beyond them it reads a truncation note."""
-
-
-OFF_LOOP_TOKENIZE_CHARS = 8192
-"""Environment messages at least this long are tokenized in a worker thread, off the event loop."""
 
 
 def capped_output(content: str, max_chars: int) -> str:
@@ -73,8 +67,15 @@ def encode_capped(value: Any, max_chars: int) -> str:
     return "".join(pieces)
 
 
+_SCALARS = (int, float, bool, type(None))
+
+
 def _few_values(value: Any, budget: int) -> bool:
     """True when `value` holds at most `budget` containers and scalars and no string over `budget` characters."""
+    if type(value) is dict and len(value) <= 16:  # the common result: a small flat object, checked without the walk
+        if all(type(key) is str and len(key) <= budget for key in value) and all(
+                isinstance(item, _SCALARS) or (type(item) is str and len(item) <= budget) for item in value.values()):
+            return True
     stack, seen = [value], 0
     while stack:
         item = stack.pop()
@@ -92,7 +93,8 @@ def _few_values(value: Any, budget: int) -> bool:
 
 @dataclass
 class RolloutContext:
-    """What a loop works with. Mutates `trajectory`; everything else is fixed."""
+    """What a loop works with: its task and environment, and the rollout's transcript, which it
+    grows only through the methods below. Mutates `trajectory`; everything else is fixed."""
 
     task: Task
     env: Environment
@@ -104,22 +106,20 @@ class RolloutContext:
     trajectory: Trajectory
     session_id: str
     tools: tuple[dict[str, Any], ...]
-    messages: list[ChatMessage] | None = None
-    """The conversation as chat messages when the policy is a `ChatPolicy`; None on the token path."""
-    _last_token: int | None = None
-    _items: int = 0
+    transcript: Transcript
+    """The conversation as the policy reads it (tokens or chat messages); `Engine` starts it."""
+    _tool_names: frozenset[str] = frozenset()
 
-    def _item_id(self, prefix: str) -> str:
-        self._items += 1
-        return f"{prefix}_{self.session_id}_{self._items}"
+    def __post_init__(self) -> None:
+        self._tool_names = frozenset(schema["name"] for schema in self.tools)
 
     @property
     def budget_left(self) -> int:
-        spent = len(self.trajectory.completion_ids) + self.trajectory.api_usage.get("output_tokens", 0)
-        return self.limits.max_completion_tokens - spent
+        return self.limits.max_completion_tokens - self.trajectory.tokens_spent
 
     async def generate(self) -> tuple[Generation, ParsedTurn] | None:
-        """Sample one model turn and append it (ids, log-probs, items).
+        """Sample one model turn and append it (ids, log-probs, items); each of the returned turn's
+        calls carries the `call_id` it has in the record.
 
         Returns None when no token budget is left. Raises the policy's errors.
         """
@@ -127,122 +127,31 @@ class RolloutContext:
         if max_new <= 0:
             return None
         sampling = self.sampling if max_new == self.sampling.max_new_tokens else replace(self.sampling, max_new_tokens=max_new)
-        if self.messages is not None:
-            return await self._chat(sampling)
-        assert self.template is not None
-        trajectory = self.trajectory
-        prompt_ids = trajectory.context_ids()
-        request = GenerationRequest(prompt_ids=prompt_ids, sampling=sampling, session_id=self.session_id)
-        generation = await self.policy.generate(request)  # type: ignore[union-attr]
-        trajectory.append_model(generation.token_ids, generation.logprobs)
-        ids = generation.token_ids
-        self._last_token = ids[-1] if ids and ids[-1] in self.template.eos_token_ids else None
-        text = generation.text
-        if text is None:
-            text = self.template.tokenizer.decode(ids[:-1] if self._last_token is not None else ids, skip_special_tokens=False)
-        elif self._last_token is not None:
-            text = text.removesuffix(self.template.closing_text(self._last_token))
-        parsed = self.template.parse(text, prompt_ids=prompt_ids, tools=self.tools)
-        self._count_parse(parsed)
-        items = self._turn_items(parsed)
-        items[-1]["prompt_token_ids"] = prompt_ids
-        items[-1]["generation_token_ids"] = list(ids)
-        items[-1]["generation_log_probs"] = list(generation.logprobs)
-        trajectory.output.extend(items)
-        return generation, parsed
+        return await self.transcript.generate(sampling)
 
-    def _count_parse(self, parsed: ParsedTurn) -> None:
-        if parsed.calls:
-            self.trajectory.parse_errors += parsed.parse_errors
-        elif parsed.unparsed_tool_call:
-            self.trajectory.unparsed_tool_calls += 1
-
-    def _turn_items(self, parsed: ParsedTurn) -> list[Any]:
-        items: list[Any] = []
-        if parsed.reasoning:
-            items.append(reasoning_item(parsed.reasoning, item_id=self._item_id("rs")))
-        if parsed.content or not parsed.calls:
-            items.append(message_item(parsed.content, item_id=self._item_id("msg")))
-        for call in parsed.calls:
-            item_id = self._item_id("call")
-            # the id the template renders for the model (Mistral: nine letters and digits), so records and prompts agree
-            call_id = item_id if self.template is None else self.template.call_id(item_id.removeprefix("call_"), written=call.call_id)
-            items.append(function_call_item(call.name, call.arguments, call_id=call_id, item_id=item_id))
-        return items
-
-    async def _chat(self, sampling: SamplingParams) -> tuple[Generation, ParsedTurn]:
-        """One turn of a chat policy: items and an assistant message, plus the call's tokens when
-        the server returned them (carried on the last item and on the assistant message)."""
-        assert self.messages is not None
-        request = ChatRequest(messages=list(self.messages), tools=self.tools, sampling=sampling, session_id=self.session_id)
-        turn = await self.policy.chat(request)  # type: ignore[union-attr]
-        if turn.tokens is None:
-            self.trajectory.append_model([], [])
-            self.trajectory.add_api_usage(turn.usage)
-        else:
-            self._append_call_tokens(turn.tokens)
-        parsed = _parsed_chat_turn(turn)
-        self._count_parse(parsed)
-        items = self._turn_items(parsed)
-        message: ChatMessage = {"role": "assistant", "content": parsed.content}
-        if parsed.calls:
-            message["tool_calls"] = [
-                {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}
-                for item in items if item["type"] == "function_call"
-            ]
-        if turn.tokens is not None:
-            fields = dict(zip(TOKEN_FIELDS, (list(turn.tokens.prompt_token_ids), list(turn.tokens.generation_token_ids),
-                                             list(turn.tokens.generation_log_probs))))
-            items[-1].update(fields)
-            message.update(fields)
-        self.trajectory.output.extend(items)
-        self.messages.append(message)
-        tokens = turn.tokens
-        return Generation(token_ids=list(tokens.generation_token_ids) if tokens else [], logprobs=list(tokens.generation_log_probs) if tokens else [],
-                          finish_reason=turn.finish_reason, text=turn.text), parsed
-
-    def _append_call_tokens(self, tokens: CallTokens) -> None:
-        """Grow the token stream from a chat call's ids: its prompt must start with everything seen
-        so far; what follows is environment tokens (the server's rendering of the new messages)."""
-        trajectory = self.trajectory
-        prompt = list(tokens.prompt_token_ids)
-        if trajectory.model_calls == 0:
-            trajectory.prompt_ids = prompt
-        else:
-            seen = trajectory.context_ids()
-            if not trajectory.prompt_ids or prompt[: len(seen)] != seen:
-                at = next((i for i, (a, b) in enumerate(zip(prompt, seen)) if a != b), min(len(prompt), len(seen)))
-                raise RolloutFailure(
-                    "infra",
-                    f"the model server's prompt token ids for call {trajectory.model_calls + 1} do not start with the "
-                    f"{len(seen)} tokens of the earlier calls (first difference at position {at}); the server must keep "
-                    "the prefix exact from the token ids sent back on the assistant messages",
-                )
-            trajectory.append_env(prompt[len(seen):])
-        trajectory.append_model(list(tokens.generation_token_ids), list(tokens.generation_log_probs))
-
-    async def call_tool(self, call: ParsedCall, call_id: str) -> ToolOutput:
-        """Run one tool call; bad calls become error text for the model.
+    async def call_tool(self, call: ParsedCall, call_id: str | None = None) -> ToolOutput:
+        """Run one tool call (`call_id`: the call's own, as `generate` returned it, unless given);
+        bad calls become error text for the model.
 
         Raises RolloutFailure(`env`) when the tool itself crashes, hangs or returns non-JSON.
         """
+        call_id = call_id or call.call_id or ""
         self.trajectory.tool_calls += 1
-        offered = {schema["name"] for schema in self.tools}
+        spec = type(self.env).tool_specs().get(call.name)
         if call.error:
             content = json.dumps({"error": f"malformed tool call: {call.error}"})
-        elif call.name not in offered or (call.name not in self.env.tool_specs() and not type(self.env).tools_from_row):
-            content = json.dumps({"error": f"unknown tool {call.name!r}; available tools: {sorted(offered)}"})
+        elif call.name not in self._tool_names or (spec is None and not type(self.env).tools_from_row):
+            content = json.dumps({"error": f"unknown tool {call.name!r}; available tools: {sorted(self._tool_names)}"})
         else:
-            content = await self._run_tool(call.name, call.arguments)
+            content = await self._run_tool(call.name, call.arguments, spec)
         self.trajectory.output.append(function_call_output_item(content, call_id=call_id))
         return ToolOutput(name=call.name, content=content, call_id=call_id)
 
-    async def _run_tool(self, name: str, arguments: str) -> str:
+    async def _run_tool(self, name: str, arguments: str, spec: ToolSpec | None) -> str:
         """The tool's output as the model reads it (`Environment.call_tool`'s text, or its JSON, cut at
         `max_tool_output_chars`; a ToolError, invalid arguments included, as `{"error": ...}`)."""
         env_class = type(self.env)
         timeout_s = env_class.tool_timeout_s
-        spec = env_class.tool_specs().get(name)
         try:
             if spec is not None and not env_class.isolate_tools and spec.is_async:
                 result = await call_bounded(self._call_async_tool, name, arguments, timeout_s=timeout_s, owner=env_class.name)
@@ -263,7 +172,7 @@ class RolloutContext:
         try:
             if _few_values(result, INLINE_ENCODE_VALUES):
                 return capped_output(json.dumps(result), max_chars)
-            encoded: str = await call_bounded(encode_capped, result, max_chars, timeout_s=_TOKENIZE_TIMEOUT_S, owner="tool output")
+            encoded: str = await call_bounded(encode_capped, result, max_chars, timeout_s=TOKENIZE_TIMEOUT_S, owner="tool output")
             return encoded
         except (TypeError, ValueError) as error:
             raise RolloutFailure("env", f"tool {name!r} returned a value that is not JSON-serializable: {error}") from None
@@ -272,89 +181,18 @@ class RolloutContext:
         """`call_tool` of an async tool, awaited on the event loop."""
         return await self.env.call_tool(name, arguments)
 
-    def append_tool_outputs(self, outputs: list[ToolOutput]) -> bool:
-        """Append the rendered tool outputs and the next generation prompt, tokenizing on this thread.
+    async def append_tool_outputs_async(self, outputs: Sequence[ToolOutput]) -> bool:
+        """Append the tool outputs for the model to read next (for a token policy: rendered, with the
+        next generation prompt; long ones tokenized in a worker thread so other rollouts go on).
 
-        Returns False (appending nothing) when they do not fit the token budget. In a loop,
-        prefer `await append_tool_outputs_async(...)`, which keeps long outputs off the event loop.
+        Returns False (appending nothing) when they do not fit the token budget.
         """
-        if self.messages is not None:
-            self.messages.extend({"role": "tool", "tool_call_id": out.call_id, "name": out.name, "content": out.content} for out in outputs)
-            return True
-        assert self.template is not None
-        return self._append_env(self.template.tool_delta_ids(outputs, last_token_id=self._last_token))
-
-    async def append_tool_outputs_async(self, outputs: list[ToolOutput]) -> bool:
-        """`append_tool_outputs`, with long outputs tokenized in a worker thread so other rollouts go on."""
-        if self.messages is not None or sum(len(out.content) for out in outputs) < OFF_LOOP_TOKENIZE_CHARS:
-            return self.append_tool_outputs(outputs)
-        assert self.template is not None
-        template, last_token = self.template, self._last_token
-        delta = await call_bounded(lambda: template.tool_delta_ids(outputs, last_token_id=last_token),
-                                   timeout_s=_TOKENIZE_TIMEOUT_S, owner="tokenizer")
-        return self._append_env(delta)
-
-    def append_user_message(self, content: str) -> bool:
-        """Append a user message (simulated users, game observations) to the stream and, as a
-        `message` item with role `user`, to the output; False (nothing appended) if it does not fit.
-
-        Tokenizes on this thread; in a loop prefer `await append_user_message_async(...)`.
-        """
-        if self.messages is not None:
-            self.messages.append({"role": "user", "content": content})
-        else:
-            assert self.template is not None
-            if not self._append_env(self.template.user_delta_ids(content, last_token_id=self._last_token)):
-                return False
-        self._user_item(content)
-        return True
+        return await self.transcript.append_tool_outputs(outputs)
 
     async def append_user_message_async(self, content: str) -> bool:
-        """`append_user_message`, with a long message tokenized in a worker thread so other rollouts go on."""
-        if self.messages is not None or len(content) < OFF_LOOP_TOKENIZE_CHARS:
-            return self.append_user_message(content)
-        assert self.template is not None
-        template, last_token = self.template, self._last_token
-        delta = await call_bounded(lambda: template.user_delta_ids(content, last_token_id=last_token),
-                                   timeout_s=_TOKENIZE_TIMEOUT_S, owner="tokenizer")
-        if not self._append_env(delta):
-            return False
-        self._user_item(content)
-        return True
-
-    def _user_item(self, content: str) -> None:
-        """The user message in the output, as a `message` item with role `user`."""
-        self.trajectory.output.append(user_message_item(content, item_id=self._item_id("msg")))
-
-    def _append_env(self, delta: list[int]) -> bool:
-        if len(delta) >= self.budget_left:
-            return False
-        self.trajectory.append_env(delta)
-        return True
-
-
-_TOKENIZE_TIMEOUT_S = 600.0
-"""A bound on tokenizing one environment message; the rollout's deadline usually ends it first."""
-
-
-def _parsed_chat_turn(turn: ChatTurn) -> ParsedTurn:
-    """A chat API's turn as the loop sees it; tool calls written as text (a server without a tool
-    parser) are parsed like a token policy's."""
-    if not turn.tool_calls:
-        parsed = parse_turn(turn.text)
-        return replace(parsed, reasoning=turn.reasoning or parsed.reasoning)
-    calls = []
-    for call in turn.tool_calls:
-        try:
-            arguments = json.loads(call.arguments) if call.arguments.strip() else {}
-        except json.JSONDecodeError:
-            calls.append(ParsedCall(name=call.name, arguments=call.arguments, error="'arguments' is not valid JSON"))
-            continue
-        if not isinstance(arguments, dict):
-            calls.append(ParsedCall(name=call.name, arguments=call.arguments, error="'arguments' must be a JSON object"))
-        else:
-            calls.append(ParsedCall(name=call.name, arguments=json.dumps(arguments)))
-    return ParsedTurn(reasoning=turn.reasoning, content=turn.text.strip(), calls=tuple(calls))
+        """Append a user message (simulated users, game observations) to the transcript and, as a
+        `message` item with role `user`, to the output; False (nothing appended) if it does not fit."""
+        return await self.transcript.append_user_message(content)
 
 
 class AgentLoop(Protocol):
@@ -376,8 +214,7 @@ class ToolCallingLoop:
                 return "length"
             if not parsed.calls:
                 return "answer"
-            call_ids = [item["call_id"] for item in ctx.trajectory.output[-len(parsed.calls):]]  # type: ignore[typeddict-item]
-            outputs = [await ctx.call_tool(call, call_id) for call, call_id in zip(parsed.calls, call_ids)]
+            outputs = [await ctx.call_tool(call) for call in parsed.calls]
             if turn == ctx.limits.max_turns - 1:
                 return "max_turns"
             if not await ctx.append_tool_outputs_async(outputs):

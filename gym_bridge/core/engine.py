@@ -27,7 +27,8 @@ from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.task import Task
 from gym_bridge.core.template import ChatTemplate
 from gym_bridge.core.template_check import check_append_only, template_report
-from gym_bridge.core.trajectory import Trajectory
+from gym_bridge.core.trajectory import TokenView, Trajectory
+from gym_bridge.core.transcript import Transcript, transcript_starter
 
 
 @dataclass(frozen=True)
@@ -73,27 +74,28 @@ class Engine:
         self.config = config or EngineConfig()
         self.uses_messages = not is_token_policy(policy)
         """True when the policy is message-based (no token ids)."""
-        if self.uses_messages and not isinstance(policy, ChatPolicy):
-            raise TypeError(f"{type(policy).__name__} is not a policy: it has neither generate() nor chat()")
-        if not self.uses_messages:
-            if template is None:
-                raise ValueError("a token-in/token-out policy needs a ChatTemplate")
+        if template is not None and not self.uses_messages:
             if self.config.tool_parser or self.config.reasoning_parser or self.config.chat_template_kwargs is not None:
                 template = self.template = template.with_options(
                     tool_parser=self.config.tool_parser, reasoning_parser=self.config.reasoning_parser,
                     chat_template_kwargs=self.config.chat_template_kwargs)
-            template.profile  # picks parsers and turn style once; raises TemplateError for an unusable template
-            if self.config.template_check == "error":
-                check_append_only(template)
-            elif self.config.template_check == "warn":
-                report = template_report(template)
-                if not report.append_only:
-                    warnings.warn(f"{report.message()} (continuing with the streamed rendering: template_check='warn')", stacklevel=2)
-            elif self.config.template_check != "off":
-                raise ValueError(f"template_check must be 'error', 'warn' or 'off', got {self.config.template_check!r}")
+            self._check_template(template)
+        self._start_transcript = transcript_starter(policy, template)
+        """Tokens or messages: chosen here, once for every rollout."""
         self._global: asyncio.Semaphore | None = None
         self._per_env: dict[str, asyncio.Semaphore] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _check_template(self, template: ChatTemplate) -> None:
+        template.profile  # picks parsers and turn style once; raises TemplateError for an unusable template
+        if self.config.template_check == "error":
+            check_append_only(template)
+        elif self.config.template_check == "warn":
+            report = template_report(template)
+            if not report.append_only:
+                warnings.warn(f"{report.message()} (continuing with the streamed rendering: template_check='warn')", stacklevel=3)
+        elif self.config.template_check != "off":
+            raise ValueError(f"template_check must be 'error', 'warn' or 'off', got {self.config.template_check!r}")
 
     def _semaphores(self, env_name: str) -> tuple[asyncio.Semaphore, asyncio.Semaphore | None]:
         loop = asyncio.get_running_loop()
@@ -129,16 +131,16 @@ class Engine:
         failure: RolloutFailure | None = None
         verify_result: VerifyResult | None = None
         env: Environment | None = None
+        transcript: Transcript | None = None
         timeout_s = env_class.tool_timeout_s
         try:
-            if not self.uses_messages:
-                assert self.template is not None
-                trajectory.prompt_ids = self.template.prompt_ids(task.messages, tools or None)
+            session_id, limits = f"{task.index}-{repeat_index}", self.config.limits
+            transcript = self._start_transcript(task=task, tools=tools, trajectory=trajectory, session_id=session_id,
+                                                max_tokens=limits.max_completion_tokens)
             env = env_class()
             ctx = RolloutContext(
-                task=task, env=env, policy=self.policy, template=self.template, sampling=sampling,
-                limits=self.config.limits, trajectory=trajectory, session_id=f"{task.index}-{repeat_index}", tools=tools,
-                messages=list(task.messages) if self.uses_messages else None,
+                task=task, env=env, policy=self.policy, template=self.template, sampling=sampling, limits=limits,
+                trajectory=trajectory, session_id=session_id, tools=tools, transcript=transcript,
             )
             loop: AgentLoop = getattr(env_class, "agent_loop", None) or ToolCallingLoop()
             async with asyncio.timeout(self.config.deadline_s):
@@ -156,9 +158,11 @@ class Engine:
                     await call_step(env, "close", step="close", what="close()", timeout_s=timeout_s)
                 except RolloutFailure as error:
                     failure = failure or error
-        return self._record(task, repeat_index, env_class, trajectory, finish, failure, verify_result, time.perf_counter() - started)
+        tokens = transcript.finish() if transcript is not None else trajectory.tokens()
+        return self._record(task, repeat_index, env_class, trajectory, tokens, finish, failure, verify_result,
+                            time.perf_counter() - started)
 
-    def _record(self, task: Task, repeat_index: int, env_class: type[Environment], trajectory: Trajectory, finish: str,
+    def _record(self, task: Task, repeat_index: int, env_class: type[Environment], trajectory: Trajectory, tokens: TokenView, finish: str,
                 failure: RolloutFailure | None, verify_result: VerifyResult | None, latency_s: float) -> RolloutRecord:
         components: dict[str, float]
         if failure is not None:
@@ -171,7 +175,7 @@ class Engine:
             kind, reason = None, None
         return RolloutRecord(
             task=task, repeat_index=repeat_index, env=env_class.name if env_class else task.env_name,
-            output=trajectory.output, tokens=trajectory.tokens(), reward=reward, reward_components=components,
+            output=trajectory.output, tokens=tokens, reward=reward, reward_components=components,
             mask_sample=mask, failure_kind=kind, failure_reason=reason, finish_reason=finish,
             turns=trajectory.model_calls, tool_calls=trajectory.tool_calls, latency_s=latency_s,
             model=self.config.model_name, verify_metrics=dict(verify_result.metrics) if verify_result else {},

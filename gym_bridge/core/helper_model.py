@@ -44,7 +44,7 @@ class HelperModel:
         assert self.template is not None
         prompt_ids = self.template.prompt_ids(list(messages), None)
         request = GenerationRequest(prompt_ids=prompt_ids, sampling=sampling, session_id=session_id)
-        generation = await self.policy.generate(request)  # type: ignore[union-attr]
+        generation = await self.policy.generate(request)
         if generation.text is not None:
             return generation.text.strip()
         return self.template.tokenizer.decode(generation.token_ids, skip_special_tokens=True).strip()

@@ -65,6 +65,11 @@ class Trajectory:
         return self.prompt_ids + self.completion_ids
 
     @property
+    def tokens_spent(self) -> int:
+        """Tokens after the prompt so far (model and environment), or the output tokens a chat API reported."""
+        return len(self.completion_ids) + self.api_usage.get("output_tokens", 0)
+
+    @property
     def length(self) -> int:
         return len(self.prompt_ids) + len(self.completion_ids)
 

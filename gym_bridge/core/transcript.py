@@ -1,0 +1,281 @@
+"""A rollout's conversation in the form its policy reads: a token stream or a list of chat messages.
+
+`Transcript` is the one protocol an agent loop drives through `RolloutContext`: sample a model
+turn, append tool outputs, append a user message, and finish with the token view of the record.
+`TokenTranscript` keeps the append-only token stream of a token policy (ids in, ids and log-probs
+out; the chat template renders what the environment adds). `MessageTranscript` keeps the chat
+messages of a chat policy; a hosted API gives no token ids (its records carry none), a server
+that returns each call's ids (NeMo RL's) gets them back on its assistant messages, and the token
+stream is built from what it reports, checked to be contiguous across calls. The engine picks the
+kind once per policy (`transcript_starter`); both write the same Responses items.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Protocol, Sequence
+
+from gym_bridge.core.bounded_call import call_bounded
+from gym_bridge.core.errors import RolloutFailure
+from gym_bridge.core.items import TOKEN_FIELDS, ChatMessage, Item, function_call_item, message_item, reasoning_item, user_message_item
+from gym_bridge.core.parsers.call import ParsedCall, ParsedTurn
+from gym_bridge.core.policy import CallTokens, ChatPolicy, ChatRequest, ChatTurn, Generation, GenerationRequest, Policy, SamplingParams, is_token_policy
+from gym_bridge.core.task import Task
+from gym_bridge.core.template import ChatTemplate, ToolOutput
+from gym_bridge.core.toolcall import parse_turn
+from gym_bridge.core.trajectory import TokenView, Trajectory
+
+OFF_LOOP_TOKENIZE_CHARS = 8192
+"""Environment messages at least this long are tokenized in a worker thread, off the event loop."""
+TOKENIZE_TIMEOUT_S = 600.0
+"""A bound on tokenizing one environment message; the rollout's deadline usually ends it first."""
+
+
+class Transcript(Protocol):
+    """One rollout's conversation as its policy reads it; writes the trajectory's tokens and items."""
+
+    async def generate(self, sampling: SamplingParams) -> tuple[Generation, ParsedTurn]:
+        """Sample one model turn and append it: its items (each call with the id it got in the
+        record) and, where the policy gives them, its token ids and log-probs. Raises the policy's errors."""
+        ...
+
+    async def append_tool_outputs(self, outputs: Sequence[ToolOutput]) -> bool:
+        """Append tool outputs for the model to read next; False (nothing appended) when they do not fit the token budget."""
+        ...
+
+    async def append_user_message(self, content: str) -> bool:
+        """Append a user message (and its `message` item); False (nothing appended) when it does not fit."""
+        ...
+
+    def finish(self) -> TokenView:
+        """The token view of the record (empty lists for a chat API that gives no token ids)."""
+        ...
+
+
+@dataclass
+class _Conversation:
+    """What both transcripts share: the trajectory they write, the budget, item ids."""
+
+    trajectory: Trajectory
+    session_id: str
+    tools: tuple[dict[str, Any], ...]
+    max_tokens: int
+    """Model and environment tokens after the prompt, over all turns (`Limits.max_completion_tokens`)."""
+    _items: int = field(default=0, init=False)
+
+    def item_id(self, prefix: str) -> str:
+        self._items += 1
+        return f"{prefix}_{self.session_id}_{self._items}"
+
+    @property
+    def budget_left(self) -> int:
+        return self.max_tokens - self.trajectory.tokens_spent
+
+    def add_turn(self, parsed: ParsedTurn, call_id: Callable[[str, ParsedCall], str]) -> tuple[ParsedTurn, list[Item]]:
+        """Count the turn's parse errors and build its items; `call_id(item_id, call)` names each call.
+        Returns the turn with each call's record id, and the items (not yet in the output)."""
+        trajectory = self.trajectory
+        if parsed.calls:
+            trajectory.parse_errors += parsed.parse_errors
+        elif parsed.unparsed_tool_call:
+            trajectory.unparsed_tool_calls += 1
+        items: list[Item] = []
+        if parsed.reasoning:
+            items.append(reasoning_item(parsed.reasoning, item_id=self.item_id("rs")))
+        if parsed.content or not parsed.calls:
+            items.append(message_item(parsed.content, item_id=self.item_id("msg")))
+        if not parsed.calls:
+            return parsed, items
+        calls = []
+        for call in parsed.calls:
+            item_id = self.item_id("call")
+            record_id = call_id(item_id, call)
+            calls.append(ParsedCall(name=call.name, arguments=call.arguments, error=call.error, call_id=record_id))
+            items.append(function_call_item(call.name, call.arguments, call_id=record_id, item_id=item_id))
+        return ParsedTurn(reasoning=parsed.reasoning, content=parsed.content, calls=tuple(calls), unparsed_tool_call=parsed.unparsed_tool_call), items  # not replace(): ~10x slower
+
+    def add_user_item(self, content: str) -> None:
+        self.trajectory.output.append(user_message_item(content, item_id=self.item_id("msg")))
+
+    def finish(self) -> TokenView:
+        return self.trajectory.tokens()
+
+
+class TokenTranscript(_Conversation):
+    """The append-only token stream of a token policy; the template renders what the environment adds."""
+
+    def __init__(self, policy: Policy, template: ChatTemplate, *, task: Task, tools: tuple[dict[str, Any], ...],
+                 trajectory: Trajectory, session_id: str, max_tokens: int) -> None:
+        super().__init__(trajectory=trajectory, session_id=session_id, tools=tools, max_tokens=max_tokens)
+        self.policy, self.template = policy, template
+        self._last_token: int | None = None
+        """The end-of-turn token the model sampled last, whose closing the next delta must not repeat."""
+        trajectory.prompt_ids = template.prompt_ids(task.messages, tools or None)
+
+    async def generate(self, sampling: SamplingParams) -> tuple[Generation, ParsedTurn]:
+        trajectory, template = self.trajectory, self.template
+        prompt_ids = trajectory.context_ids()
+        generation = await self.policy.generate(GenerationRequest(prompt_ids=prompt_ids, sampling=sampling, session_id=self.session_id))
+        trajectory.append_model(generation.token_ids, generation.logprobs)
+        ids = generation.token_ids
+        self._last_token = ids[-1] if ids and ids[-1] in template.eos_token_ids else None
+        text = generation.text
+        if text is None:
+            text = template.decode(ids[:-1] if self._last_token is not None else ids)
+        elif self._last_token is not None:
+            text = text.removesuffix(template.closing_text(self._last_token))
+        parsed, items = self.add_turn(template.parse(text, prompt_ids=prompt_ids, tools=self.tools), self._call_id)
+        last: Any = items[-1]
+        last["prompt_token_ids"] = prompt_ids
+        last["generation_token_ids"] = list(ids)
+        last["generation_log_probs"] = list(generation.logprobs)
+        trajectory.output.extend(items)
+        return generation, parsed
+
+    def _call_id(self, item_id: str, call: ParsedCall) -> str:
+        # the id the template renders for the model (Mistral: nine letters and digits), so records and prompts agree
+        return self.template.call_id(item_id.removeprefix("call_"), written=call.call_id)
+
+    async def append_tool_outputs(self, outputs: Sequence[ToolOutput]) -> bool:
+        template, last_token = self.template, self._last_token
+        if sum(len(out.content) for out in outputs) < OFF_LOOP_TOKENIZE_CHARS:
+            return self._append_env(template.tool_delta_ids(outputs, last_token_id=last_token))
+        delta: list[int] = await call_bounded(lambda: template.tool_delta_ids(outputs, last_token_id=last_token),
+                                              timeout_s=TOKENIZE_TIMEOUT_S, owner="tokenizer")
+        return self._append_env(delta)
+
+    async def append_user_message(self, content: str) -> bool:
+        template, last_token = self.template, self._last_token
+        if len(content) < OFF_LOOP_TOKENIZE_CHARS:
+            delta = template.user_delta_ids(content, last_token_id=last_token)
+        else:
+            delta = await call_bounded(lambda: template.user_delta_ids(content, last_token_id=last_token),
+                                       timeout_s=TOKENIZE_TIMEOUT_S, owner="tokenizer")
+        if not self._append_env(delta):
+            return False
+        self.add_user_item(content)
+        return True
+
+    def _append_env(self, delta: list[int]) -> bool:
+        if len(delta) >= self.budget_left:
+            return False
+        self.trajectory.append_env(delta)
+        return True
+
+
+class MessageTranscript(_Conversation):
+    """The chat messages of a chat policy; the token stream only from ids the server returns."""
+
+    def __init__(self, policy: ChatPolicy, *, task: Task, tools: tuple[dict[str, Any], ...],
+                 trajectory: Trajectory, session_id: str, max_tokens: int) -> None:
+        super().__init__(trajectory=trajectory, session_id=session_id, tools=tools, max_tokens=max_tokens)
+        self.policy = policy
+        self.messages: list[ChatMessage] = list(task.messages)
+
+    async def generate(self, sampling: SamplingParams) -> tuple[Generation, ParsedTurn]:
+        """One call of the chat policy: items and an assistant message, plus the call's tokens when
+        the server returned them (carried on the last item and on the assistant message)."""
+        request = ChatRequest(messages=list(self.messages), tools=self.tools, sampling=sampling, session_id=self.session_id)
+        turn = await self.policy.chat(request)
+        tokens = turn.tokens
+        if tokens is None:
+            self.trajectory.append_model([], [])
+            self.trajectory.add_api_usage(turn.usage)
+        else:
+            self._append_call_tokens(tokens)
+        parsed, items = self.add_turn(_parsed_chat_turn(turn), lambda item_id, call: item_id)
+        message: ChatMessage = {"role": "assistant", "content": parsed.content}
+        if parsed.calls:
+            message["tool_calls"] = [{"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+                                     for call in parsed.calls]
+        if tokens is not None:
+            fields = dict(zip(TOKEN_FIELDS, (list(tokens.prompt_token_ids), list(tokens.generation_token_ids), list(tokens.generation_log_probs))))
+            last: Any = items[-1]
+            last.update(fields)
+            message.update(fields)
+        self.trajectory.output.extend(items)
+        self.messages.append(message)
+        generation = Generation(token_ids=list(tokens.generation_token_ids) if tokens else [],
+                                logprobs=list(tokens.generation_log_probs) if tokens else [], finish_reason=turn.finish_reason, text=turn.text)
+        return generation, parsed
+
+    def _append_call_tokens(self, tokens: CallTokens) -> None:
+        """Grow the token stream from a chat call's ids: its prompt must start with everything seen
+        so far; what follows is environment tokens (the server's rendering of the new messages)."""
+        trajectory = self.trajectory
+        prompt = list(tokens.prompt_token_ids)
+        if trajectory.model_calls == 0:
+            trajectory.prompt_ids = prompt
+        else:
+            seen = trajectory.context_ids()
+            if not trajectory.prompt_ids or prompt[: len(seen)] != seen:
+                at = next((i for i, (a, b) in enumerate(zip(prompt, seen)) if a != b), min(len(prompt), len(seen)))
+                raise RolloutFailure(
+                    "infra",
+                    f"the model server's prompt token ids for call {trajectory.model_calls + 1} do not start with the "
+                    f"{len(seen)} tokens of the earlier calls (first difference at position {at}); the server must keep "
+                    "the prefix exact from the token ids sent back on the assistant messages",
+                )
+            trajectory.append_env(prompt[len(seen):])
+        trajectory.append_model(list(tokens.generation_token_ids), list(tokens.generation_log_probs))
+
+    async def append_tool_outputs(self, outputs: Sequence[ToolOutput]) -> bool:
+        self.messages.extend({"role": "tool", "tool_call_id": out.call_id, "name": out.name, "content": out.content} for out in outputs)
+        return True
+
+    async def append_user_message(self, content: str) -> bool:
+        self.messages.append({"role": "user", "content": content})
+        self.add_user_item(content)
+        return True
+
+
+class StartTranscript(Protocol):
+    """Starts the transcript of one rollout (for a token policy: renders the prompt)."""
+
+    def __call__(self, *, task: Task, tools: tuple[dict[str, Any], ...], trajectory: Trajectory, session_id: str,
+                 max_tokens: int) -> Transcript: ...
+
+
+def transcript_starter(policy: Policy | ChatPolicy, template: ChatTemplate | None) -> StartTranscript:
+    """How every rollout of `policy` starts its transcript: tokens for a token policy (which needs
+    `template`), messages for a chat policy. Raises TypeError for an object that is neither."""
+    if is_token_policy(policy):
+        if template is None:
+            raise ValueError("a token-in/token-out policy needs a ChatTemplate")
+        token_policy, token_template = policy, template
+
+        def start_tokens(*, task: Task, tools: tuple[dict[str, Any], ...], trajectory: Trajectory, session_id: str,
+                         max_tokens: int) -> Transcript:
+            return TokenTranscript(token_policy, token_template, task=task, tools=tools, trajectory=trajectory,
+                                   session_id=session_id, max_tokens=max_tokens)
+        return start_tokens
+    if not isinstance(policy, ChatPolicy):
+        raise TypeError(f"{type(policy).__name__} is not a policy: it has neither generate() nor chat()")
+    chat_policy = policy
+
+    def start_messages(*, task: Task, tools: tuple[dict[str, Any], ...], trajectory: Trajectory, session_id: str,
+                       max_tokens: int) -> Transcript:
+        return MessageTranscript(chat_policy, task=task, tools=tools, trajectory=trajectory, session_id=session_id,
+                                 max_tokens=max_tokens)
+    return start_messages
+
+
+def _parsed_chat_turn(turn: ChatTurn) -> ParsedTurn:
+    """A chat API's turn as the loop sees it; tool calls written as text (a server without a tool
+    parser) are parsed like a token policy's."""
+    if not turn.tool_calls:
+        parsed = parse_turn(turn.text)
+        return replace(parsed, reasoning=turn.reasoning or parsed.reasoning)
+    calls = []
+    for call in turn.tool_calls:
+        try:
+            arguments = json.loads(call.arguments) if call.arguments.strip() else {}
+        except json.JSONDecodeError:
+            calls.append(ParsedCall(name=call.name, arguments=call.arguments, error="'arguments' is not valid JSON"))
+            continue
+        if not isinstance(arguments, dict):
+            calls.append(ParsedCall(name=call.name, arguments=call.arguments, error="'arguments' must be a JSON object"))
+        else:
+            calls.append(ParsedCall(name=call.name, arguments=json.dumps(arguments)))
+    return ParsedTurn(reasoning=turn.reasoning, content=turn.text.strip(), calls=tuple(calls))
