@@ -19,7 +19,7 @@ import secrets
 import time
 from dataclasses import dataclass, field, replace
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import pydantic
 
@@ -32,6 +32,8 @@ from gym_bridge.core.items import TOKEN_FIELDS, Item, function_call_item, functi
 from gym_bridge.core.parsers.call import ParsedTurn
 from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest, Policy, SamplingParams
 from gym_bridge.core.template import ChatTemplate
+
+_Body = TypeVar("_Body", bound=pydantic.BaseModel)
 
 
 StopKind = Literal["max_turns", "budget", "context_overflow", "infra"]
@@ -168,12 +170,7 @@ class SessionState:
     async def responses(self, data: Any) -> dict[str, Any]:
         """The answer to one `/v1/responses` body as a Responses `response` object: the request is
         served as the chat-completions call it means, so capture and token-in are the chat path's."""
-        if not isinstance(data, dict):
-            raise self.fail(400, "request body must be a JSON object")
-        try:
-            body = ResponsesBody.model_validate(data)
-        except pydantic.ValidationError as error:
-            raise self.fail(400, f"invalid request: {_problems(error)}") from None
+        body = self._validated(ResponsesBody, data)
         try:
             check_stateless(body)
             chat = to_chat_body(body)
@@ -181,13 +178,17 @@ class SessionState:
             raise self.fail(error.status, error.message, code=getattr(error, "code", None)) from None
         return to_response(await self.chat_completions(chat), request=body)
 
-    def _body(self, data: Any) -> ChatBody:
+    def _validated(self, model: type[_Body], data: Any) -> _Body:
+        """`data` as a `model` request body; a recorded 400 naming the fields that are wrong."""
         if not isinstance(data, dict):
             raise self.fail(400, "request body must be a JSON object")
         try:
-            body = ChatBody.model_validate(data)
+            return model.model_validate(data)
         except pydantic.ValidationError as error:
             raise self.fail(400, f"invalid request: {_problems(error)}") from None
+
+    def _body(self, data: Any) -> ChatBody:
+        body = self._validated(ChatBody, data)
         if body.stream_options is not None and not body.stream:
             raise self.fail(400, "stream_options is only allowed when stream is true", code="invalid_stream_options")
         if body.n != 1:

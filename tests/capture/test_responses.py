@@ -14,13 +14,13 @@ import openai
 import pytest
 
 from gym_bridge.capture import HarnessEnvironment
-from gym_bridge.capture.server import capture_server
 from gym_bridge.capture.session import CaptureSession
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.policy import SamplingParams, ScriptedPolicy
 from gym_bridge.core.task import load_tasks
 from gym_bridge.core.template import ChatTemplate
+from tests.capture.endpoint import serve
 
 EXAMPLE = Path(__file__).parents[2] / "environments" / "harness_example" / "data" / "example.jsonl"
 ADD_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 12, "b": 30}}\n</tool_call>'
@@ -28,21 +28,10 @@ ADD = {"type": "function", "name": "add", "description": "Add two numbers.",
        "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}
 
 
-def serve(template, script, check) -> None:  # type: ignore[no-untyped-def]
-    async def main() -> None:
-        session = CaptureSession(policy=ScriptedPolicy(script), template=template, sampling=SamplingParams(max_new_tokens=64),
-                                 limits=Limits(), model_name="policy", label="t")
-        async with capture_server().session(session) as base_url:
-            async with openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
-                await check(session, client)
-
-    asyncio.run(main())
-
-
 def test_a_string_input_is_answered_as_a_response_with_the_same_prompt_as_the_chat_call(smol_template, turn) -> None:
     answer = turn("12 + 30 = 42")
 
-    async def check(session: CaptureSession, client: openai.AsyncOpenAI) -> None:
+    async def check(session: CaptureSession, client: openai.AsyncOpenAI, base_url: str) -> None:
         response = await client.responses.create(model="policy", instructions="Be brief.", input="What is 12 + 30?")
         assert response.object == "response" and response.status == "completed" and response.output_text == "12 + 30 = 42"
         (item,) = response.output
@@ -104,7 +93,7 @@ def test_a_streamed_response_reassembles_to_the_plain_one(smol_tokenizer, turn) 
     think_and_call = turn("<think>add them</think>" + ADD_CALL)
     template = ChatTemplate(smol_tokenizer, reasoning_parser="qwen3")  # SmolLM2's template, `<think>` read as reasoning
 
-    async def check(session: CaptureSession, client: openai.AsyncOpenAI) -> None:
+    async def check(session: CaptureSession, client: openai.AsyncOpenAI, base_url: str) -> None:
         plain = await client.responses.create(model="policy", input="12 + 30?", tools=[ADD])
         async with client.responses.stream(model="policy", input="12 + 30?", tools=[ADD]) as stream:  # type: ignore[arg-type]
             kinds = [event.type async for event in stream]
@@ -129,7 +118,7 @@ def test_a_streamed_response_reassembles_to_the_plain_one(smol_tokenizer, turn) 
     ({"model": "gpt-5"}, "gpt-5"),
 ])
 def test_what_a_stateless_endpoint_cannot_serve_is_a_clear_error_that_is_recorded(smol_template, change, named) -> None:
-    async def check(session: CaptureSession, client: openai.AsyncOpenAI) -> None:
+    async def check(session: CaptureSession, client: openai.AsyncOpenAI, base_url: str) -> None:
         with pytest.raises(openai.APIStatusError) as raised:
             await client.responses.create(**{"model": "policy", "input": "hi", **change})
         assert raised.value.status_code in (400, 404) and named in raised.value.message

@@ -4,35 +4,21 @@ the captured tokens do not depend on streaming."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import httpx
 import openai
 import pytest
 
-from gym_bridge.capture.server import capture_server
 from gym_bridge.capture.session import CaptureSession
-from gym_bridge.core.agent_loop import Limits
-from gym_bridge.core.policy import SamplingParams, ScriptedPolicy
 from gym_bridge.core.template import ChatTemplate
+from tests.capture.endpoint import serve
 
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add.", "parameters": {
     "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}]
 TWO_CALLS = ('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n'
              '<tool_call>\n{"name": "add", "arguments": {"a": 3, "b": 4}}\n</tool_call>')
 QUESTION = [{"role": "user", "content": "1+2 and 3+4?"}]
-
-
-def serve(template, script, check) -> None:  # type: ignore[no-untyped-def]
-    async def main() -> None:
-        session = CaptureSession(policy=ScriptedPolicy(script), template=template, sampling=SamplingParams(max_new_tokens=64),
-                                 limits=Limits(), model_name="policy", label="t")
-        async with capture_server().session(session) as base_url:
-            async with openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
-                await check(session, client, base_url)
-
-    asyncio.run(main())
 
 
 def comparable(message) -> dict:  # type: ignore[no-untyped-def]
