@@ -13,7 +13,7 @@ out) and are for evaluation only; training code calls `require_token_policy` to 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, Sequence, runtime_checkable
+from typing import Any, Literal, Protocol, Sequence, cast, runtime_checkable
 
 from gym_bridge.core.errors import BackendError as BackendError
 from gym_bridge.core.errors import ContextOverflowError as ContextOverflowError
@@ -150,7 +150,7 @@ def require_token_policy(policy: object) -> Policy:
     Raises `TokenPolicyRequiredError` naming the policies that can train instead.
     """
     if is_token_policy(policy):
-        return policy  # type: ignore[return-value]
+        return cast(Policy, policy)  # is_token_policy checked that it has `generate`
     raise TokenPolicyRequiredError(
         f"{type(policy).__name__} talks to a chat API that returns text, not the sampled token ids and "
         "their log-probs, so it cannot be used for training (it is for `gym-bridge eval` only). Train with "
