@@ -98,9 +98,7 @@ class SessionState:
     def fail(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None) -> ApiError:
         """Record an error answer and return it to raise."""
         self.errors.append(EndpointError(status=status, message=message))
-        error = ApiError(status, message, kind)
-        error.code = code  # type: ignore[attr-defined]
-        return error
+        return ApiError(status, message, kind, code=code)
 
     def _stop(self, kind: StopKind, reason: str) -> ApiError:
         if self.stop is None:
