@@ -16,7 +16,7 @@ import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, Awaitable, Callable, ClassVar, Mapping
 
 import pydantic
 
@@ -333,7 +333,7 @@ class Environment:
     def setup(self, task: Task) -> Any:
         """Prepare the session for `task` (may be async). Default: nothing."""
 
-    def verify(self, task: Task, output: list[Item]) -> VerifyResult | float:
+    def verify(self, task: Task, output: list[Item]) -> VerifyResult | float | Awaitable[VerifyResult | float]:
         """Score a finished trajectory (may be async). `output` is the Responses output list."""
         raise NotImplementedError(f"environment {self.name!r} does not implement verify")
 
