@@ -20,12 +20,13 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Coroutine, Literal, Sequence, TypeVar
 
 from gym_bridge.core.errors import GymBridgeError, MissingDependencyError, RolloutError
 from gym_bridge.view import cli as view_cli
 
 EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
+_T = TypeVar("_T")
 
 EXIT_OK = 0
 EXIT_CRASH = 1
@@ -58,7 +59,7 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
 
 
-def _eval_parser(sub: argparse._SubParsersAction) -> None:
+def _eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("eval", help="run environments on a model and score the rollouts",
                        epilog=EXIT_CODES_HELP, formatter_class=_HelpFormatter)
     p.add_argument("--env", action="append", default=[], metavar="NAME", help="environment (repeatable); uses its example data unless --data is given")
@@ -335,7 +336,10 @@ def _apply_env_options(env_settings: Sequence[str], env_urls: Sequence[str]) -> 
         name, sep, url = entry.partition("=")
         if not (sep and name and url.startswith(("http://", "https://"))):
             raise GymBridgeError(f"--env-url takes NAME=URL with an http(s) URL, got {entry!r}")
-        get_environment(REMOTE_ENVIRONMENT).bind(name, url)  # type: ignore[attr-defined]
+        bind: Callable[[str, str], object] | None = getattr(get_environment(REMOTE_ENVIRONMENT), "bind", None)
+        if bind is None:
+            raise GymBridgeError(f"--env-url needs the {REMOTE_ENVIRONMENT} environment's bind(name, url); the one registered has none")
+        bind(name, url)
 
 
 async def _eval(args: argparse.Namespace) -> int:
@@ -387,7 +391,7 @@ async def _eval_locked(args: argparse.Namespace) -> int:
             # no redraw here: `update` redraws at most every `mininterval`, not once per record
             progress.set_postfix(mean_reward=f"{scored['reward'] / max(1, scored['count']):.3f}" if scored["count"] else "n/a",
                                  failed=progress.n + 1 - scored["count"], refresh=False)
-            progress.bar_format = progress_format(progress.n + 1, first_wave=min(args.concurrency, progress.total))
+            progress.bar_format = progress_format(int(progress.n) + 1, first_wave=min(args.concurrency, progress.total))
             progress.update(1)
 
     freeze_startup_objects()
@@ -551,7 +555,7 @@ def _envs(_: argparse.Namespace) -> int:
     return 1 if broken_environments() else 0
 
 
-def _serve_parser(sub: argparse._SubParsersAction) -> None:
+def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("serve-model", help="serve a transformers model over an OpenAI-compatible HTTP API (for eval --base-url)")
     p.add_argument("--model", default=None, help="local model folder (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--served-model-name", default=None, help="the name clients use (default: --model, or SmolLM2-135M-Instruct)")
@@ -616,7 +620,7 @@ def _serve_model(args: argparse.Namespace) -> int:
         name, root = args.served_model_name or EMBEDDED_MODEL_NAME, str(embedded_model_path())
     else:
         name, root = args.served_model_name or args.model, str(Path(args.model).resolve()) if Path(args.model).is_dir() else args.model
-    mode = "processed" if args.logprobs_mode.startswith("processed") else "raw"
+    mode: Literal["raw", "processed"] = "processed" if args.logprobs_mode.startswith("processed") else "raw"
 
     def ready(url: str) -> None:
         print(f"serving {name} at {url}", flush=True)
@@ -626,7 +630,7 @@ def _serve_model(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_fast(coroutine: Any) -> Any:
+def _run_fast(coroutine: Coroutine[Any, Any, _T]) -> _T:
     """`asyncio.run` on uvloop's event loop where uvloop is installed: with thousands of HTTP requests
     and task switches a second, it spends about a sixth less CPU than asyncio's own loop."""
     try:
@@ -637,7 +641,7 @@ def _run_fast(coroutine: Any) -> Any:
         return runner.run(coroutine)
 
 
-def _data_parser(sub: argparse._SubParsersAction) -> None:
+def _data_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("data", help="task-row files: validate, prepare (generate), mix, to-verl")
     data = p.add_subparsers(dest="data_command", required=True)
     v = data.add_parser("validate", help="check every row against its environment; file:line: field for each problem")
@@ -724,7 +728,7 @@ def _data(args: argparse.Namespace) -> int:
     return 0
 
 
-def _agent_serve_parser(sub: argparse._SubParsersAction) -> None:
+def _agent_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("serve", help="serve environments as NeMo Gym agent servers (POST /run), for NeMo RL")
     p.add_argument("--env", action="append", required=True, metavar="NAME", help="environment to serve (repeatable); rows route by agent_ref.name")
     p.add_argument("--model-base-url", action="append", required=True, metavar="URL",
@@ -764,7 +768,7 @@ def _agent_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _env_parser(sub: argparse._SubParsersAction) -> None:
+def _env_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("env", help="for environment authors: check an environment without a model")
     env = p.add_subparsers(dest="env_command", required=True)
     c = env.add_parser("check", help="validate rows, show what the model is shown, run scripted tool calls and verify known answers")

@@ -184,6 +184,7 @@ def main() -> None:
         model = str(embedded_model_path())
 
     grpo_args = GRPOConfig(**(config.get("grpo") or {}))
+    assert grpo_args.output_dir is not None  # TrainingArguments.__post_init__ defaults it to trainer_output
     output_dir = Path(grpo_args.output_dir)
     paths, weights = dataset_sources(config.get("datasets") or [], Path(args.config).parent, output_dir / "data")
     train_dataset = gym_bridge.trl.load_dataset(paths, weights=weights, **(config.get("dataset") or {}))

@@ -109,7 +109,7 @@ class CodeEnvironment(Environment):
         if result.failure is not None:
             return _scored(False, metrics, failure=result.failure, detail=result.stderr_tail())
         results = _call_results(result)
-        if not _well_formed(results, len(expected_values)):
+        if results is None or not _well_formed(results, len(expected_values)):
             return _scored(False, metrics, failure="runtime_error", detail="no well-formed results came back from the harness")
         for position, (got, expected) in enumerate(zip(results, expected_values)):
             if "error" in got:

@@ -29,7 +29,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from gym_bridge import UserError
 
@@ -258,8 +258,9 @@ class Sandbox:
         feeding = asyncio.ensure_future(feed())
         reading = asyncio.gather(collect(process.stdout, "stdout"), collect(process.stderr, "stderr"))
         limit = asyncio.ensure_future(over.wait())
+        waiting: set[asyncio.Future[Any]] = {reading, limit}
         try:
-            done, _ = await asyncio.wait({reading, limit}, timeout=self.limits.wall_time_s, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(waiting, timeout=self.limits.wall_time_s, return_when=asyncio.FIRST_COMPLETED)
             timed_out, truncated = not done, over.is_set()
             if not reading.done() or process.returncode is None:  # still running, or its descendants hold the pipes
                 _kill_group(process.pid)

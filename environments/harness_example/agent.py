@@ -38,6 +38,8 @@ def main() -> None:
             print(message.content or "")
             return
         for call in message.tool_calls:
+            if call.type != "function":  # only function tools were offered
+                sys.exit(f"the model made a {call.type} tool call; this agent offers function tools only")
             messages.append({"role": "tool", "tool_call_id": call.id, "name": call.function.name,
                              "content": run_tool(call.function.name, call.function.arguments)})
     print("no answer within the step limit")

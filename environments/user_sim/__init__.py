@@ -103,9 +103,9 @@ class UserSimEnvironment(Environment):
         self.submissions = 0
         self.goal_met = False
         self.ended_by = ""
-        self.simulator = self.simulator or spec.get("simulator") or "scripted"
-        if self.simulator not in ("scripted", "policy"):
-            raise RolloutFailure("env", f"{task.source}: user_sim.simulator must be 'scripted' or 'policy', got {self.simulator!r}")
+        self.simulator_kind: str = self.simulator or spec.get("simulator") or "scripted"
+        if self.simulator_kind not in ("scripted", "policy"):
+            raise RolloutFailure("env", f"{task.source}: user_sim.simulator must be 'scripted' or 'policy', got {self.simulator_kind!r}")
 
     @tool
     def submit_request(self, fields: dict[str, str | int | float]) -> dict[str, Any]:
@@ -132,7 +132,7 @@ class UserSimEnvironment(Environment):
             return None
         self.user_turns += 1
         self.transcript.append(("assistant", assistant_text))
-        if self.simulator == "scripted":
+        if self.simulator_kind == "scripted":
             reply: str | None = self.scripted_reply(assistant_text)
         else:
             try:

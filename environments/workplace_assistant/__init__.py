@@ -143,7 +143,7 @@ class WorkplaceAssistantEnvironment(Environment):
             self.world_source(task.row)
         except (pydantic.ValidationError, ValueError) as error:
             return VerifyResult(reward=0.0, mask_sample=True, failure_kind="verifier", failure_reason=f"bad row: {error}".splitlines()[0])
-        calls = [(item["name"], item["arguments"]) for item in output if item["type"] == "function_call"]
+        calls: list[tuple[str, str | dict[str, Any]]] = [(item["name"], item["arguments"]) for item in output if item["type"] == "function_call"]
         predicted, expected = self.replay(task, calls), self.replay(task, truth)
         initial = self.replay(task, [])
         correct = predicted.state == expected.state

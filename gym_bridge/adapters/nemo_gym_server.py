@@ -21,7 +21,7 @@ import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
@@ -33,6 +33,9 @@ from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import get_environment, resolve_tasks
 from gym_bridge.core.rollout_file import dump_line
 from gym_bridge.core.task import MAX_ROW_DEPTH, Task, parse_task
+
+if TYPE_CHECKING:
+    from gym_bridge.policies.chat_api import ChatAPIPolicy
 
 DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
 
@@ -73,10 +76,10 @@ class ModelServers:
         self.settings = settings
         self.model_name = settings.model
         """The served model's name (once asked from the server when not given)."""
-        self._policies: list[Any] | None = None
+        self._policies: list[ChatAPIPolicy] | None = None
         self._lock = asyncio.Lock()
 
-    async def _servers(self) -> list[Any]:
+    async def _servers(self) -> list[ChatAPIPolicy]:
         if self._policies is None:
             async with self._lock:
                 if self._policies is None:
@@ -148,7 +151,7 @@ class AgentServer:
             env_class = get_environment(task.env_name)
         except UnknownEnvironmentError:
             env_class = None
-        if env_class not in self.env_classes.values():
+        if env_class is None or env_class not in self.env_classes.values():
             raise RowError(f"environment {task.env_name!r} is not served here; this server serves {sorted(set(self.settings.envs))}",
                            field="agent_ref.name")
         try:
@@ -347,7 +350,7 @@ def build_app(settings: AgentServerSettings, *, policy: ChatPolicy | None = None
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "envs": sorted(set(settings.envs)), "in_flight": server.in_flight, "completed": server.completed})
 
-    async def run(request: Request) -> JSONResponse:
+    async def run(request: Request) -> Response:
         declared = request.headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > settings.max_request_bytes):
             return JSONResponse({"detail": f"request body is larger than {settings.max_request_bytes} bytes"}, status_code=413)

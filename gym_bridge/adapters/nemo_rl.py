@@ -31,16 +31,16 @@ from gym_bridge.core.policy import BackendError, ChatRequest, ChatTurn
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.task import Task, parse_task
-from gym_bridge.core.template import ChatTemplate
+from gym_bridge.core.template import ChatTemplate, ToolFormat
 from gym_bridge.core.template_check import check_append_only
 
 try:  # NeMo RL is not on the package index; its classes are used when it is installed
     from nemo_rl.environments.interfaces import EnvironmentInterface as _Interface
     from nemo_rl.environments.interfaces import EnvironmentReturn
 except ImportError:
-    _Interface = object  # type: ignore[assignment,misc]
+    _Interface = object
 
-    class EnvironmentReturn(NamedTuple):  # type: ignore[no-redef]
+    class EnvironmentReturn(NamedTuple):  # type: ignore[no-redef]  # stands in for nemo_rl's (no stubs, not on PyPI)
         """The shape of `nemo_rl.environments.interfaces.EnvironmentReturn` (all fields batched)."""
 
         observations: list[dict[str, str]]
@@ -101,7 +101,7 @@ class _Totals:
     turns: int = 0
 
 
-class GymBridgeEnvironment(_Interface):  # type: ignore[misc,valid-type]
+class GymBridgeEnvironment(_Interface):  # type: ignore[misc]  # nemo_rl's base class: Any to mypy (no stubs, not on PyPI)
     """A NeMo RL environment running gym_bridge environments; rows route by `agent_ref` as everywhere.
 
     NeMo RL's `run_multi_turn_rollout` passes each sample's log as `role`/`content` pairs (assistant
@@ -252,7 +252,7 @@ async def _cancel(task: asyncio.Task[Any]) -> None:
 
 
 def datum_from_row(datum_dict: Mapping[str, Any], task_data_spec: Any, tokenizer: Any, max_seq_length: int | None, idx: int,
-                   *, tool_format: str | None = None) -> dict[str, Any]:
+                   *, tool_format: ToolFormat | None = None) -> dict[str, Any]:
     """A NeMo RL data processor (`TaskDataProcessFnCallable`): a gym_bridge row (its fields, a
     `gym_bridge_row` JSON column, or the JSON line in `extra_env_info` that NeMo RL's `NemoGymDataset`
     loads) as a `DatumSpec` whose one message is the prompt rendered by the chat
@@ -266,7 +266,7 @@ def datum_from_row(datum_dict: Mapping[str, Any], task_data_spec: Any, tokenizer
     task = parse_task(row, index=idx, source=f"row {idx}")
     env_class = resolve_tasks([task])[task.env_name]
     tools = task.tools if task.tools is not None else tuple(spec.schema for spec in env_class.tool_specs().values())
-    template = ChatTemplate(tokenizer, tool_format=tool_format)  # type: ignore[arg-type]
+    template = ChatTemplate(tokenizer, tool_format=tool_format)
     text = template.prompt_text(task.messages, tools or None)
     token_ids = torch.tensor(template.encode(text), dtype=torch.int64)
     loss_multiplier = 1.0

@@ -132,7 +132,7 @@ def generation_context(backend: BackendName, trainer: Any) -> Iterator[None]:
     if backend == "transformers":
         # As TRL's own generation: the model unwrapped from DDP/DeepSpeed and gradient
         # checkpointing off (so the KV cache works) for the batch, restored afterwards.
-        from trl.models import unwrap_model_for_generation
+        from trl.models.utils import unwrap_model_for_generation
 
         args = trainer.args
         with unwrap_model_for_generation(

@@ -37,7 +37,7 @@ from gym_bridge.core.rollout_file import RolloutWriter
 from gym_bridge.core.template import ChatTemplate
 
 try:
-    from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
+    from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
     from verl.utils.dataset.rl_dataset import RLHFDataset
 except ImportError as error:  # verl, or what its agent loop imports without declaring it (cachetools, fastapi, uvicorn)
     raise MissingDependencyError(f"gym_bridge.verl needs verl 0.9.1: pip install 'gym-bridge[verl]' ({error})") from None
@@ -310,8 +310,8 @@ def to_agent_loop_output(record: RolloutRecord, *, policy: VerlServerPolicy, pro
         response_logprobs=list(row.completion_logprobs[:response_length]) if policy.with_logprobs else None,
         reward_score=0.0 if row.reward is None else row.reward,
         num_turns=1 + record.turns + _tool_rounds(record),
-        metrics={"generate_sequences": policy.generate_s, "tool_calls": max(0.0, record.latency_s - policy.generate_s),
-                 "num_preempted": policy.num_preempted if policy.num_preempted is not None else -1},
+        metrics=AgentLoopMetrics(generate_sequences=policy.generate_s, tool_calls=max(0.0, record.latency_s - policy.generate_s),
+                                 num_preempted=policy.num_preempted if policy.num_preempted is not None else -1),
         extra_fields=extra_fields,
     )
 
@@ -335,5 +335,5 @@ class GymBridgeDataset(RLHFDataset):
     def __init__(self, data_files: str | Sequence[str], tokenizer: Any, config: Any, processor: Any = None, max_samples: int = -1) -> None:
         files = [data_files] if isinstance(data_files, str) else [str(path) for path in data_files]
         check_verl_files(files)
-        super().__init__(data_files, tokenizer, config, processor, max_samples)
+        super().__init__(files, tokenizer, config, processor, max_samples)
 

@@ -16,7 +16,6 @@ from verl.trainer.ppo.core_algos import register_adv_est
 NAME = "gym_bridge_grpo"
 
 
-@register_adv_est(NAME)
 def compute_gym_bridge_grpo_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -47,3 +46,7 @@ def compute_gym_bridge_grpo_advantage(
             advantages[rows] = centered / (std + epsilon) if norm_adv_by_std_in_grpo else centered
         advantages = advantages.unsqueeze(-1) * response_mask
     return advantages, advantages
+
+
+# called, not used as a decorator: verl types register_adv_est as returning Any, which would make the function untyped
+register_adv_est(NAME)(compute_gym_bridge_grpo_advantage)

@@ -32,7 +32,7 @@ MAX_REQUEST_BYTES = 16 * 1024 * 1024
 
 
 def _error(error: ApiError) -> web.Response:
-    body = {"error": {"message": error.message, "type": error.kind, "param": None, "code": getattr(error, "code", None)}}
+    body = {"error": {"message": error.message, "type": error.kind, "param": None, "code": error.code}}
     return web.json_response(body, status=error.status)
 
 
@@ -59,7 +59,7 @@ class CaptureServer:
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         self._runner = runner
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.port = runner.addresses[0][1]
 
     async def _stop(self) -> None:
         runner, self._runner, self.port = self._runner, None, None

@@ -101,9 +101,7 @@ class SessionState:
     def fail(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None) -> ApiError:
         """Record an error answer and return it to raise."""
         self.errors.append(EndpointError(status=status, message=message))
-        error = ApiError(status, message, kind)
-        error.code = code  # type: ignore[attr-defined]
-        return error
+        return ApiError(status, message, kind, code=code)
 
     def _stop(self, kind: StopKind, reason: str) -> ApiError:
         if self.stop is None:
@@ -175,7 +173,7 @@ class SessionState:
             check_stateless(body)
             chat = to_chat_body(body)
         except ApiError as error:
-            raise self.fail(error.status, error.message, code=getattr(error, "code", None)) from None
+            raise self.fail(error.status, error.message, code=error.code) from None
         return to_response(await self.chat_completions(chat), request=body)
 
     def _validated(self, model: type[_Body], data: Any) -> _Body:

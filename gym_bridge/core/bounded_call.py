@@ -121,7 +121,7 @@ class _Job:
             self.loop.call_soon_threadsafe(_settle, self.future, ok, value)
         except RuntimeError:  # the event loop is closed: nobody waits for this result
             pass
-        self.fn = self.args = self.kwargs = None  # type: ignore[assignment]
+        del self.fn, self.args, self.kwargs  # drop the references: the job object may outlive the call
 
 
 def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
@@ -207,7 +207,7 @@ class _ThreadPool:
 
     def forget(self) -> None:
         """In a forked child: the parent's threads do not exist here."""
-        self.__init__()  # type: ignore[misc]
+        _ThreadPool.__init__(self)
 
 
 _POOL = _ThreadPool()

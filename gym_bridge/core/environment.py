@@ -16,7 +16,7 @@ import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, Awaitable, Callable, ClassVar, Mapping
 
 import pydantic
 
@@ -114,7 +114,7 @@ def tool(method: Callable[..., Any]) -> Callable[..., Any]:
     The schema comes from the signature (type hints) and the docstring: its first paragraph
     is the description and an `Args:` section describes the parameters.
     """
-    method.__gym_bridge_tool__ = True  # type: ignore[attr-defined]
+    setattr(method, "__gym_bridge_tool__", True)  # a mark on a function object: no type declares it
     return method
 
 
@@ -333,7 +333,7 @@ class Environment:
     def setup(self, task: Task) -> Any:
         """Prepare the session for `task` (may be async). Default: nothing."""
 
-    def verify(self, task: Task, output: list[Item]) -> VerifyResult | float:
+    def verify(self, task: Task, output: list[Item]) -> VerifyResult | float | Awaitable[VerifyResult | float]:
         """Score a finished trajectory (may be async). `output` is the Responses output list."""
         raise NotImplementedError(f"environment {self.name!r} does not implement verify")
 

@@ -9,7 +9,7 @@ API is fine here. `gym_bridge.policies.helper.load_helper_model` builds one from
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import Sequence, cast
 
 from gym_bridge.core.items import ChatMessage
 from gym_bridge.core.policy import ChatPolicy, ChatRequest, GenerationRequest, Policy, SamplingParams, is_token_policy
@@ -39,7 +39,8 @@ class HelperModel:
         if max_new_tokens is not None and max_new_tokens != sampling.max_new_tokens:
             sampling = replace(sampling, max_new_tokens=max_new_tokens)
         if not is_token_policy(self.policy):
-            turn = await self.policy.chat(ChatRequest(messages=list(messages), tools=(), sampling=sampling, session_id=session_id))  # type: ignore[union-attr]
+            chat_policy = cast(ChatPolicy, self.policy)  # no `generate`: the ChatPolicy of `Policy | ChatPolicy`
+            turn = await chat_policy.chat(ChatRequest(messages=list(messages), tools=(), sampling=sampling, session_id=session_id))
             return turn.text.strip()
         assert self.template is not None
         prompt_ids = self.template.prompt_ids(list(messages), None)

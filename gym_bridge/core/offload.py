@@ -314,7 +314,7 @@ class _WorkerPool:
 
     def forget(self) -> None:
         """In a forked child: the parent's workers are not ours to use or stop."""
-        self.__init__()  # type: ignore[misc]
+        _WorkerPool.__init__(self)
 
 
 def _resident_mb(pid: int) -> float:

@@ -58,8 +58,9 @@ class PieceEncoder:
             joined: list[int] = self._encode_pieces([part for part in parts if part])
             return joined
         known_parts = [part_ids.get(part) for part in parts]
-        if all(ids is not None for ids in known_parts):
-            return [token for ids in known_parts for token in ids]  # type: ignore[union-attr]
+        cached = [ids for ids in known_parts if ids is not None]
+        if len(cached) == len(known_parts):
+            return [token for ids in cached for token in ids]
         new_parts = {part: [piece for piece in self.splitter.pieces_of_part(part) if piece]
                      for part, ids in zip(parts, known_parts) if ids is None and part}
         encoded = iter(self._encode_pieces([piece for pieces in new_parts.values() for piece in pieces], per_piece=True))

@@ -41,19 +41,24 @@ def load_line(line: str | bytes) -> Any:
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """The complete records of a rollout file; a torn final line is ignored, a torn middle line is an error."""
+    """The complete records of a rollout file; a torn final line is ignored, a torn middle line is an error,
+    and so is a line that is JSON but not an object (DataError naming the line)."""
     path = Path(path)
     lines = path.read_bytes().split(b"\n")
-    records = []
+    records: list[dict[str, Any]] = []
     for line_number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            records.append(load_line(line))
+            record = load_line(line)
         except (json.JSONDecodeError, UnicodeDecodeError):
             if line_number == len(lines):  # no newline after it: the write was cut off
                 break
             raise DataError("malformed JSON (or invalid UTF-8) in a rollout file", source=f"{path}:{line_number}") from None
+        if not isinstance(record, dict):
+            raise DataError(f"is a JSON {type(record).__name__}, not a record (a rollout file holds one JSON object a line)",
+                            source=f"{path}:{line_number}")
+        records.append(record)
     return records
 
 
@@ -97,9 +102,12 @@ def prepare_resume(path: str | Path, tasks: Sequence[Task]) -> set[tuple[int, in
         return set()
     by_index = {task.index: task for task in tasks}
     kept: dict[tuple[int, int], dict[str, Any]] = {}
-    for record in read_records(path):
-        key = (record.get("task_index"), record.get("repeat_index"))
-        task = by_index.get(key[0])  # type: ignore[arg-type]
+    for number, record in enumerate(read_records(path), start=1):
+        key = _rollout_key(record)
+        if key is None:
+            raise DataError("has no integer task_index and repeat_index: not a rollout of gym-bridge eval; "
+                            "choose a new --output", source=f"{path}, record {number}")
+        task = by_index.get(key[0])
         if task is None or not same_row(input_row(record), task.row):
             raise DataError(
                 f"holds a rollout of task {key[0]} that is not task {key[0]} of this run; "
@@ -107,9 +115,17 @@ def prepare_resume(path: str | Path, tasks: Sequence[Task]) -> set[tuple[int, in
                 source=str(path),
             )
         if record.get("failure_kind") is None:
-            kept[key] = record  # type: ignore[index]
+            kept[key] = record
     _write_atomic(path, kept.values())
     return set(kept)
+
+
+def _rollout_key(record: dict[str, Any]) -> tuple[int, int] | None:
+    """A record's (task_index, repeat_index), or None when they are not both integers."""
+    task_index, repeat_index = record.get("task_index"), record.get("repeat_index")
+    if type(task_index) is int and type(repeat_index) is int:  # not bool: true/false are no indices
+        return task_index, repeat_index
+    return None
 
 
 class OutputLockedError(UserError):

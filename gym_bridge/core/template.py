@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Mapping, Protocol, Sequence
+from typing import Any, Callable, Literal, Mapping, Protocol, Sequence, get_args
 
 import orjson
 
@@ -150,6 +150,8 @@ class ChatTemplate:
     ) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise TemplateError("the tokenizer has no chat template; give a tokenizer with one (tokenizer.chat_template)")
+        if tool_format is not None and tool_format not in get_args(ToolFormat):  # from configs, typed only as str
+            raise TemplateError(f"tool_format must be one of {', '.join(get_args(ToolFormat))} (or unset), got {tool_format!r}")
         if tool_parser is not None:
             get_tool_parser(tool_parser)
         if reasoning_parser is not None:

@@ -224,7 +224,9 @@ def chat_turn_from_response(response: dict[str, Any], *, stop: tuple[str, ...] =
 
     Stop strings, which the Responses API lacks, cut the text after the first one.
     """
-    texts, reasoning, calls = [], [], []
+    texts: list[str] = []
+    reasoning: list[str] = []
+    calls: list[ChatToolCall] = []
     for item in response.get("output") or []:
         kind = item.get("type")
         if kind == "message":
@@ -250,17 +252,18 @@ def chat_turn_from_response(response: dict[str, Any], *, stop: tuple[str, ...] =
 
 
 def _as_dict(answer: Any) -> dict[str, Any]:
+    if hasattr(answer, "model_dump"):  # the openai client's pydantic models
+        answer = answer.model_dump()
     if isinstance(answer, dict):
         return answer
-    if hasattr(answer, "model_dump"):
-        return answer.model_dump()
     raise BackendError(f"the API answered {type(answer).__name__}, not a JSON object")
 
 
 def _message(error: Any) -> str:
     body = getattr(error, "body", None)
     if isinstance(body, dict):
-        inner = body.get("error") if isinstance(body.get("error"), dict) else body
+        nested = body.get("error")
+        inner = nested if isinstance(nested, dict) else body
         if inner.get("message"):
             return str(inner["message"])
     return str(getattr(error, "message", "") or error)

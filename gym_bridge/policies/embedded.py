@@ -71,8 +71,9 @@ def load_embedded_model() -> PreTrainedModel:
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(embedded_model_path(), dtype=torch.float32)
-    return model.eval()
+    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(embedded_model_path(), dtype=torch.float32)
+    model.eval()
+    return model
 
 
 def gguf_source() -> tuple[Path, str]:
@@ -120,7 +121,8 @@ def _without_quantization_flag(gguf_model: PreTrainedModel) -> PreTrainedModel:
     config = gguf_model.config.__class__.from_dict(
         {key: value for key, value in gguf_model.config.to_dict().items() if key != "quantization_config"}
     )
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model: PreTrainedModel = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(gguf_model.state_dict(), strict=True)
     model.generation_config = gguf_model.generation_config
-    return model.eval()
+    model.eval()
+    return model

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+from typing import Literal
 
 from gym_bridge.core.errors import GymBridgeError
 from gym_bridge.core.helper_model import HelperModel
@@ -58,14 +59,15 @@ def _load(
     api_key = os.environ.get(api_key_env) or None
     if base_url is None:
         local = build_policy(PolicySpec(kind="transformers", model=model))
-        from gym_bridge.policies.transformers import TransformersPolicy  # loaded by now
+        from gym_bridge.policies.transformers import TransformersPolicy, template_tokenizer  # loaded by now
 
         assert isinstance(local, TransformersPolicy)
-        return HelperModel(local, ChatTemplate(local.tokenizer, eos_token_ids=sorted(local.eos_token_ids)), sampling)
+        return HelperModel(local, ChatTemplate(template_tokenizer(local.tokenizer), eos_token_ids=sorted(local.eos_token_ids)), sampling)
     if api != "completions":
         if not model:
             raise GymBridgeError(f"a helper model at {base_url} with api={api!r} needs the served model's name")
-        chat = build_policy(PolicySpec(kind="chat", model=model, base_urls=(base_url,), api=api, api_key=api_key,  # type: ignore[arg-type]
+        chat_api: Literal["chat", "responses"] = "chat" if api == "chat" else "responses"  # checked against HELPER_APIS above
+        chat = build_policy(PolicySpec(kind="chat", model=model, base_urls=(base_url,), api=chat_api, api_key=api_key,
                                        request_timeout_s=request_timeout_s, max_retries=max_retries))
         return HelperModel(chat, None, sampling)
     from gym_bridge.policies.remote import load_tokenizer

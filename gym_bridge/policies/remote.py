@@ -30,7 +30,7 @@ import random
 import re
 import time
 import weakref
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -343,14 +343,14 @@ def load_tokenizer(path: str, *, light: bool = True) -> LoadedTokenizer:
         return LoadedTokenizer(tokenizer=tokenizer, eos_token_ids=tokenizer.eos_token_ids, light=True)
     from transformers import AutoTokenizer, GenerationConfig
 
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    eos = {tokenizer.eos_token_id} if isinstance(tokenizer.eos_token_id, int) else set()
+    auto = AutoTokenizer.from_pretrained(path)
+    eos = {auto.eos_token_id} if isinstance(auto.eos_token_id, int) else set()
     try:
         configured = GenerationConfig.from_pretrained(path).eos_token_id
     except (OSError, ValueError):
         configured = None
     eos.update([configured] if isinstance(configured, int) else (configured or []))
-    return LoadedTokenizer(tokenizer=tokenizer, eos_token_ids=sorted(eos), light=False)
+    return LoadedTokenizer(tokenizer=auto, eos_token_ids=sorted(eos), light=False)
 
 
 class _Pool:
@@ -364,7 +364,7 @@ class _Pool:
         self.session = session
         self._lifetime = self._live()
 
-    async def _live(self) -> AsyncIterator[None]:
+    async def _live(self) -> AsyncGenerator[None, None]:
         try:
             yield
         finally:
@@ -561,7 +561,7 @@ class RemotePolicy:
         return HttpAnswer(status=response.status_code, body=content, retry_after=response.headers.get("retry-after"))
 
     def _backoff_s(self, attempt: int, retry_after_s: float | None) -> float:
-        delay_s = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
+        delay_s = min(self.max_backoff_s, self.backoff_s * 2.0 ** (attempt - 1))
         delay_s *= 0.5 + 0.5 * self._rng.random()
         if retry_after_s is not None:
             delay_s = max(delay_s, min(retry_after_s, self.max_backoff_s))

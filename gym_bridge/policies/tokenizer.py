@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from gym_bridge.core.chat_render import render_chat
 from gym_bridge.core.errors import UserError
 from gym_bridge.core.piece_encoder import PieceEncoder
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 GENERIC_TOKENIZER_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
@@ -30,7 +33,7 @@ class TokenizerLoadError(UserError):
 class LightTokenizer:
     """What gym_bridge needs of a tokenizer (`gym_bridge.core.template.Tokenizer`) and a little more."""
 
-    def __init__(self, backend: Any, *, config: dict[str, Any], chat_template: str | dict[str, str] | None,
+    def __init__(self, backend: Tokenizer, *, config: dict[str, Any], chat_template: str | dict[str, str] | None,
                  generation_eos_ids: Sequence[int] = (), name_or_path: str = "") -> None:
         self.backend_tokenizer = backend
         """The `tokenizers.Tokenizer`."""
@@ -109,11 +112,11 @@ class LightTokenizer:
                 if "default" in templates:
                     return templates["default"]
                 raise ValueError(f"this tokenizer has several chat templates and no default; name one of {sorted(templates)}")
-        if chat_template is None:
-            if self.chat_template is None:
-                raise ValueError("the tokenizer has no chat template")
-            return self.chat_template
-        return chat_template
+        if chat_template is not None:
+            return chat_template
+        if not isinstance(self.chat_template, str):  # None: a dict of templates was handled above
+            raise ValueError("the tokenizer has no chat template")
+        return self.chat_template
 
     def apply_chat_template(
         self,

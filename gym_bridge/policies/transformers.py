@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Protocol, cast
 
 import torch
 from transformers import (
@@ -41,6 +42,7 @@ from gym_bridge.core.policy import (
     GenerationRequest,
     SamplingParams,
 )
+from gym_bridge.core.template import Tokenizer
 from gym_bridge.policies.batcher import Batcher, GatherRule, Waiting
 
 UTF8_MAX_BYTES_PER_CHAR = 4
@@ -90,7 +92,7 @@ class TransformersPolicy:
         self.batch_wait_s = batch_wait_s
         self.eval_during_generation = eval_during_generation
         self._pad_token_id = _pad_token_id(model=model, tokenizer=tokenizer, eos_token_ids=self.eos_token_ids)
-        self._vocab_size = model.get_input_embeddings().num_embeddings
+        self._vocab_size = _vocab_size(model)
         self._max_positions: int | None = getattr(model.config.get_text_config(), "max_position_embeddings", None)
         self._model_lock = threading.Lock()
         self._batcher: Batcher[GenerationRequest, Generation] = Batcher(
@@ -127,7 +129,7 @@ class TransformersPolicy:
         if dtype is None:
             dtype = torch.float32 if target.type == "cpu" else "auto"
         tokenizer = AutoTokenizer.from_pretrained(path_or_none)
-        model = AutoModelForCausalLM.from_pretrained(path_or_none, dtype=dtype).to(target).eval()
+        model = AutoModelForCausalLM.from_pretrained(path_or_none, dtype=dtype).to(target).eval()  # type: ignore[arg-type]  # transformers types PreTrainedModel.to as functools.wraps(Module.to): unbound, self first
         return cls(model, tokenizer, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s, device=target,
                    max_batch_tokens=max_batch_tokens, release_memory_above_tokens=release_memory_above_tokens)
 
@@ -198,7 +200,7 @@ class TransformersPolicy:
         with self._model_lock, self._generation_mode() as use_cache, torch.no_grad():
             started_s = time.perf_counter()
             with _seeded(sampling.seed, device=self.device):
-                sequences = self.model.generate(
+                sequences = cast(_Generates, self.model).generate(
                     input_ids=input_ids,
                     attention_mask=attention_mask,
                     generation_config=self._generation_config(
@@ -210,6 +212,7 @@ class TransformersPolicy:
                     stopping_criteria=StoppingCriteriaList([stopper]),
                 )
             generate_s = time.perf_counter() - started_s
+        assert isinstance(sequences, torch.Tensor)  # the ids alone: no return_dict_in_generate
         logprobs = recorder.logprobs(sequences).cpu().tolist()
         generated = sequences[:, prompt_length:].cpu().tolist()
         padded_tokens = int(sequences.shape[0] * sequences.shape[1])
@@ -293,7 +296,9 @@ class TransformersPolicy:
         )
 
     def _decode(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        text = self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        assert isinstance(text, str)  # one id list decodes to one string (transformers types it str | list[str])
+        return text
 
 
 def stop_string_end(token_ids: Sequence[int], *, stops: Sequence[str], decode: Callable[[Sequence[int]], str]) -> int | None:
@@ -371,13 +376,33 @@ def _seeded(seed: int | None, *, device: torch.device) -> Iterator[None]:
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         with torch.random.fork_rng(devices=[index], device_type="cuda"), torch.cuda.device(index):
-            torch.random.default_generator.manual_seed(seed)
+            torch.default_generator.manual_seed(seed)
             torch.cuda.manual_seed(seed)
             yield
         return
     with torch.random.fork_rng(devices=[]):
-        torch.random.default_generator.manual_seed(seed)
+        torch.default_generator.manual_seed(seed)
         yield
+
+
+class _Generates(Protocol):
+    """A causal LM's `generate` (GenerationMixin's): transformers types a loaded model as `PreTrainedModel`,
+    which has none, and GenerationMixin's own `generate` takes `self` as a private Protocol."""
+
+    def generate(self, **kwargs: Any) -> Any: ...
+
+
+def template_tokenizer(tokenizer: PreTrainedTokenizerBase) -> Tokenizer:
+    """`tokenizer` as `ChatTemplate` takes it: transformers types `decode` as returning `str | list[str]`
+    (a list only for a batch of id lists, which gym_bridge never passes)."""
+    return cast(Tokenizer, tokenizer)
+
+
+def _vocab_size(model: PreTrainedModel) -> int:
+    size = model.get_input_embeddings().num_embeddings  # an nn.Module attribute: typed Tensor | Module
+    if not isinstance(size, int):
+        raise TypeError(f"{type(model).__name__}'s input embeddings have no integer num_embeddings")
+    return size
 
 
 def _checkpoints_activations(model: PreTrainedModel) -> bool:
@@ -482,7 +507,8 @@ class _RowStopper(StoppingCriteria):
         for row, future in enumerate(self._abandoned):
             if not self._stopped[row] and future.done():  # read across threads: done() only reads a flag
                 self._stopped[row] = True
-        return done | torch.tensor(self._stopped, device=done.device)
+        # transformers annotates StoppingCriteria.__call__ with the legacy BoolTensor type, which no operation returns
+        return cast(torch.BoolTensor, done | torch.tensor(self._stopped, device=done.device))
 
     def _scan(self, rows: list[list[int]]) -> None:
         for row, (token_ids, stops) in enumerate(zip(rows, self._stops, strict=True)):

@@ -194,7 +194,7 @@ def iter_rollouts(path: str) -> Iterator[dict[str, Any]]:
             if not line.strip():
                 continue
             try:
-                record = load_line(line)  # type: ignore[arg-type]
+                record = load_line(line)
             except (json.JSONDecodeError, UnicodeDecodeError):
                 if not line.endswith(b"\n"):
                     return

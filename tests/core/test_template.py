@@ -188,3 +188,11 @@ def test_direct_rendering_only_where_it_gives_the_tokenizers_own_text(smol_token
     assert shouting.render(messages, tools=None, add_generation_prompt=True).startswith("<|IM_START|>SYSTEM\nBE BRIEF.")
     with_argument = ChatTemplate(smol_tokenizer, chat_template_kwargs={"documents": []})
     assert with_argument._direct_template() is None  # an apply_chat_template parameter, not a template variable
+
+
+@pytest.mark.parametrize("tool_format", ["hermes", "Native", ""])
+def test_an_unknown_tool_format_is_refused(smol_tokenizer, tool_format):
+    """A NeMo RL config's `tool_format` reaches the template as a plain string: an unknown one used to
+    render the prompt with no tools at all (neither `native` nor `hermes_system`)."""
+    with pytest.raises(TemplateError, match=rf"tool_format must be one of native, hermes_system \(or unset\), got '{tool_format}'"):
+        ChatTemplate(smol_tokenizer, tool_format=tool_format)

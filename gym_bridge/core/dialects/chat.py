@@ -32,11 +32,13 @@ LOGPROBS_MODES: dict[str, LogprobsMode] = {"raw": "raw", "raw_logprobs": "raw", 
 class ApiError(UserError):
     """An error answer: HTTP status, message, and the OpenAI error type."""
 
-    def __init__(self, status: int, message: str, kind: str = "BadRequestError") -> None:
+    def __init__(self, status: int, message: str, kind: str = "BadRequestError", *, code: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.kind = kind
+        self.code = code
+        """OpenAI's `error.code` (`context_length_exceeded`, ...), or None."""
 
 
 # -- request bodies ---------------------------------------------------------------------------

@@ -193,9 +193,7 @@ def _field(entry: Mapping[str, Any], name: str, position: int) -> str:
 
 
 def _unsupported(message: str) -> ApiError:
-    error = ApiError(400, message)
-    error.code = "unsupported_parameter"  # type: ignore[attr-defined]
-    return error
+    return ApiError(400, message, code="unsupported_parameter")
 
 
 def response_events(response: Mapping[str, Any]) -> list[dict[str, Any]]:
