@@ -230,10 +230,10 @@ def chat_turn_from_response(response: dict[str, Any], *, stop: tuple[str, ...] =
     for item in response.get("output") or []:
         kind = item.get("type")
         if kind == "message":
-            texts.extend(part.get("text", "") for part in item.get("content") or [] if part.get("type") == "output_text")
+            texts.extend(part.get("text") or "" for part in item.get("content") or [] if part.get("type") == "output_text")
         elif kind == "reasoning":
-            reasoning.extend(part.get("text", "") for part in item.get("summary") or [])
-            reasoning.extend(part.get("text", "") for part in item.get("content") or [] if part.get("type") == "reasoning_text")
+            reasoning.extend(part.get("text") or "" for part in item.get("summary") or [])
+            reasoning.extend(part.get("text") or "" for part in item.get("content") or [] if part.get("type") == "reasoning_text")
         elif kind == "function_call":
             calls.append(ChatToolCall(name=item.get("name", ""), arguments=item.get("arguments") or "{}"))
     text = "".join(texts)

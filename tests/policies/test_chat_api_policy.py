@@ -195,6 +195,15 @@ def test_responses_answers_stop_strings_and_length():
     assert turn.finish_reason == "length"
 
 
+def test_responses_parts_with_null_text_read_as_empty():
+    answer = {"output": [
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": None}], "content": [{"type": "reasoning_text", "text": "r"}]},
+        {"type": "message", "content": [{"type": "output_text", "text": None}, {"type": "output_text", "text": "ok"}]},
+    ], "status": "completed"}
+    turn = chat_turn_from_response(answer)
+    assert (turn.text, turn.reasoning) == ("ok", "r")
+
+
 class ScriptedChatPolicy:
     """A ChatPolicy that replays turns and records the requests it got."""
 
