@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
@@ -95,13 +96,15 @@ def _write_atomic(path: Path, records: Iterable[dict[str, Any]]) -> None:
 def prepare_resume(path: str | Path, tasks: Sequence[Task]) -> set[tuple[int, int]]:
     """Keep the finished, unfailed rollouts of `path`; return their (task_index, repeat_index).
 
-    Raises DataError when the file holds rollouts of other tasks than `tasks`.
+    A rollout written twice keeps its last record, with a warning. Raises DataError when the file
+    holds rollouts of other tasks than `tasks`.
     """
     path = Path(path)
     if not path.exists():
         return set()
     by_index = {task.index: task for task in tasks}
     kept: dict[tuple[int, int], dict[str, Any]] = {}
+    duplicates: list[tuple[int, int]] = []
     for number, record in enumerate(read_records(path), start=1):
         key = _rollout_key(record)
         if key is None:
@@ -115,7 +118,12 @@ def prepare_resume(path: str | Path, tasks: Sequence[Task]) -> set[tuple[int, in
                 source=str(path),
             )
         if record.get("failure_kind") is None:
+            if key in kept:
+                duplicates.append(key)
             kept[key] = record
+    if duplicates:
+        warnings.warn(f"{path}: {len(duplicates)} rollouts appear more than once (first: task {duplicates[0][0]}, repeat "
+                      f"{duplicates[0][1]}); resuming keeps the last record of each", stacklevel=2)
     _write_atomic(path, kept.values())
     return set(kept)
 

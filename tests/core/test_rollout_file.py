@@ -46,3 +46,12 @@ def test_verify_of_a_file_with_a_non_object_line_exits_2(tmp_path: Path, capsys:
     assert main(["verify", "--data", str(data), "--output", str(tmp_path / "rescored.jsonl")]) == 2
     assert "rollouts.jsonl:1: is a JSON int, not a record" in capsys.readouterr().err
     assert not (tmp_path / "rescored.jsonl").exists()
+
+
+def test_resume_of_a_rollout_written_twice_keeps_the_last_and_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    first = {**ROW, "task_index": 0, "repeat_index": 0, "reward": 0.0, "failure_kind": None}
+    path.write_text("".join(json.dumps(row) + "\n" for row in (first, {**first, "reward": 1.0})))
+    with pytest.warns(UserWarning, match=r"1 rollouts appear more than once \(first: task 0, repeat 0\)"):
+        assert prepare_resume(path, [parse_task(ROW, index=0)]) == {(0, 0)}
+    assert [record["reward"] for record in read_records(path)] == [1.0]
