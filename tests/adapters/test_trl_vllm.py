@@ -111,6 +111,7 @@ def train_colocate(output_dir: str) -> dict:
         }
 
 
+@pytest.mark.slow  # about 50 s; by default: the colocated engine in tests/policies/test_vllm_real.py, a GRPOTrainer in test_trl_trainer.py
 def test_grpo_colocate_trains_with_the_real_engine(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, __file__, str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=540)
@@ -139,6 +140,7 @@ def test_sleep_mode_is_refused_by_the_cpu_build():
         LLM(model=str(embedded_model_path()), enable_sleep_mode=True, **engine_kwargs())
 
 
+@pytest.mark.slow  # about 17 s; by default: eval against the same server (test_vllm_server.py), server-mode setup (test_trl_rollout.py)
 def test_server_mode_rollouts_against_a_real_vllm_server(vllm_server, smol_tokenizer):
     """What server mode runs per rank: `rollout(prompts, trainer)` calls the server over HTTP (processed log-probs)."""
     from types import SimpleNamespace

@@ -35,6 +35,7 @@ def prompt_ids() -> list[int]:
     return list(load_embedded_tokenizer().apply_chat_template(MESSAGES, add_generation_prompt=True)["input_ids"])
 
 
+@pytest.mark.slow  # about 16 s (reloads the GGUF); the cache is built once per machine
 def test_cached_model_is_plain_float32_and_matches_the_gguf_logits(prompt_ids: list[int]) -> None:
     cached = load_embedded_model()
     folder, gguf_file = gguf_source()
