@@ -7,6 +7,8 @@ call; every later turn is sampled by the real model after the real rendered tool
 import asyncio
 from dataclasses import dataclass, field
 
+import pytest
+
 from gym_bridge import Engine, EngineConfig, Generation, GenerationRequest, Limits, SamplingParams, get_environment, load_tasks
 from gym_bridge.core.template import ChatTemplate
 from gym_bridge.policies.transformers import TransformersPolicy
@@ -30,6 +32,7 @@ class FirstTurnScripted:
         return await self.real.generate(request)
 
 
+@pytest.mark.slow  # about 15-20 s; by default: the embedded model under eval via serve-model and its local parity (test_serve_eval.py)
 def test_real_model_continues_after_tool_outputs_with_exact_tokens(smol_tokenizer):
     real = TransformersPolicy.from_pretrained(None)
     template = ChatTemplate(real.tokenizer, eos_token_ids=sorted(real.eos_token_ids))

@@ -44,6 +44,7 @@ def test_eval_against_a_vllm_server(vllm_server, tmp_path):
     assert "arithmetic" in result.stdout
 
 
+@pytest.mark.slow  # about 25 s (a second engine); by default: the colocated engine in test_vllm_real.py, eval above
 def test_eval_with_a_colocated_engine(tmp_path):
     output = tmp_path / "colocated.jsonl"
     share = ["--gpu-memory-utilization", "0.3"] if on_gpu() else []  # the session's server may hold 0.3 of the GPU
