@@ -108,10 +108,8 @@ class RolloutContext:
     tools: tuple[dict[str, Any], ...]
     transcript: Transcript
     """The conversation as the policy reads it (tokens or chat messages); `Engine` starts it."""
-    _tool_names: frozenset[str] = frozenset()
-
-    def __post_init__(self) -> None:
-        self._tool_names = frozenset(schema["name"] for schema in self.tools)
+    _tool_names: frozenset[str] | None = None
+    """The names of `tools`, once a call needs them."""
 
     @property
     def budget_left(self) -> int:
@@ -138,10 +136,13 @@ class RolloutContext:
         call_id = call_id or call.call_id or ""
         self.trajectory.tool_calls += 1
         spec = type(self.env).tool_specs().get(call.name)
+        offered = self._tool_names
+        if offered is None:
+            offered = self._tool_names = frozenset(schema["name"] for schema in self.tools)
         if call.error:
             content = json.dumps({"error": f"malformed tool call: {call.error}"})
-        elif call.name not in self._tool_names or (spec is None and not type(self.env).tools_from_row):
-            content = json.dumps({"error": f"unknown tool {call.name!r}; available tools: {sorted(self._tool_names)}"})
+        elif call.name not in offered or (spec is None and not type(self.env).tools_from_row):
+            content = json.dumps({"error": f"unknown tool {call.name!r}; available tools: {sorted(offered)}"})
         else:
             content = await self._run_tool(call.name, call.arguments, spec)
         self.trajectory.output.append(function_call_output_item(content, call_id=call_id))

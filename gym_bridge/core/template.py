@@ -180,6 +180,7 @@ class ChatTemplate:
         self._profile: TemplateProfile | None = None
         self._empty_tools: Any = _UNSET
         self._direct: Any = _UNSET
+        self._direct_variables: dict[str, Any] = {}
         self._probe_head: str | None = None
         backend = getattr(tokenizer, "backend_tokenizer", None)  # a fast tokenizer's `tokenizers.Tokenizer`
         fast = backend is not None and hasattr(backend, "encode_batch")
@@ -220,7 +221,7 @@ class ChatTemplate:
         if direct is not None:
             try:  # render_chat prepares the messages itself
                 return render_chat(direct, conversation, tools=kwargs.get("tools"), add_generation_prompt=kwargs["add_generation_prompt"],
-                                   variables={**_special_tokens(self.tokenizer), **self.chat_template_kwargs})
+                                   variables=self._direct_variables)
             except Exception:  # noqa: BLE001 - the tokenizer's own rendering below raises (or answers) as before
                 pass
         try:  # prepared as render_chat prepares them, so the prompt does not depend on the installed transformers
@@ -255,6 +256,7 @@ class ChatTemplate:
                 except Exception:  # noqa: BLE001 - a template that needs more than the probe: the tokenizer renders
                     same = False
                 self._direct = template if same else None
+                self._direct_variables = variables  # the variables the check rendered with, for every render after it
         direct: str | None = self._direct
         return direct
 
