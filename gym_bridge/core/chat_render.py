@@ -33,12 +33,14 @@ def prepared_messages(conversation: Sequence[Mapping[str, Any]]) -> list[dict[st
     of its field names, as recent transformers releases do before rendering (5.24 does; 5.19, which vLLM's
     CPU build needs, passes None through, so `content: None` reaches the template). gym_bridge prepares
     them itself, for its own renderer and for the tokenizer's, so a prompt does not depend on the
-    installed transformers."""
+    installed transformers. A message that needs neither is passed as it is (templates render in a sandbox
+    that cannot change it)."""
     messages = []
     for message in conversation:
         if not isinstance(message, dict):
             raise TypeError(f"Chat messages should be dicts, but got {message!r}.")
-        message = {key: value for key, value in message.items() if value is not None}
+        if any(value is None for value in message.values()):
+            message = {key: value for key, value in message.items() if value is not None}
         reasoning = next((message[key] for key in REASONING_FIELDS if message.get(key) is not None), None)
         if reasoning is not None:
             message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
