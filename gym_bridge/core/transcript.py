@@ -53,7 +53,7 @@ class Transcript(Protocol):
         ...
 
 
-@dataclass
+@dataclass(slots=True)
 class _Conversation:
     """What both transcripts share: the trajectory they write, the budget, item ids."""
 
@@ -104,6 +104,8 @@ class _Conversation:
 
 class TokenTranscript(_Conversation):
     """The append-only token stream of a token policy; the template renders what the environment adds."""
+
+    __slots__ = ("policy", "template", "_last_token")
 
     def __init__(self, policy: Policy, template: ChatTemplate, *, task: Task, tools: tuple[dict[str, Any], ...],
                  trajectory: Trajectory, session_id: str, max_tokens: int) -> None:
@@ -166,6 +168,8 @@ class TokenTranscript(_Conversation):
 
 class MessageTranscript(_Conversation):
     """The chat messages of a chat policy; the token stream only from ids the server returns."""
+
+    __slots__ = ("policy", "messages")
 
     def __init__(self, policy: ChatPolicy, *, task: Task, tools: tuple[dict[str, Any], ...],
                  trajectory: Trajectory, session_id: str, max_tokens: int) -> None:
