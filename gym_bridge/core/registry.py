@@ -25,6 +25,8 @@ REMOTE_ENVIRONMENT = "nemo_gym_remote"
 _registry: dict[str, type[Environment]] = {}
 _aliases: dict[str, str] = {}
 _broken: dict[str, str] = {}
+_paths: dict[str, str] = {}
+"""Module paths loaded (`package.module:Class`) -> the name their class registered under."""
 _entry_points_loaded = False
 _allowed_module_prefixes: tuple[str, ...] | None = None
 
@@ -112,9 +114,11 @@ def load_environment_module(path: str) -> type[Environment]:
         raise UnknownEnvironmentError(f"{path!r} names {target!r} ({type(target).__name__}), not a gym_bridge Environment subclass")
     _check_own_name(target, path)
     try:
-        return register(target, aliases=vars(target).get("aliases", ()))
+        registered = register(target, aliases=vars(target).get("aliases", ()))
     except (TypeError, ValueError) as error:
         raise UnknownEnvironmentError(f"{path!r} cannot be registered: {error}") from None
+    _paths[path] = registered.name
+    return registered
 
 
 def _check_own_name(env_class: type[Environment], path: str) -> None:
@@ -149,6 +153,9 @@ def get_environment(name: str) -> type[Environment]:
     if canonical in _broken:
         raise UnknownEnvironmentError(f"environment {name!r} is installed but broken: {_broken[canonical]}")
     if ":" in name or "." in name:
+        registered = _registry.get(_paths.get(name, ""))
+        if registered is not None:  # loaded before: what is registered now (`configure` may have replaced it)
+            return registered
         return load_environment_module(name)
     known = ", ".join(sorted(_registry)) or "(none)"
     raise UnknownEnvironmentError(f"unknown environment {name!r}; known environments: {known}")

@@ -131,3 +131,27 @@ def test_rows_with_a_remote_url_route_to_the_remote_environment():
            "responses_create_params": {"input": "hi", "tools": [{"type": "function", "name": "anything", "parameters": {}}]}}
     resolved = resolve_tasks([parse_task(row, index=0)])
     assert resolved == {"counter_alias_agent": get_environment(REMOTE_ENVIRONMENT)}   # its tools are not checked locally
+
+
+def test_a_module_path_keeps_routing_to_its_configured_class(tmp_path, monkeypatch):
+    """`configure` after loading by module path registers a configured subclass; naming the path again
+    must give that class, not import and register the original over it (its settings were lost)."""
+    from gym_bridge.core.registry import configure
+
+    (tmp_path / "my_tunable_pkg.py").write_text(textwrap.dedent('''
+        from gym_bridge import Environment
+        class Tunable(Environment):
+            name = "tunable_from_module"
+            settings = ("level",)
+            level = 1
+            def verify(self, task, output):
+                return 1.0
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        original = get_environment("my_tunable_pkg:Tunable")
+        configured = configure("my_tunable_pkg:Tunable", level=3)
+        assert configured is not original and configured.level == 3
+        assert get_environment("my_tunable_pkg:Tunable") is configured is get_environment("tunable_from_module")
+    finally:
+        sys.modules.pop("my_tunable_pkg", None)
