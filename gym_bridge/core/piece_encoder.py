@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 MAX_CACHED_PIECES = 16_384
 MAX_CACHED_PIECE_CHARS = 4096
@@ -58,9 +58,8 @@ class PieceEncoder:
             joined: list[int] = self._encode_pieces([part for part in parts if part])
             return joined
         known_parts = [part_ids.get(part) for part in parts]
-        cached = [ids for ids in known_parts if ids is not None]
-        if len(cached) == len(known_parts):
-            return [token for ids in cached for token in ids]
+        if None not in known_parts:  # every part known (the common case: no list built to check it)
+            return [token for ids in cast("list[list[int]]", known_parts) for token in ids]
         new_parts = {part: [piece for piece in self.splitter.pieces_of_part(part) if piece]
                      for part, ids in zip(parts, known_parts) if ids is None and part}
         encoded = iter(self._encode_pieces([piece for pieces in new_parts.values() for piece in pieces], per_piece=True))
