@@ -20,7 +20,8 @@ from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.environment import Environment, FailureKind, RowProblem, ToolError, Toolset, VerifyResult, schema_problems, tool
 from gym_bridge.core.errors import DataError, GymBridgeError, MissingDependencyError, RolloutError, TemplateError, UnknownEnvironmentError, UserError
 from gym_bridge.core.helper_model import HelperModel
-from gym_bridge.core.items import TOKEN_FIELDS, Item, final_text, output_text
+from gym_bridge.core.dialects.responses import final_text, output_text
+from gym_bridge.core.items import TOKEN_FIELDS, Item
 from gym_bridge.core.metrics import summarize
 from gym_bridge.core.offload import run_in_process
 from gym_bridge.core.policy import (

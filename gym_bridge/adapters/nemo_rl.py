@@ -26,7 +26,7 @@ from gym_bridge.adapters.verl_data import row_from_columns
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import FAILURE_KINDS, Environment
-from gym_bridge.core.items import final_text
+from gym_bridge.core.dialects.responses import final_text
 from gym_bridge.core.policy import BackendError, ChatRequest, ChatTurn
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import resolve_tasks

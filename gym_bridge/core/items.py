@@ -3,15 +3,12 @@
 A trajectory is a list of items (`message`, `reasoning`, `function_call`,
 `function_call_output`) exactly as the Responses API and NeMo Gym write them, so records are
 plain dicts that serialize without conversion. This module builds those dicts; reading them and
-converting them to chat messages is `gym_bridge.core.dialects.responses` (`item_text` and
-`to_chat_messages` are importable from here too).
+converting them to chat messages is `gym_bridge.core.dialects.responses`.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal, NotRequired, TypedDict
-
-from gym_bridge.core.dialects.responses import item_text as item_text, to_chat_messages as to_chat_messages
 
 
 class OutputText(TypedDict):
@@ -109,20 +106,6 @@ def function_call_item(name: str, arguments: str, *, call_id: str, item_id: str)
 
 def function_call_output_item(output: str, *, call_id: str) -> FunctionCallOutputItem:
     return {"type": "function_call_output", "call_id": call_id, "output": output}
-
-
-def final_text(output: list[Item]) -> str:
-    """The text of the last assistant message of a trajectory ('' if it has none)."""
-    for item in reversed(output):
-        if item["type"] == "message" and item.get("role", "assistant") == "assistant":
-            return item_text(item)
-    return ""
-
-
-def output_text(output: list[Item]) -> str:
-    """The text of every assistant message of a trajectory, joined (the Responses API's
-    `output_text`; reasoning items are not included)."""
-    return "".join(item_text(item) for item in output if item["type"] == "message")
 
 
 ChatMessage = dict[str, Any]

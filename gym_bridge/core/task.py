@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from gym_bridge.core.errors import DataError
-from gym_bridge.core.items import ChatMessage, to_chat_messages
+from gym_bridge.core.dialects.responses import to_chat_messages
+from gym_bridge.core.items import ChatMessage
 
 ROUTING_KEYS = ("agent_ref", "environment", "env_class", "task_source")
 RECORD_FIELDS = (

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from gym_bridge.core.errors import DataError
-from gym_bridge.core.items import TOKEN_FIELDS, item_text, to_chat_messages
+from gym_bridge.core.dialects.responses import item_text, to_chat_messages
+from gym_bridge.core.items import TOKEN_FIELDS
 from gym_bridge.core.rollout_file import RolloutWriter, input_row
 
 ATIF_VERSION = "ATIF-v1.7"

@@ -18,7 +18,7 @@ from itertools import islice
 from typing import Any
 
 from gym_bridge.core.errors import DataError
-from gym_bridge.core.items import item_text, to_chat_messages
+from gym_bridge.core.dialects.responses import item_text, to_chat_messages
 
 SORT_KEYS = ("reward", "best", "latency", "turns", "tokens", "file")
 """`--sort` choices: `reward` ascending (worst first), `best` (highest reward first), `latency`, `turns` and

@@ -2,7 +2,8 @@
 
 Trajectories and task inputs are Responses items (`message`, `reasoning`, `function_call`,
 `function_call_output`); chat messages are the internal form the agent loop and the chat
-template work on. This module reads items (`item_text`), turns a Responses `input` into chat
+template work on. This module reads items (`item_text`; a trajectory's answer: `final_text`,
+`output_text`), turns a Responses `input` into chat
 messages (`to_chat_messages`) and chat messages back into Responses input items
 (`from_chat_messages`, what the Responses API is sent).
 """
@@ -10,7 +11,7 @@ messages (`to_chat_messages`) and chat messages back into Responses input items
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 _ROLE_TO_CHAT = {"developer": "system", "system": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
@@ -25,6 +26,20 @@ def item_text(item: Mapping[str, Any]) -> str:
     if isinstance(content, str):
         return content
     return "".join(part.get("text", "") for part in content or [] if isinstance(part, Mapping))
+
+
+def final_text(output: Sequence[Mapping[str, Any]]) -> str:
+    """The text of the last assistant message of a trajectory ('' if it has none)."""
+    for item in reversed(output):
+        if item["type"] == "message" and item.get("role", "assistant") == "assistant":
+            return item_text(item)
+    return ""
+
+
+def output_text(output: Sequence[Mapping[str, Any]]) -> str:
+    """The text of every assistant message of a trajectory, joined (the Responses API's
+    `output_text`; reasoning items are not included)."""
+    return "".join(item_text(item) for item in output if item["type"] == "message")
 
 
 def to_chat_messages(task_input: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
