@@ -501,7 +501,7 @@ async def _live_base_urls(urls: list[str], *, api_key: str | None, timeout_s: fl
     if len(urls) < 2:
         return urls
     from gym_bridge.policies.remote import served_models
-    from gym_bridge.scale.router import live_replicas
+    from gym_bridge.policies.router import live_replicas
 
     live, dead = await live_replicas(urls, lambda url: served_models(url, api_key=api_key, timeout_s=timeout_s))
     if not live:

@@ -41,7 +41,7 @@ import orjson
 from yarl import URL
 
 from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest, SamplingParams
-from gym_bridge.scale.router import ReplicaRouter
+from gym_bridge.policies.router import ReplicaRouter
 
 if TYPE_CHECKING:
     import httpx

@@ -1,3 +1,4 @@
-"""Past one machine: rollouts on Ray actors, a replica router with episode affinity, and admission
-checks that state every hop's concurrency. Only this package (and the adapters) import Ray, lazily.
+"""Past one machine: rollouts on Ray actors, and admission checks that state every hop's concurrency
+(the replica router that spreads model calls over servers is `gym_bridge.policies.router`). Only this
+package (and the adapters) import Ray, lazily.
 """

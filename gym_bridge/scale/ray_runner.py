@@ -34,7 +34,7 @@ from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.task import Task
 from gym_bridge.core.trajectory import Trajectory
 from gym_bridge.scale import admission
-from gym_bridge.scale.router import merge_stats
+from gym_bridge.policies.router import merge_stats
 
 if TYPE_CHECKING:
     from gym_bridge.policies.factory import PolicySpec

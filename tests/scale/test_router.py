@@ -20,7 +20,7 @@ from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.policy import BackendError, GenerationRequest, SamplingParams
 from gym_bridge.core.task import parse_task
 from gym_bridge.policies.remote import RemotePolicy, ReplicaLostError
-from gym_bridge.scale.router import ReplicaRouter, merge_stats
+from gym_bridge.policies.router import ReplicaRouter, merge_stats
 from tests.scale.stub_replicas import stub_replicas
 
 CITIES = ["Paris", "Oslo", "Lima", "Cairo", "Quito", "Hanoi", "Dakar", "Perth", "Riga", "Sofia", "Tunis", "Accra"]
