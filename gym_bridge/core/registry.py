@@ -155,6 +155,7 @@ def get_environment(name: str) -> type[Environment]:
     if ":" in name or "." in name:
         registered = _registry.get(_paths.get(name, ""))
         if registered is not None:  # loaded before: what is registered now (`configure` may have replaced it)
+            _check_module_allowed(name.partition(":")[0], name)  # the limits in force now hold for it too
             return registered
         return load_environment_module(name)
     known = ", ".join(sorted(_registry)) or "(none)"
