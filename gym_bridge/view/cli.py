@@ -1,6 +1,6 @@
 """The `show`, `view` and `export` commands, and `eval`'s tool-call alarm options.
 
-Kept apart from `gym_bridge.cli` so that module only registers them; imports stay lazy (no
+Kept apart from the `gym_bridge.cli` package, which only registers them; imports stay lazy (no
 tokenizer or template is loaded until a command runs).
 """
 

@@ -1,0 +1,105 @@
+"""The `gym-bridge` command: `eval`, `verify`, `envs` and `serve-model`.
+
+`eval` runs environments on a model (the embedded SmolLM2 by default, a local folder with
+transformers or an in-process vLLM engine (`--backend vllm`), an OpenAI-compatible server with `--base-url`, or a hosted chat API with `--api chat|responses`) and
+writes one rollout record per line plus `<output>.metrics.json`; `--resume` finishes a killed run.
+`verify` re-scores stored rollouts without a model. `envs` lists what is registered.
+`serve-model` serves a transformers model over an OpenAI-compatible HTTP API. `serve` serves
+environments as NeMo Gym agent servers (`POST /run`, for NeMo RL). `data` checks, generates and
+mixes task-row files (`gym_bridge.data`) and writes them as the parquet file verl's trainer reads.
+`show`, `view` and `export` present stored rollouts (`gym_bridge.view`).
+`env check` exercises an environment's tools and verifier without a model (`gym_bridge.env_check`).
+
+This package holds the parser (`build_parser` registers every subcommand, in the order `--help`
+lists them) and `main`, which dispatches to one module per command family: `eval` (eval and
+verify) with `eval_engine` (the model it runs: local, a server, Ray), `serve` (serve-model and
+serve), `data`, `envs` (envs and env check); `common` holds what they share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from typing import Sequence
+
+from gym_bridge.cli.common import EXIT_BAD_INPUT, EXIT_INTERRUPTED, _limit_module_paths
+from gym_bridge.cli.data import _data, _data_parser
+from gym_bridge.cli.envs import _env_check, _env_parser, _envs, _envs_parser
+from gym_bridge.cli.eval import _eval, _eval_parser, _run_fast, _verify, _verify_parser
+from gym_bridge.cli.serve import _agent_serve, _agent_serve_parser, _serve_model, _serve_parser
+from gym_bridge.core.errors import GymBridgeError, RolloutError
+from gym_bridge.view import cli as view_cli
+
+# What other modules and tests import from `gym_bridge.cli` (written `X as X`: re-exported).
+from gym_bridge.cli.common import EXIT_CRASH as EXIT_CRASH, EXIT_OK as EXIT_OK, EXIT_TOO_MANY_FAILED as EXIT_TOO_MANY_FAILED
+from gym_bridge.cli.common import check_hosts_resolve as check_hosts_resolve, check_urls as check_urls
+from gym_bridge.cli.common import torch_threads as torch_threads
+from gym_bridge.cli.eval import progress_format as progress_format
+from gym_bridge.cli.eval_engine import _apply_env_options as _apply_env_options, _matching_tokenizer as _matching_tokenizer
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gym-bridge", description="RL environments for language models, inside your trainer.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _eval_parser(sub)
+    _verify_parser(sub)
+    _envs_parser(sub)
+    _serve_parser(sub)
+    _agent_serve_parser(sub)
+    _data_parser(sub)
+    view_cli.add_parsers(sub)
+    _env_parser(sub)
+    return parser
+
+
+def _import_from_working_directory() -> None:
+    """Environments named by module path (`my_env:MyEnv`) are found in the current directory, as with
+    `python -m`: the `gym-bridge` script alone would not look there. Appended, so it shadows no package."""
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import faulthandler
+
+    from gym_bridge.core.registry import allow_module_paths
+
+    args = build_parser().parse_args(argv)
+    _import_from_working_directory()
+    if not faulthandler.is_enabled():  # a segfault in environment or model code prints where it happened
+        faulthandler.enable()
+    limited = args.command in ("eval", "verify", "env") and bool(args.no_module_paths or args.allow_module)
+    previous = _limit_module_paths(args) if limited else None
+    try:
+        if args.command == "eval":
+            return _run_fast(_eval(args))
+        if args.command == "verify":
+            return asyncio.run(_verify(args))
+        if args.command == "serve-model":
+            return _serve_model(args)
+        if args.command == "serve":
+            return _agent_serve(args)
+        if args.command == "data":
+            return _data(args)
+        if args.command in view_cli.COMMANDS:
+            return view_cli.run(args)
+        if args.command == "env":
+            return _env_check(args)
+        return _envs(args)
+    except RolloutError:  # a rollout's failure outside a rollout (a backend gone at start-up): a crash, as any bug
+        raise
+    except GymBridgeError as error:  # a UserError (or a bare GymBridgeError): the message says what to fix
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except FileNotFoundError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        where = f": finished rollouts are in {args.output}; rerun with --resume to finish" if args.command == "eval" else ""
+        print(f"interrupted{where}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        if limited:
+            allow_module_paths(previous)

@@ -1,0 +1,106 @@
+"""What several `gym-bridge` commands share: exit codes, the help formatter, the module-path options
+(`--no-module-paths`, `--allow-module`), URL checks, JSON-object options and the CPU-thread choice of a
+local model."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any, Sequence
+
+from gym_bridge.core.errors import GymBridgeError
+
+EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+EXIT_OK = 0
+EXIT_CRASH = 1
+EXIT_BAD_INPUT = 2
+EXIT_TOO_MANY_FAILED = 3
+EXIT_INTERRUPTED = 130
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help that keeps the epilog's layout and shows each option's default where it has one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        empty = action.default is None or action.default is False or action.default == [] or action.default == argparse.SUPPRESS
+        if empty or "default" in text or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
+def _module_path_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-module-paths", action="store_true",
+                   help="refuse environments that data rows name by module path (`pkg.mod:Class`): importing a module "
+                        "runs its code, so such data files are code, like pickles (--env module paths stay allowed)")
+    p.add_argument("--allow-module", action="append", default=[], metavar="PREFIX",
+                   help="allow only module paths under this package (repeatable; implies --no-module-paths for the rest)")
+
+
+def _limit_module_paths(args: argparse.Namespace) -> tuple[str, ...] | None:
+    """Limit module paths in data as --no-module-paths / --allow-module ask (--env names stay
+    trusted); returns the previous setting."""
+    from gym_bridge.core.registry import allow_module_paths
+
+    names = getattr(args, "env", None) or []
+    trusted = [name.partition(":")[0] for name in ([names] if isinstance(names, str) else names) if ":" in name or "." in name]
+    return allow_module_paths([*args.allow_module, *trusted])
+
+
+def check_urls(urls: Sequence[str], *, flag: str) -> None:
+    """Raise GymBridgeError naming `flag` for a URL that is not `http(s)://host[:port][/path]` (a missing scheme)."""
+    from urllib.parse import urlsplit
+
+    for url in urls:
+        parts = urlsplit(url.strip())
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise GymBridgeError(f"{flag} {url!r} is not an http(s) URL; write it with its scheme, e.g. http://{url.split('://')[-1]}")
+        try:
+            parts.port
+        except ValueError as error:
+            raise GymBridgeError(f"{flag} {url!r}: {error}") from None
+
+
+def check_hosts_resolve(urls: Sequence[str], *, flag: str) -> None:
+    """Raise GymBridgeError naming `flag` for a URL whose host name does not resolve (a typo; a server that is
+    not up yet is fine)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    for url in urls:
+        host = urlsplit(url.strip()).hostname or ""
+        try:
+            socket.getaddrinfo(host, None)
+        except (socket.gaierror, UnicodeError) as error:
+            raise GymBridgeError(f"{flag} {url!r}: host {host!r} does not resolve ({error}); check the URL") from None
+
+
+def torch_threads(requested: int | None, *, default: int, cores: int, load: float | None) -> int:
+    """CPU threads of one generation (serve-model, and eval's local model): `requested`, else `default` unless the machine is already at
+    least as busy as it has cores (1-minute load average), then 1. torch's threads wait for each other at
+    every operation; on a loaded 2-core machine 2 threads generated 10-20x slower than 1."""
+    if requested is not None:
+        if requested < 1:
+            raise GymBridgeError(f"--threads must be at least 1, got {requested}")
+        return requested
+    return 1 if load is not None and load >= cores else default
+
+
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:  # not available on this system
+        return None

@@ -1,0 +1,97 @@
+"""`gym-bridge data validate|prepare|mix|to-verl`: task-row files checked, generated and mixed
+(`gym_bridge.data`), and written as the parquet file verl's trainer reads."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from gym_bridge.core.errors import GymBridgeError
+
+
+def _data_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("data", help="task-row files: validate, prepare (generate), mix, to-verl")
+    data = p.add_subparsers(dest="data_command", required=True)
+    v = data.add_parser("validate", help="check every row against its environment; file:line: field for each problem")
+    v.add_argument("files", nargs="+", metavar="FILE.jsonl")
+    v.add_argument("--env", default=None, metavar="NAME", help="environment of rows that name none")
+    g = data.add_parser("prepare", help="generate rows with an environment's generator")
+    g.add_argument("env", metavar="ENV")
+    g.add_argument("--split", choices=["train", "validation"], default="train")
+    g.add_argument("--size", type=int, default=100, help="rows to generate")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--task", default=None, help="the generator's task (e.g. a reasoning-gym dataset name)")
+    g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a generator option (repeatable; VALUE is read as JSON when it parses, else as text)")
+    g.add_argument("--output", required=True, metavar="FILE.jsonl")
+    m = data.add_parser("mix", help="a seeded, shuffled multi-environment file")
+    m.add_argument("files", nargs="+", metavar="FILE.jsonl")
+    m.add_argument("--weights", type=float, nargs="+", default=None, help="one weight per file (default: every row once)")
+    m.add_argument("--num-rows", type=int, default=None, help="with --weights: rows to draw (default: all files' rows together)")
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--output", required=True, metavar="FILE.jsonl")
+    t = data.add_parser("to-verl", help="write task rows (JSONL) as the parquet file verl's trainer reads")
+    t.add_argument("inputs", nargs="+", metavar="IN.jsonl", help="task rows (NeMo Gym format)")
+    t.add_argument("--output", required=True, metavar="OUT.parquet")
+    t.add_argument("--env", default=None, metavar="NAME", help="environment of rows that name none")
+    t.add_argument("--limit", type=int, default=None, help="at most N rows per input file")
+
+
+def _option_value(text: str) -> Any:
+    import json
+
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _data(args: argparse.Namespace) -> int:
+    from gym_bridge import data as task_files
+    from gym_bridge.core.output_file import check_not_an_input
+
+    if args.data_command == "validate":
+        if args.env:  # a typo fails here; a module path registers its class, so rows may use its name
+            from gym_bridge.core.registry import get_environment
+
+            get_environment(args.env)
+        failed = False
+        for path in args.files:
+            report = task_files.validate_file(path, default_env=args.env)
+            for problem in report.problems:
+                print(problem, file=sys.stderr)
+            envs = ", ".join(f"{name} {count}" for name, count in report.rows_per_env.items()) or "none"
+            verdict = "ok" if report.ok else f"{len(report.problems)} problem(s)"
+            print(f"{report.path}: {report.rows} rows ({envs}): {verdict}")
+            failed = failed or not report.ok
+        return 1 if failed else 0
+    if args.data_command == "prepare":
+        options = {}
+        for entry in args.set:
+            key, sep, value = entry.partition("=")
+            if not sep or not key:
+                raise GymBridgeError(f"--set expects KEY=VALUE, got {entry!r}")
+            options[key] = _option_value(value)
+        if args.task is not None:
+            options["task"] = args.task
+        rows = task_files.prepare(args.env, split=args.split, size=args.size, seed=args.seed, **options)
+        print(f"wrote {len(rows)} rows to {task_files.write_rows(rows, args.output)}")
+        return 0
+    if args.data_command == "to-verl":
+        from gym_bridge.adapters.verl_data import write_verl_parquet
+
+        summary = write_verl_parquet(args.inputs, args.output, default_env=args.env, limit=args.limit)
+        print(summary.describe())
+        return 0
+    if args.weights is None and args.num_rows is not None:
+        raise GymBridgeError("--num-rows needs --weights")
+    check_not_an_input(args.output, args.files)
+    try:
+        rows = task_files.mix_files(args.files, weights=args.weights, seed=args.seed, num_rows=args.num_rows)
+    except ValueError as error:
+        if isinstance(error, GymBridgeError):
+            raise
+        raise GymBridgeError(str(error)) from None
+    print(f"wrote {len(rows)} rows to {task_files.write_rows(rows, args.output)}")
+    return 0

