@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from gym_bridge.core.dialects.chat import MAX_CHOICES, ApiError, ChatBody, MessageIn, SamplingBody, ToolIn, from_chat_tool
 from gym_bridge.core.dialects.template_view import template_messages
+from gym_bridge.disconnect import ClientDisconnected, unless_disconnected
 from gym_bridge.core.errors import GymBridgeError
 from gym_bridge.core.policy import ContextOverflowError, Generation, GenerationRequest, LogprobsMode, SamplingParams
 from gym_bridge.core.template import ChatTemplate
@@ -373,41 +374,22 @@ async def _generate_all(state: ServerState, jobs: list[tuple[list[int], Sampling
     rows) and a 499 is returned to nobody.
     """
     started = time.perf_counter()
-    generating = asyncio.ensure_future(asyncio.gather(
-        *(state.policy.generate(GenerationRequest(prompt_ids=ids, sampling=sampling)) for ids, sampling in jobs)
-    ))
-    watching = asyncio.ensure_future(_disconnected(request))
+    generating = asyncio.gather(*(state.policy.generate(GenerationRequest(prompt_ids=ids, sampling=sampling)) for ids, sampling in jobs))
+
+    def cancelled() -> None:
+        logger.warning("request cancelled after %.1f s: the client disconnected (%d prompt(s); their generation stopped)",
+                       time.perf_counter() - started, len(jobs))
+
     try:
-        await asyncio.wait({generating, watching}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watching.cancel()
-        if not generating.done():
-            _cancel(generating, started_s=started, prompts=len(jobs))
-    if not generating.done() or generating.cancelled():
-        raise ApiError(499, "the client disconnected; its generation was cancelled", "ClientDisconnected")
-    try:
-        generations = generating.result()
+        generations = await unless_disconnected(generating, request.receive, on_cancel=cancelled)
+    except ClientDisconnected:
+        raise ApiError(499, "the client disconnected; its generation was cancelled", "ClientDisconnected") from None
     except ContextOverflowError as error:
         raise ApiError(400, f"This model's maximum context length is exceeded: {error}") from None
     except ValueError as error:
         raise ApiError(400, str(error)) from None
     state.generations += len(generations)
     return list(generations)
-
-
-def _cancel(generating: asyncio.Future[Any], *, started_s: float, prompts: int) -> None:
-    """Cancel a request's generation with one log line; its outcome (a CancelledError, or an error raised while
-    stopping) is collected, so asyncio logs no `exception was never retrieved` traceback for it."""
-    generating.cancel()
-    generating.add_done_callback(lambda done: done.cancelled() or done.exception())
-    logger.warning("request cancelled after %.1f s: the client disconnected (%d prompt(s); their generation stopped)",
-                   time.perf_counter() - started_s, prompts)
-
-
-async def _disconnected(request: Request) -> None:
-    """Return once the client has disconnected (the body was read already, so only that message is left)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def _final_text(generation: Generation, sampling: SamplingParams, body: SamplingBody, state: ServerState) -> tuple[str, str | None]:

@@ -18,7 +18,7 @@ import math
 import os
 import re
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -26,13 +26,14 @@ from typing import TYPE_CHECKING, Any
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import Environment
-from gym_bridge.core.errors import DataError, GymBridgeError, MissingDependencyError, RolloutError, UnknownEnvironmentError, UserError
+from gym_bridge.core.errors import DataError, GymBridgeError, MissingDependencyError, UnknownEnvironmentError, UserError
 from gym_bridge.core.items import TOKEN_FIELDS
 from gym_bridge.core.policy import BackendError, ChatPolicy, ChatRequest, ChatTurn, SamplingParams
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import get_environment, resolve_tasks
 from gym_bridge.core.rollout_file import dump_line
 from gym_bridge.core.task import MAX_ROW_DEPTH, Task, parse_task
+from gym_bridge.disconnect import ClientDisconnected, unless_disconnected
 
 if TYPE_CHECKING:
     from gym_bridge.policies.chat_api import ChatAPIPolicy
@@ -366,7 +367,7 @@ def build_app(settings: AgentServerSettings, *, policy: ChatPolicy | None = None
         except RecursionError:
             return unprocessable(f"request body is nested too deeply (a row may nest at most {MAX_ROW_DEPTH} levels)", "body")
         try:  # written as records are: a NaN of the row (JSON has none) as null
-            return Response(dump_line(await _unless_disconnected(server.run(row), request)), media_type="application/json")
+            return Response(dump_line(await unless_disconnected(server.run(row), request.receive)), media_type="application/json")
         except ClientDisconnected:
             return JSONResponse({"detail": "the client disconnected; its rollout was cancelled"}, status_code=499)
         except RowError as error:
@@ -388,32 +389,6 @@ def build_app(settings: AgentServerSettings, *, policy: ChatPolicy | None = None
     app.add_route("/run", run, methods=["POST"])
     app.add_route("/aggregate_metrics", aggregate, methods=["POST"])
     return app
-
-
-class ClientDisconnected(RolloutError):
-    """The `/run` client went away before its rollout finished; the rollout was cancelled."""
-
-
-async def _unless_disconnected(run: Awaitable[dict[str, Any]], request: Any) -> dict[str, Any]:
-    """`await run`, cancelled as soon as the client disconnects (then raises ClientDisconnected), so
-    a trainer that gives up on a row frees its slot and stops its model calls."""
-    running = asyncio.ensure_future(run)
-    watching = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({running, watching}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watching.cancel()
-        if not running.done():
-            running.cancel()
-    if running.cancelled():
-        raise ClientDisconnected()
-    return running.result()
-
-
-async def _disconnected(request: Any) -> None:
-    """Return once the client has disconnected (the body was read already, so only that message is left)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def serve(settings: AgentServerSettings, *, host: str = "127.0.0.1", port: int = 9000,
