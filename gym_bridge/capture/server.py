@@ -97,7 +97,7 @@ class CaptureServer:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         async def answer(session: CaptureSession | ChatCaptureSession, data: Any) -> web.StreamResponse:
             completion = await session.chat_completions(data)
-            if data.get("stream") is not True:  # as the validated body reads it (a JSON true)
+            if data.get("stream") is not True:  # the body validated it as a JSON true or false
                 return web.json_response(completion)
             include_usage = bool((data.get("stream_options") or {}).get("include_usage"))
             events = [(None, chunk) for chunk in completion_chunks(completion, include_usage=include_usage)]
@@ -108,7 +108,7 @@ class CaptureServer:
     async def _responses(self, request: web.Request) -> web.StreamResponse:
         async def answer(session: CaptureSession | ChatCaptureSession, data: Any) -> web.StreamResponse:
             response = await session.responses(data)
-            if data.get("stream") is not True:  # as the validated body reads it (a JSON true)
+            if data.get("stream") is not True:  # the body validated it as a JSON true or false
                 return web.json_response(response)
             return await _event_stream(request, [(event["type"], event) for event in response_events(response)], done=False)
 

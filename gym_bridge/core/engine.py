@@ -72,9 +72,7 @@ class Engine:
         self.policy = policy
         self.template = template
         self.config = config or EngineConfig()
-        self.uses_messages = not is_token_policy(policy)
-        """True when the policy is message-based (no token ids)."""
-        if template is not None and not self.uses_messages:
+        if template is not None and is_token_policy(policy):
             if self.config.tool_parser or self.config.reasoning_parser or self.config.chat_template_kwargs is not None:
                 template = self.template = template.with_options(
                     tool_parser=self.config.tool_parser, reasoning_parser=self.config.reasoning_parser,

@@ -188,7 +188,7 @@ class ChatTemplate:
         plain = not getattr(tokenizer, "clean_up_tokenization_spaces", False)
         self._decode_backend: Callable[..., str] | None = getattr(backend, "decode", None) if fast and plain else None
         """A fast tokenizer's own decode, which gives `tokenizer.decode`'s text when it cleans up no spaces (its
-        Python wrapper checks every id's type first: a tenth of a tool-calling rollout's orchestration)."""
+        Python wrapper checks every id's type first, on every model turn)."""
 
     def with_options(self, *, tool_parser: str | None = None, reasoning_parser: str | None = None,
                      chat_template_kwargs: Mapping[str, Any] | None = None) -> ChatTemplate:

@@ -92,3 +92,14 @@ def test_stream_options_without_stream_is_a_400_that_is_recorded(smol_template) 
         assert [error.status for error in session.errors] == [400] and session.calls == []
 
     serve(smol_template, {"": []}, check)
+
+
+def test_a_stream_flag_that_is_not_a_json_boolean_is_a_400(smol_template) -> None:
+    async def check(session: CaptureSession, client: openai.AsyncOpenAI, base_url: str) -> None:
+        async with httpx.AsyncClient() as http:
+            answer = await http.post(f"{base_url}/chat/completions", json={"model": "policy", "messages": QUESTION, "stream": "false"},
+                                     headers={"Authorization": "Bearer unused"})
+        assert answer.status_code == 400 and "stream" in answer.text
+        assert [error.status for error in session.errors] == [400] and session.calls == []
+
+    serve(smol_template, {"": []}, check)

@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from gym_bridge.core.errors import UserError
 from gym_bridge.core.items import TOKEN_FIELDS
@@ -62,7 +62,8 @@ class SamplingBody(BaseModel):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logprobs_mode: str | None = None
-    stream: bool = False
+    stream: StrictBool = False
+    """A JSON true or false (the server reads the raw flag to choose a streamed answer, so no other value may pass)."""
     # Accepted only at their neutral values: the policy implements none of them.
     min_p: float = 0.0
     repetition_penalty: float = 1.0

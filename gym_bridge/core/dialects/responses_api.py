@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from gym_bridge.core.dialects.chat import ApiError, to_chat_tool
 
@@ -43,7 +43,7 @@ class ResponsesBody(BaseModel):
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     parallel_tool_calls: bool | None = None
-    stream: bool = False
+    stream: StrictBool = False
     store: bool | None = None
     previous_response_id: str | None = None
     conversation: str | dict[str, Any] | None = None
