@@ -193,10 +193,20 @@ class GymBridgeAgentLoop(AgentLoopBase):
             record = await Engine(policy, self.template, config).rollout(task, repeat, env_class=env_class)
         _alarm.observe(record)
         if self.records_path is not None:
-            with RolloutWriter(self.records_path, append=True) as writer:
-                # the weights version verl's server reports for the rollout's first call (None where it reports none)
-                writer.write(with_train_step(record.to_dict(), policy.global_steps.get("min_global_steps")))
+            # the weights version verl's server reports for the rollout's first call (None where it reports none)
+            _records_writer(self.records_path).write(with_train_step(record.to_dict(), policy.global_steps.get("min_global_steps")))
         return to_agent_loop_output(record, policy=policy, prompt_length=self.prompt_length, response_length=self.response_length)
+
+
+_writers: dict[Path, RolloutWriter] = {}
+"""One open records file per path in this worker process (verl builds an agent loop per sample); each line is flushed."""
+
+
+def _records_writer(path: Path) -> RolloutWriter:
+    writer = _writers.get(path)
+    if writer is None:
+        writer = _writers[path] = RolloutWriter(path, append=True)
+    return writer
 
 
 def records_file(records_path: str) -> Path:
