@@ -141,6 +141,12 @@ def test_data_validate_names_the_row_that_names_a_command(tmp_path, capsys) -> N
     captured = capsys.readouterr()
     assert f"{rows}:2: harness.command: rows may not name their own command" in captured.err
     assert f"{rows}:1" not in captured.err and "1 problem(s)" in captured.out
+    register(AllowingExample)  # where the environment allows row commands, the row is valid and still named
+    allowed = write_rows(tmp_path / "allowed.jsonl", {**marker_row(tmp_path / "ran"), "agent_ref": {"name": AllowingExample.name}})
+    assert main(["data", "validate", str(allowed)]) == 0
+    captured = capsys.readouterr()
+    assert f"warning: {allowed}:1: harness.command: names the command its harness runs" in captured.err
+    assert "ok, 1 warning(s)" in captured.out
 
 
 @pytest.mark.parametrize(("flags", "says"), [
