@@ -148,7 +148,7 @@ _row_commands: bool | None = None
 def harness_environment(passed: Iterable[str], session: Mapping[str, str]) -> dict[str, str]:
     """A command's whole environment: `BASE_ENV_VARS` and the `passed` names taken from this process's
     (when set), then the session's own variables. Nothing else of the trainer's (API keys, tokens)."""
-    names = (*BASE_ENV_VARS, *passed)
+    names = (*BASE_ENV_VARS, *([passed] if isinstance(passed, str) else passed))
     return {**{name: os.environ[name] for name in names if name in os.environ}, **session}
 
 
