@@ -252,6 +252,31 @@ def test_a_successful_harness_whose_background_child_keeps_stdout_open_is_scored
     assert wait_gone(int(pid_file.read_text())), "the background child outlived the run"
 
 
+KILLED_TRAINER = """
+import asyncio, os, sys
+from gym_bridge.capture.harness import run_command
+
+script = "setsid sh -c 'echo $$ > " + sys.argv[1] + "; exec sleep 30' & sleep 30"
+asyncio.run(run_command(["sh", "-c", script], env={"PATH": os.environ["PATH"]}, stdin=b"", timeout_s=60, stop=asyncio.Event()))
+"""
+
+
+def test_a_killed_trainer_leaves_no_harness_process_behind(tmp_path) -> None:
+    import subprocess
+
+    pid_file = tmp_path / "escaped.pid"
+    trainer = subprocess.Popen([sys.executable, "-c", KILLED_TRAINER, str(pid_file)], env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    try:
+        give_up = time.monotonic() + 20
+        while not (pid_file.exists() and pid_file.read_text().strip()):
+            assert time.monotonic() < give_up and trainer.poll() is None, "the harness never started"
+            time.sleep(0.05)
+    finally:
+        trainer.kill()  # kill -9: no cleanup of its own runs
+        trainer.wait()
+    assert wait_gone(int(pid_file.read_text()), within_s=5.0), "the setsid child outlived its killed trainer"
+
+
 # -- item 7: writing the task is bounded too ---------------------------------------------------------
 
 
