@@ -297,3 +297,23 @@ def test_a_large_task_to_a_harness_that_never_reads_stdin_is_bounded_by_the_wall
 def test_a_large_task_read_from_the_file_works_without_reading_stdin(smol_template, turn) -> None:
     record = rollout(engine(smol_template, {"": [turn("42")]}), shell_env('exec "$0" -c "$1"', timeout_s=15.0), big_row())
     assert record["failure_kind"] is None and record["reward"] == 1.0, record["failure_reason"]
+
+
+def test_the_same_holds_on_uvloop_which_eval_runs_on(tmp_path) -> None:
+    uvloop = pytest.importorskip("uvloop")
+    from gym_bridge.capture.harness import run_command
+
+    pid_file = tmp_path / "escaped.pid"
+    env = {"PATH": os.environ["PATH"]}
+
+    async def both() -> tuple:
+        done = await run_command(["sh", "-c", "sleep 30 & echo done"], env=env, stdin=b"x" * 300_000, timeout_s=10, stop=asyncio.Event())
+        hung = await run_command(["sh", "-c", f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 30' & exec sleep 30"], env=env,
+                                 stdin=b"x" * 300_000, timeout_s=1.5, stop=asyncio.Event())
+        return done, hung
+
+    started = time.monotonic()
+    done, hung = uvloop.run(both())
+    assert (done.exit_code, done.stdout_tail.strip(), done.timed_out) == (0, "done", False)
+    assert hung.timed_out and time.monotonic() - started < 8.0
+    assert wait_gone(int(pid_file.read_text()))
