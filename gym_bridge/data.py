@@ -46,6 +46,8 @@ class ValidationReport:
     problems: list[Problem]
     rows_per_env: dict[str, int] = field(default_factory=dict)
     """Rows that parsed, by the environment's canonical name."""
+    warnings: list[Problem] = field(default_factory=list)
+    """What valid rows do that a reader of shared data should know (a row naming the command its harness runs)."""
 
     @property
     def ok(self) -> bool:
@@ -87,6 +89,7 @@ def validate_file(path: str | Path, *, default_env: str | None = None) -> Valida
     a file that cannot be read (missing, a directory, UTF-16) is one problem naming it."""
     path = Path(path)
     problems: list[Problem] = []
+    warnings: list[Problem] = []
     per_env: Counter[str] = Counter()
     rows = 0
     unreadable = _unreadable(path)
@@ -113,9 +116,23 @@ def validate_file(path: str | Path, *, default_env: str | None = None) -> Valida
             problems.extend(found)
             if env_class is not None:
                 per_env[env_class.name] += 1
+                if not found:
+                    warnings.extend(_row_warnings(row, env_class, source))
     if rows == 0:
         problems.append(Problem(str(path), "", "holds no rows"))
-    return ValidationReport(path=path, rows=rows, problems=problems, rows_per_env=dict(sorted(per_env.items())))
+    return ValidationReport(path=path, rows=rows, problems=problems, rows_per_env=dict(sorted(per_env.items())), warnings=warnings)
+
+
+def _row_warnings(row: dict[str, Any], env_class: type[Environment], source: str) -> list[Problem]:
+    """A valid row that names the command its harness runs (its environment allows that): say so."""
+    if "harness" not in row:
+        return []
+    from gym_bridge.capture.environment import HarnessEnvironment, row_command
+
+    if not issubclass(env_class, HarnessEnvironment) or row_command(row) is None:
+        return []
+    return [Problem(source, "harness.command", f"names the command its harness runs ({env_class.name!r} allows rows to): "
+                                               "it runs with your permissions, so use this file only if you trust it")]
 
 
 _BYTE_ORDER_MARKS = {b"\xff\xfe\x00\x00": "UTF-32", b"\x00\x00\xfe\xff": "UTF-32", b"\xff\xfe": "UTF-16", b"\xfe\xff": "UTF-16"}

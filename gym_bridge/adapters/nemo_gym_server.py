@@ -23,6 +23,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gym_bridge.capture.environment import HarnessEnvironment, row_command
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import Environment
@@ -159,6 +160,10 @@ class AgentServer:
             resolve_tasks([task])  # the row's tool schemas must match the environment's tools
         except DataError as error:
             raise RowError(str(error).removeprefix("/run: ").removeprefix(f"{error.field}: "), field=error.field) from None
+        if issubclass(env_class, HarnessEnvironment) and row_command(task.row) is not None:
+            raise RowError("a /run body may not name the command its harness runs (it would run with this server's "
+                           "permissions, whatever the environment allows elsewhere); the environment's own command runs",
+                           field="harness.command")
         return task, env_class, self.sampling(task)
 
     def sampling(self, task: Task) -> SamplingParams:

@@ -6,7 +6,8 @@ limits, assembles the captured calls into token segments and leaves them on the 
 flat `tokens` view is the last segment, and when the harness rewrote its history every segment
 is kept under `tokens.segments`. The environment's `score(task, answer)` grades the agent's final
 answer (what a callable returned, else the content of its last model answer); `verify` adds the
-capture's metrics (calls, segments, rewrites, endpoint errors, output tails).
+capture's metrics (calls, segments, rewrites, endpoint errors, output tails). A command gets a
+minimal environment (`harness_environment`); a row names its own only where `allow_row_commands` says.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -24,9 +26,11 @@ from gym_bridge.capture.server import capture_server
 from gym_bridge.capture.chat_session import ChatCaptureSession
 from gym_bridge.capture.session import CaptureSession, SessionState
 from gym_bridge.core.agent_loop import RolloutContext, RolloutFailure
-from gym_bridge.core.environment import Environment, VerifyResult, to_verify_result
+from gym_bridge.core.environment import Environment, RowProblem, VerifyResult, to_verify_result
+from gym_bridge.core.errors import UserError
 from gym_bridge.core.items import Item
 from gym_bridge.core.policy import ChatPolicy, is_token_policy
+from gym_bridge.core.registry import module_paths_limited
 from gym_bridge.core.task import Task
 from gym_bridge.core.dialects.chat import to_chat_tool
 
@@ -75,8 +79,9 @@ class HarnessLoop:
         with tempfile.TemporaryDirectory(prefix="gym_bridge_harness_") as folder:
             task_file = Path(folder) / "task.json"
             task_file.write_text(text)
-            variables = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": session.token,
-                         "OPENAI_MODEL": session.model_name, "GYM_BRIDGE_TASK_FILE": str(task_file)}
+            variables = harness_environment(env_class.harness_env_vars, {
+                "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": session.token, "OPENAI_MODEL": session.model_name,
+                "GYM_BRIDGE_TASK_FILE": str(task_file)})
             try:
                 return await run_command(argv, env=variables, stdin=text.encode(), timeout_s=env_class.harness_timeout_s,
                                          stop=session.stopped, tail_chars=env_class.tail_chars)
@@ -135,13 +140,47 @@ def _tails(outcome: AgentOutcome) -> str:
     return "".join(parts)
 
 
+BASE_ENV_VARS = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM")
+"""The trainer's variables every harness command gets (when set); others only by `harness_env_vars`."""
+_row_commands: bool | None = None
+
+
+def harness_environment(passed: Iterable[str], session: Mapping[str, str]) -> dict[str, str]:
+    """A command's whole environment: `BASE_ENV_VARS` and the `passed` names taken from this process's
+    (when set), then the session's own variables. Nothing else of the trainer's (API keys, tokens)."""
+    names = (*BASE_ENV_VARS, *([passed] if isinstance(passed, str) else passed))
+    return {**{name: os.environ[name] for name in names if name in os.environ}, **session}
+
+
+def allow_row_commands(allowed: bool | None) -> bool | None:
+    """Whether rows may name their own harness command (`"harness": {"command": [...]}`) in this process:
+    True for every `HarnessEnvironment` (`gym-bridge eval --allow-row-commands`), False for none, None (the
+    default) as each environment's `allow_row_commands` says. Limited module paths (`--no-module-paths`,
+    `--allow-module`) refuse them whatever this says. Returns the previous setting."""
+    global _row_commands
+    previous, _row_commands = _row_commands, allowed
+    return previous
+
+
+def row_command(row: Mapping[str, Any]) -> Any:
+    """The command a row names for its harness (`harness.command`), or None."""
+    spec = row.get("harness")
+    return spec.get("command") if isinstance(spec, dict) else None
+
+
 class HarnessEnvironment(Environment):
     """An environment whose rollouts are runs of an agent program; subclasses set `command` or
     `agent` and implement `score`. A row may give its own command as `harness: {"command": [...]}`
-    (only rows you trust: the command runs with your permissions)."""
+    only where `allow_row_commands` lets it (the command runs with your permissions)."""
 
     command: ClassVar[tuple[str, ...]] = ()
-    """The agent's command line (run in its own process group)."""
+    """The agent's command line (run under a reaper that kills whatever it leaves behind)."""
+    allow_row_commands: ClassVar[bool] = False
+    """Let a row's `harness.command` replace `command`. Off: such a row is refused before any rollout (a data
+    file naming commands carries code). Never allowed with limited module paths, nor behind `/run`."""
+    harness_env_vars: ClassVar[tuple[str, ...]] = ()
+    """Names of the trainer's environment variables a command also gets, beside `BASE_ENV_VARS` and its
+    session's (`OPENAI_BASE_URL`, `OPENAI_API_KEY`, `OPENAI_MODEL`, `GYM_BRIDGE_TASK_FILE`)."""
     agent: ClassVar[AgentCallable | None] = None
     """Or an async callable `agent(client, task)`; it wins over `command`."""
     harness_timeout_s: ClassVar[float] = 300.0
@@ -151,21 +190,70 @@ class HarnessEnvironment(Environment):
     model_name: ClassVar[str] = "gym-bridge-policy"
     """The model name the endpoint serves (given to commands as `OPENAI_MODEL`); other names get a 404."""
     agent_loop: ClassVar[HarnessLoop] = HarnessLoop()
-    settings: ClassVar[tuple[str, ...]] = ("harness_timeout_s", "tail_chars")
+    settings: ClassVar[tuple[str, ...]] = ("harness_timeout_s", "tail_chars", "allow_row_commands", "harness_env_vars")
     tools_from_row = True  # the agent runs its own tools; a row's tool schemas are passed to it as they are
 
     session: SessionState | None = None
     outcome: AgentOutcome | None = None
 
     def harness_command(self, task: Task) -> tuple[str, ...]:
-        """The command line for `task`: the row's `harness.command`, else the class's `command`."""
-        spec = task.row.get("harness")
-        command = spec.get("command") if isinstance(spec, dict) else None
+        """The command line for `task`: the row's `harness.command` where allowed, else the class's `command`.
+
+        Raises RolloutFailure (`env`) for a row's command that is not allowed (rows are checked before a
+        run by `validate_row`; this holds for rows that reach a rollout unchecked) or a malformed command.
+        """
+        command = row_command(task.row)
         if command is None:
             command = self.command
+        else:
+            refusal = type(self).row_command_refusal()
+            if refusal is not None:
+                raise RolloutFailure("env", f"harness.command: {refusal}")
         if isinstance(command, str) or not command or not all(isinstance(part, str) for part in command):
             raise RolloutFailure("env", f"{type(self).__name__} needs `command` (a list of strings) or `agent`; got {command!r}")
         return tuple(command)
+
+    @classmethod
+    def row_command_refusal(cls) -> str | None:
+        """Why rows may not name their own command here, saying what would allow it; None when they may."""
+        if module_paths_limited():
+            return ("rows may not name their own command while module paths are limited (--no-module-paths, "
+                    "--allow-module: the settings for shared data); set the command on the environment class")
+        if _row_commands is False:
+            return "rows may not name their own command in this process (allow_row_commands(False))"
+        if _row_commands or cls.allow_row_commands:
+            return None
+        return (f"rows may not name their own command: it runs with your permissions, so a data file that does "
+                f"carries code; only for data you trust: set `allow_row_commands = True` on {cls.__name__} "
+                f"(--env-setting {cls.name}.allow_row_commands=true), or pass `gym-bridge eval --allow-row-commands`")
+
+    @classmethod
+    def validate_row(cls, row: dict[str, Any]) -> list[RowProblem]:
+        """The row's own problems, and a `harness.command` that is not allowed (`row_command_refusal`) or malformed."""
+        problems = super().validate_row(row)
+        spec = row.get("harness")
+        if spec is not None and not isinstance(spec, dict):
+            return [*problems, RowProblem("harness", f"must be an object such as {{\"command\": [...]}}, got {type(spec).__name__}")]
+        command = row_command(row)
+        if command is None:
+            return problems
+        refusal = cls.row_command_refusal()
+        if refusal is not None:
+            problems.append(RowProblem("harness.command", refusal))
+        elif isinstance(command, str) or not isinstance(command, list) or not command or not all(isinstance(part, str) for part in command):
+            problems.append(RowProblem("harness.command", f"must be a non-empty list of strings, got {command!r}"))
+        return problems
+
+    @classmethod
+    def check_ready(cls) -> None:
+        """Refuse malformed `allow_row_commands` / `harness_env_vars` settings before any rollout."""
+        super().check_ready()
+        if not isinstance(cls.allow_row_commands, bool):
+            raise UserError(f"{cls.name}.allow_row_commands must be true or false, got {cls.allow_row_commands!r}")
+        names = cls.harness_env_vars
+        if isinstance(names, str) or not isinstance(names, (list, tuple)) or not all(
+                isinstance(name, str) and name and "=" not in name for name in names):
+            raise UserError(f"{cls.name}.harness_env_vars must be a list of variable names, e.g. [\"MY_TOKEN\"], got {names!r}")
 
     @property
     def final_answer(self) -> str:

@@ -1,12 +1,11 @@
-"""Running an agent program (a harness) with limits: a command line in its own process group,
-or an async Python callable `agent(client, task)` given an `openai.AsyncOpenAI` client.
+"""Running an agent program (a harness) with limits: a command line under a reaper process
+(`reaper.py`), or an async Python callable `agent(client, task)` given an `openai.AsyncOpenAI` client.
 
-Both point at the rollout's capture endpoint. A command gets `OPENAI_BASE_URL`, `OPENAI_API_KEY`
-and `OPENAI_MODEL` in its environment and the task as JSON on stdin (`HarnessLoop` also writes it to the file named by
-`GYM_BRIDGE_TASK_FILE`). It is bounded by a wall limit; on timeout, on cancel or when the session
-stops serving (a budget spent) the whole process group is killed. Only the last characters of
-stdout and stderr are kept. What happened is returned as an `AgentOutcome`; nothing here raises
-for a harness that crashes or hangs.
+A command gets the environment it is given and the task on stdin. It is bounded by a wall limit
+(writing stdin included); it ends when it exits, whatever still holds its output; on its exit, a
+timeout, a cancel or when the session stops serving (a budget spent), everything it started is
+killed, in its process group or not. Only the last characters of stdout and stderr are kept. What
+happened is returned as an `AgentOutcome`; nothing here raises for a harness that crashes or hangs.
 """
 
 from __future__ import annotations
@@ -14,10 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
+import sys
 import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 AgentCallable = Callable[[Any, dict[str, Any]], Awaitable[Any]]
@@ -25,6 +27,12 @@ AgentCallable = Callable[[Any, dict[str, Any]], Awaitable[Any]]
 
 STOP_GRACE_S = 1.0
 """After the session stops serving, how long a harness may take to end by itself before it is killed."""
+REAPER = Path(__file__).with_name("reaper.py")
+"""The small process each command runs under: it adopts and kills whatever the command leaves behind."""
+REAP_LIMIT_S = 6.0
+"""How long the reaper may take to kill a command's tree and end (it gives up on what it cannot kill after 5 s)."""
+DRAIN_LIMIT_S = 1.0
+"""How long output is still read after the command's tree is gone."""
 
 
 @dataclass(frozen=True)
@@ -61,11 +69,6 @@ async def _pump(stream: asyncio.StreamReader | None, tail: _Tail) -> None:
         tail.add(chunk.decode("utf-8", errors="replace"))
 
 
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-
-
 async def _race(work: asyncio.Future[Any], stop: asyncio.Event, timeout_s: float) -> tuple[bool, bool]:
     """Wait for `work`, the stop event (plus a grace period) or the timeout; returns (timed_out, stopped)."""
     stopper = asyncio.ensure_future(stop.wait())
@@ -83,38 +86,136 @@ async def _race(work: asyncio.Future[Any], stop: asyncio.Event, timeout_s: float
 
 async def run_command(argv: Sequence[str], *, env: Mapping[str, str], stdin: bytes, timeout_s: float,
                       stop: asyncio.Event, tail_chars: int = 4000, cwd: str | None = None) -> AgentOutcome:
-    """Run `argv` to its end, its timeout or the stop event; the process group never outlives this call.
+    """Run `argv` under its reaper to its exit, its timeout or the stop event. The wall limit also bounds
+    writing `stdin`; the command's exit ends the run, whatever still holds its output; nothing the
+    command started outlives this call (in its process group, another session, or a daemon).
 
     Raises OSError when the command cannot be started (not found, not executable).
     """
-    process = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env=dict(env), cwd=cwd, start_new_session=True)
+    reaped = await _Reaped.start(argv, env=env, cwd=cwd)
     stdout, stderr = _Tail(tail_chars), _Tail(tail_chars)
+    process = reaped.process
     readers = [asyncio.ensure_future(_pump(process.stdout, stdout)), asyncio.ensure_future(_pump(process.stderr, stderr))]
-    waiter = asyncio.ensure_future(process.wait())
+    feeder = asyncio.ensure_future(_feed(process, stdin))
     try:
-        await _feed(process, stdin)
-        timed_out, stopped = await _race(waiter, stop, timeout_s)
+        timed_out, stopped = await _race(reaped.status, stop, timeout_s)
     finally:
-        _kill_group(process.pid)  # also children left behind by a leader that exited
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.shield(waiter)
-        await asyncio.wait(readers, timeout=1.0)
-        for reader in readers:
-            reader.cancel()
-    return AgentOutcome(exit_code=process.returncode, stdout_tail=stdout.text, stderr_tail=stderr.text,
+        with contextlib.suppress(asyncio.CancelledError):  # a cancelled rollout still ends its command's tree
+            await asyncio.shield(asyncio.ensure_future(reaped.close(readers, feeder)))
+    return AgentOutcome(exit_code=reaped.exit_code(), stdout_tail=stdout.text, stderr_tail=stderr.text,
                         timed_out=timed_out, stopped=stopped)
 
 
+class _Reaped:
+    """A command run under its reaper (`reaper.py`): the reaper's process, whose stdin, stdout and stderr
+    the command holds, and its reports (the command's pid, then its exit status) on a pipe of their own."""
+
+    def __init__(self, process: asyncio.subprocess.Process, control_fd: int, reports: asyncio.StreamReader,
+                 transport: asyncio.BaseTransport) -> None:
+        self.process = process
+        self.control_fd: int | None = control_fd
+        self.reports, self.transport = reports, transport
+        self.command_pid: int | None = None
+        self.status: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        """The command's exit status, once it exited or was killed (an OSError when it could not start)."""
+        self.follower = asyncio.ensure_future(self._follow())
+
+    @classmethod
+    async def start(cls, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None) -> _Reaped:
+        """Start the reaper, which starts `argv`; raises OSError when the reaper cannot start."""
+        control_read, control_fd = os.pipe()
+        report_fd, report_write = os.pipe()
+        try:
+            process = await asyncio.create_subprocess_exec(
+                _python(), "-I", "-S", str(REAPER), str(control_read), str(report_write), "--", *argv,
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                env=dict(env), cwd=cwd, start_new_session=True, pass_fds=(control_read, report_write))
+        except BaseException:
+            os.close(control_fd)
+            os.close(report_fd)
+            raise
+        finally:
+            os.close(control_read)
+            os.close(report_write)
+        reports = asyncio.StreamReader()
+        transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reports), os.fdopen(report_fd, "rb", buffering=0))
+        return cls(process, control_fd, reports, transport)
+
+    async def _follow(self) -> None:
+        """Read the reports to their end: `started PID`, `exit STATUS` (or `exit lost`), or `error MESSAGE`."""
+        try:
+            while line := (await self.reports.readline()).decode("utf-8", "replace").strip():
+                word, _, rest = line.partition(" ")
+                if word == "started":
+                    self.command_pid = int(rest)
+                elif word in ("exit", "error") and not self.status.done():
+                    if word == "error":
+                        self.status.set_exception(OSError(rest))
+                    else:
+                        self.status.set_result(int(rest) if rest.lstrip("-").isdigit() else None)
+        finally:
+            if not self.status.done():  # the reaper ended without a word (killed)
+                self.status.set_result(None)
+
+    def exit_code(self) -> int | None:
+        """The command's exit status (None when unknown); raises the OSError of a command that could not start."""
+        return self.status.result() if self.status.done() else None
+
+    def stop(self) -> None:
+        """Tell the reaper to kill everything now: a word, not only the pipe's end, since a forked copy of
+        this process may hold the pipe open too."""
+        if self.control_fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(self.control_fd, b"k")
+            os.close(self.control_fd)
+            self.control_fd = None
+
+    async def close(self, readers: Sequence[asyncio.Future[None]], feeder: asyncio.Future[None]) -> None:
+        """Kill what is left, read the output that remains (bounded), and end every task and pipe."""
+        self.stop()
+        await asyncio.wait({self.follower}, timeout=REAP_LIMIT_S)  # the reaper ends once nothing of the command is left
+        await asyncio.wait(readers, timeout=DRAIN_LIMIT_S)
+        if not self.follower.done() or not await _ended(self.process, DRAIN_LIMIT_S):
+            self._kill_groups()  # the reaper itself was killed or hangs: what its process groups still hold
+            await _ended(self.process, DRAIN_LIMIT_S)
+        for task in (*readers, feeder, self.follower):
+            task.cancel()
+        self.transport.close()
+
+    def _kill_groups(self) -> None:
+        for group in (self.process.pid, self.command_pid):
+            if group is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(group, signal.SIGKILL)
+
+
+def _python() -> str:
+    return sys.executable or shutil.which("python3") or "python3"
+
+
+async def _ended(process: asyncio.subprocess.Process, timeout_s: float) -> bool:
+    """Whether `process` ended (and its pipes closed: asyncio waits for both) within `timeout_s`."""
+    try:
+        await asyncio.wait_for(asyncio.shield(process.wait()), timeout=timeout_s)
+    except TimeoutError:
+        return False
+    return True
+
+
 async def _feed(process: asyncio.subprocess.Process, data: bytes) -> None:
-    """Write the task to stdin and close it; a harness that does not read stdin is fine."""
+    """Write the task to stdin and close it. A harness need not read stdin: the write is dropped when the
+    harness ends, or when the run ends without it having read it all."""
     if process.stdin is None:
         return
-    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        process.stdin.write(data)
-        await process.stdin.drain()
-    process.stdin.close()
+    try:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            process.stdin.write(data)
+            await process.stdin.drain()
+            process.stdin.close()
+    except asyncio.CancelledError:
+        process.stdin.transport.abort()
+        raise
 
 
 async def run_callable(agent: AgentCallable, client: Any, task: dict[str, Any], *, timeout_s: float,

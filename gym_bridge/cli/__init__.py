@@ -24,7 +24,7 @@ import os
 import sys
 from typing import Sequence
 
-from gym_bridge.cli.common import EXIT_BAD_INPUT, EXIT_INTERRUPTED, _limit_module_paths
+from gym_bridge.cli.common import EXIT_BAD_INPUT, EXIT_INTERRUPTED, _allow_row_commands, _limit_module_paths
 from gym_bridge.cli.data import _data, _data_parser
 from gym_bridge.cli.envs import _env_check, _env_parser, _envs, _envs_parser
 from gym_bridge.cli.eval import _eval, _eval_parser, _run_fast, _verify, _verify_parser
@@ -72,7 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         faulthandler.enable()
     limited = args.command in ("eval", "verify", "env") and bool(args.no_module_paths or args.allow_module)
     previous = _limit_module_paths(args) if limited else None
+    row_commands_set, previous_row_commands = False, None
     try:
+        if args.command == "eval" and args.allow_row_commands:
+            previous_row_commands, row_commands_set = _allow_row_commands(args), True
         if args.command == "eval":
             return _run_fast(_eval(args))
         if args.command == "verify":
@@ -103,3 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if limited:
             allow_module_paths(previous)
+        if row_commands_set:
+            from gym_bridge.capture.environment import allow_row_commands
+
+            allow_row_commands(previous_row_commands)

@@ -8,7 +8,7 @@ import argparse
 import os
 from typing import Any, Sequence
 
-from gym_bridge.core.errors import GymBridgeError
+from gym_bridge.core.errors import GymBridgeError, UserError
 
 EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
 
@@ -48,6 +48,19 @@ def _module_path_arguments(p: argparse.ArgumentParser) -> None:
                         "runs its code, so such data files are code, like pickles (--env module paths stay allowed)")
     p.add_argument("--allow-module", action="append", default=[], metavar="PREFIX",
                    help="allow only module paths under this package (repeatable; implies --no-module-paths for the rest)")
+
+
+def _allow_row_commands(args: argparse.Namespace) -> bool | None:
+    """Let rows name their own harness command as `eval --allow-row-commands` asks; returns the previous setting.
+
+    Raises UserError when module paths are limited too: those are the settings for shared data.
+    """
+    from gym_bridge.capture.environment import allow_row_commands
+
+    if args.no_module_paths or args.allow_module:
+        raise UserError("--allow-row-commands cannot be combined with --no-module-paths or --allow-module: those are the "
+                        "settings for shared data, and a row's harness command runs with your permissions")
+    return allow_row_commands(True)
 
 
 def _limit_module_paths(args: argparse.Namespace) -> tuple[str, ...] | None:

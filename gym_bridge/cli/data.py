@@ -61,8 +61,11 @@ def _data(args: argparse.Namespace) -> int:
             report = task_files.validate_file(path, default_env=args.env)
             for problem in report.problems:
                 print(problem, file=sys.stderr)
+            for warning in report.warnings:
+                print(f"warning: {warning}", file=sys.stderr)
             envs = ", ".join(f"{name} {count}" for name, count in report.rows_per_env.items()) or "none"
             verdict = "ok" if report.ok else f"{len(report.problems)} problem(s)"
+            verdict += f", {len(report.warnings)} warning(s)" if report.warnings else ""
             print(f"{report.path}: {report.rows} rows ({envs}): {verdict}")
             failed = failed or not report.ok
         return 1 if failed else 0

@@ -92,6 +92,9 @@ def _eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                         "llm_judge.judge_base_url=http://127.0.0.1:8001/v1 (repeatable; `gym-bridge envs` lists the settings)")
     p.add_argument("--env-url", action="append", default=[], metavar="NAME=URL",
                    help="run rows routed to NAME on the NeMo Gym resources server at URL (repeatable)")
+    p.add_argument("--allow-row-commands", action="store_true",
+                   help="let rows of harness environments name their own command (`harness.command`), which runs with "
+                        "your permissions: only for data you trust (refused with --no-module-paths / --allow-module)")
     _ray_arguments(p)
     _module_path_arguments(p)
     view_cli.health_arguments(p)

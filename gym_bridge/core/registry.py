@@ -73,6 +73,12 @@ def allow_module_paths(prefixes: Iterable[str] | None) -> tuple[str, ...] | None
     return previous
 
 
+def module_paths_limited() -> bool:
+    """Whether module paths are limited (`allow_module_paths` was given a list: `--no-module-paths`,
+    `--allow-module`), the setting for data that is not fully trusted."""
+    return _allowed_module_prefixes is not None
+
+
 def _check_module_allowed(module_name: str, path: str) -> None:
     allowed = _allowed_module_prefixes
     if allowed is None or any(module_name == prefix or module_name.startswith(prefix + ".") for prefix in allowed):

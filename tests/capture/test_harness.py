@@ -194,11 +194,12 @@ def test_a_context_overflow_or_a_backend_error_is_its_failure_kind(smol_template
     assert record["failure_kind"] == kind and says in record["failure_reason"]
 
 
-def test_rows_can_name_their_own_command(smol_template, turn) -> None:
+def test_rows_can_name_their_own_command_where_the_environment_allows_it(smol_template, turn) -> None:
     row = json.loads(EXAMPLE.read_text().splitlines()[0])
     row["harness"] = {"command": [sys.executable, "-c", CALL_ONCE]}
     eng, _ = engine(smol_template, {"": [turn("42")]})
-    record = asyncio.run(eng.rollout(parse_task(row, index=0), env_class=HarnessExampleEnvironment)).to_dict()
+    allowing = type("Allowing", (HarnessExampleEnvironment,), {"allow_row_commands": True})  # refused by default: test_harness_hardening.py
+    record = asyncio.run(eng.rollout(parse_task(row, index=0), env_class=allowing)).to_dict()
     assert record["failure_kind"] is None and record["reward"] == 1.0
     assert record["metrics"]["verify"]["stdout_tail"].strip() == "42"
 
