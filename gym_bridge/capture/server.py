@@ -78,6 +78,7 @@ class CaptureServer:
         finally:
             async with self._lock:
                 self.sessions.pop(session.token, None)
+                await session.close()  # no generation outlives its rollout
                 if not self.sessions:
                     await self._stop()
 
