@@ -102,9 +102,10 @@ def request_messages(request_input: str | list[dict[str, Any]]) -> list[dict[str
                 raise ApiError(400, f"input[{position}].role: expected user, system, developer or assistant, got {role!r}")
             messages.append({"role": role, "content": _content_text(entry.get("content"), f"input[{position}].content")})
         elif kind == "function_call":
-            call = {"id": _field(entry, "call_id", position), "type": "function",
+            call_id = _field(entry, "call_id", position)
+            call_ids.add(call_id)
+            call = {"id": call_id, "type": "function",
                     "function": {"name": _field(entry, "name", position), "arguments": entry.get("arguments") or "{}"}}
-            call_ids.add(call["id"])
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
                 last["tool_calls"] = [*last.get("tool_calls", []), call]
