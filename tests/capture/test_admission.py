@@ -102,7 +102,7 @@ def test_twenty_calls_at_once_against_a_budget_of_forty_tokens_spend_forty(smol_
 
 
 def test_parallel_calls_are_bounded_by_the_setting_and_reserve_their_token_caps(smol_template, turn) -> None:
-    policy = SlowPolicy(ScriptedPolicy({"": [eight_tokens(turn)] * 20}), delay_s=0.2)
+    policy = SlowPolicy(ScriptedPolicy({"": [eight_tokens(turn)] * 20}), delay_s=0.5)
 
     async def main() -> CaptureSession:
         session = CaptureSession(policy=policy, template=smol_template, sampling=SamplingParams(max_new_tokens=16),
