@@ -12,7 +12,7 @@ every other route, `/health` among them, is always served.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Collection, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 Scope = MutableMapping[str, Any]
@@ -25,20 +25,20 @@ RETRY_AFTER_S = 1
 
 
 class RequestLimit:
-    """An ASGI app: `app`, with at most `limit` requests in flight on paths other than `unlimited`;
-    a request past it is answered 503 with the JSON `refusal(limit)` and `Retry-After`."""
+    """An ASGI app: `app`, with at most `limit` requests in flight on the paths `limited(path)` is
+    true of; a request past it is answered 503 with the JSON `refusal(limit)` and `Retry-After`."""
 
-    def __init__(self, app: App, *, limit: int, unlimited: Collection[str], refusal: Callable[[int], dict[str, Any]]) -> None:
+    def __init__(self, app: App, *, limit: int, limited: Callable[[str], bool], refusal: Callable[[int], dict[str, Any]]) -> None:
         if limit < 1:
             raise ValueError(f"the request limit must be at least 1, got {limit}")
-        self.app, self.limit, self.unlimited, self.refusal = app, limit, frozenset(unlimited), refusal
+        self.app, self.limit, self.limited, self.refusal = app, limit, limited, refusal
         self.in_flight = 0
         """Requests on limited paths being served now."""
         self.refused = 0
         """Requests answered 503 so far."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.unlimited:
+        if scope["type"] != "http" or not self.limited(scope["path"]):
             await self.app(scope, receive, send)
             return
         if self.in_flight >= self.limit:

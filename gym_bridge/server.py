@@ -541,7 +541,7 @@ def serve(
 
     app = RequestLimit(build_app(policy, model_name=model_name, model_root=model_root, logprobs_mode=logprobs_mode,
                                  max_request_bytes=max_request_bytes),
-                       limit=max_requests, unlimited=("/health", "/v1/models"), refusal=_busy)
+                       limit=max_requests, limited=lambda path: path not in ("/health", "/v1/models"), refusal=_busy)
     sock = sock or bind_socket(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30,

@@ -395,7 +395,7 @@ def serve(settings: AgentServerSettings, *, host: str = "127.0.0.1", port: int =
           on_ready: Callable[[str], None] | None = None) -> None:
     """Serve until interrupted; `on_ready` gets `http://host:port` once bound. Past `max_concurrency`
     `/run`s in flight, a new one gets a 503 with `Retry-After` (NeMo Gym's client retries); `/health`
-    is always answered, however busy the server is."""
+    and `/aggregate_metrics` are always answered, however busy the server is."""
     try:
         import uvicorn
     except ImportError:
@@ -403,7 +403,7 @@ def serve(settings: AgentServerSettings, *, host: str = "127.0.0.1", port: int =
     from gym_bridge.request_limit import RequestLimit
     from gym_bridge.server import bind_socket
 
-    app = RequestLimit(build_app(settings), limit=settings.max_concurrency, unlimited=("/health",), refusal=_busy)
+    app = RequestLimit(build_app(settings), limit=settings.max_concurrency, limited=lambda path: path == "/run", refusal=_busy)
     sock = bind_socket(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=120)
