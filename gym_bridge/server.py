@@ -59,6 +59,11 @@ def _error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(body, status_code=error.status)
 
 
+def _busy(limit: int) -> dict[str, Any]:
+    message = f"the server is serving its limit of {limit} requests at once; retry later"
+    return {"error": {"message": message, "type": "ServiceUnavailableError", "param": None, "code": 503}}
+
+
 # -- request bodies ---------------------------------------------------------------------------
 
 
@@ -520,23 +525,27 @@ def serve(
     port: int = 8000,
     logprobs_mode: LogprobsMode = "raw",
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-    max_connections: int = 1024,
+    max_requests: int = 1024,
     on_ready: Callable[[str], None] | None = None,
     sock: socket.socket | None = None,
 ) -> None:
     """Serve `policy` until interrupted. `on_ready` gets the base URL (`http://host:port/v1`) once bound.
 
-    Over `max_connections` open connections, new requests get a 503 (clients retry). `sock`: a socket
-    bound already (`bind_socket`, so a busy port is found before the model loads); else `host:port`.
+    Past `max_requests` requests in flight, a new one gets a 503 with `Retry-After` (clients retry):
+    only those past it; `/health` and `/v1/models` are always answered. `sock`: a socket bound already
+    (`bind_socket`, so a busy port is found before the model loads); else `host:port`.
     """
     import uvicorn
 
-    app = build_app(policy, model_name=model_name, model_root=model_root, logprobs_mode=logprobs_mode,
-                    max_request_bytes=max_request_bytes)
+    from gym_bridge.request_limit import RequestLimit
+
+    app = RequestLimit(build_app(policy, model_name=model_name, model_root=model_root, logprobs_mode=logprobs_mode,
+                                 max_request_bytes=max_request_bytes),
+                       limit=max_requests, limited=lambda path: path not in ("/health", "/v1/models"), refusal=_busy)
     sock = sock or bind_socket(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
-    config = uvicorn.Config(app, log_level="warning", access_log=False, limit_concurrency=max_connections,
-                            timeout_keep_alive=30, h11_max_incomplete_event_size=64 * 1024)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30,
+                            h11_max_incomplete_event_size=64 * 1024)
     server = uvicorn.Server(config)
     if on_ready is not None:
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host

@@ -398,23 +398,28 @@ def build_app(settings: AgentServerSettings, *, policy: ChatPolicy | None = None
 
 def serve(settings: AgentServerSettings, *, host: str = "127.0.0.1", port: int = 9000,
           on_ready: Callable[[str], None] | None = None) -> None:
-    """Serve until interrupted; `on_ready` gets `http://host:port` once bound. Over
-    `max_concurrency` open connections new requests get a 503 (NeMo Gym's client retries)."""
+    """Serve until interrupted; `on_ready` gets `http://host:port` once bound. Past `max_concurrency`
+    `/run`s in flight, a new one gets a 503 with `Retry-After` (NeMo Gym's client retries); `/health`
+    and `/aggregate_metrics` are always answered, however busy the server is."""
     try:
         import uvicorn
     except ImportError:
         raise MissingDependencyError("gym-bridge serve needs FastAPI and uvicorn: pip install 'gym-bridge[serve]'") from None
+    from gym_bridge.request_limit import RequestLimit
     from gym_bridge.server import bind_socket
 
-    app = build_app(settings)
+    app = RequestLimit(build_app(settings), limit=settings.max_concurrency, limited=lambda path: path == "/run", refusal=_busy)
     sock = bind_socket(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
-    config = uvicorn.Config(app, log_level="warning", access_log=False, limit_concurrency=settings.max_concurrency + 64,
-                            timeout_keep_alive=120)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=120)
     if on_ready is not None:
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host
         on_ready(f"http://{shown}:{bound_port}")
     uvicorn.Server(config).run(sockets=[sock])
+
+
+def _busy(limit: int) -> dict[str, Any]:
+    return {"detail": f"the server is running its limit of {limit} rollouts (--max-concurrency); retry later"}
 
 
 @dataclass(frozen=True)

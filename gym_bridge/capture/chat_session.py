@@ -21,7 +21,7 @@ from typing import Any
 from gym_bridge.capture.assembly import CapturedCall
 from gym_bridge.capture.session import SessionState
 from gym_bridge.core.items import TOKEN_FIELDS, function_call_output_item, user_message_item
-from gym_bridge.core.policy import BackendError, CallTokens, ChatPolicy, ChatRequest, ChatTurn, ContextOverflowError
+from gym_bridge.core.policy import BackendError, CallTokens, ChatPolicy, ChatRequest, ChatTurn
 
 
 NO_TOKENS = ("the chat policy answered without token ids; a harness behind a chat policy needs one that returns "
@@ -42,18 +42,16 @@ class ChatCaptureSession(SessionState):
     async def chat_completions(self, data: Any) -> dict[str, Any]:
         """The answer to one request body, as OpenAI's API gives it; raises ApiError for a 4xx/5xx."""
         body = self._body(data)
-        self._admit()
         tools = self._request_tools(body) or []
-        messages = [self._chat_message(message) for message in body.messages]
-        sampling = self._call_sampling(body)
-        self._input_items(messages)
-        try:
-            turn = await self.policy.chat(ChatRequest(messages=messages, tools=tools, sampling=sampling, session_id=self.label))
-        except (ContextOverflowError, BackendError) as error:
-            raise self._backend_failed(error) from None
-        if turn.tokens is None:
-            raise self._backend_failed(BackendError(NO_TOKENS))
-        return self._answer(messages, turn, turn.tokens)
+        async with self._turn():
+            messages = [self._chat_message(message) for message in body.messages]
+            sampling = self._reserve(body)
+            self._input_items(messages)
+            request = ChatRequest(messages=messages, tools=tools, sampling=sampling, session_id=self.label)
+            turn = await self._sampled(sampling, self.policy.chat(request))
+            if turn.tokens is None:
+                raise self._backend_failed(BackendError(NO_TOKENS))
+            return self._answer(messages, turn, turn.tokens)
 
     def _chat_message(self, message: Any) -> dict[str, Any]:  # one of `ChatBody.messages`
         """A request message in chat-completions shape; an answered assistant message gets its call's token ids back."""

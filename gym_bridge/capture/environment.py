@@ -50,7 +50,7 @@ class HarnessLoop:
         env = ctx.env
         if not isinstance(env, HarnessEnvironment):
             raise RolloutFailure("env", f"HarnessLoop needs a HarnessEnvironment, got {type(env).__name__}")
-        session = _session(ctx, type(env).model_name)
+        session = _session(ctx, type(env).model_name, type(env).max_parallel_calls)
         payload = {"messages": list(ctx.task.messages), "tools": [to_chat_tool(schema) for schema in ctx.tools],
                    "model": session.model_name, "row": ctx.task.row}
         try:
@@ -89,9 +89,10 @@ class HarnessLoop:
                 raise RolloutFailure("env", f"cannot start the harness {list(argv)}: {error}") from None
 
 
-def _session(ctx: RolloutContext, model_name: str) -> CaptureSession | ChatCaptureSession:
+def _session(ctx: RolloutContext, model_name: str, max_parallel_calls: int) -> CaptureSession | ChatCaptureSession:
     """A token session in front of a token policy; a chat session in front of a chat policy (it must return token ids)."""
-    common: dict[str, Any] = {"sampling": ctx.sampling, "limits": ctx.limits, "model_name": model_name, "label": ctx.session_id}
+    common: dict[str, Any] = {"sampling": ctx.sampling, "limits": ctx.limits, "model_name": model_name, "label": ctx.session_id,
+                              "max_parallel_calls": max_parallel_calls}
     policy = ctx.policy
     if is_token_policy(policy):
         if ctx.template is None:
@@ -189,8 +190,12 @@ class HarnessEnvironment(Environment):
     """Characters of stdout and stderr kept."""
     model_name: ClassVar[str] = "gym-bridge-policy"
     """The model name the endpoint serves (given to commands as `OPENAI_MODEL`); other names get a 404."""
+    max_parallel_calls: ClassVar[int] = 1
+    """Model calls of one rollout generating at once; the harness's other calls wait their turn. One
+    keeps the engine's concurrency bound (one generation per rollout in flight); raise it for an
+    agent that fans out sub-agents (it then puts up to this many generations per rollout on the policy)."""
     agent_loop: ClassVar[HarnessLoop] = HarnessLoop()
-    settings: ClassVar[tuple[str, ...]] = ("harness_timeout_s", "tail_chars", "allow_row_commands", "harness_env_vars")
+    settings: ClassVar[tuple[str, ...]] = ("harness_timeout_s", "tail_chars", "max_parallel_calls", "allow_row_commands", "harness_env_vars")
     tools_from_row = True  # the agent runs its own tools; a row's tool schemas are passed to it as they are
 
     session: SessionState | None = None

@@ -9,7 +9,9 @@ depend on streaming; an error found before generating is an ordinary JSON error 
 A session is named in the URL (`http://127.0.0.1:PORT/s/<token>/v1`) or by the API key (the
 same token, for harnesses that only let you set `OPENAI_API_KEY` with a fixed base URL). Errors
 use OpenAI's shape (`{"error": {message, type, param, code}}`) and status codes: 400 for what
-the endpoint cannot serve, 401 for an unknown key, 404 for an unknown model or session.
+the endpoint cannot serve (a body nested too deeply to parse included), 401 for an unknown key,
+404 for an unknown model or session, 415 for a body sent as anything but JSON (`text/plain` or a
+form: what a browser page may send cross-site without asking; no OpenAI client sends one).
 The server starts with the first open session and stops when the last one closes.
 """
 
@@ -78,6 +80,7 @@ class CaptureServer:
         finally:
             async with self._lock:
                 self.sessions.pop(session.token, None)
+                await session.close()  # no generation outlives its rollout
                 if not self.sessions:
                     await self._stop()
 
@@ -119,13 +122,21 @@ class CaptureServer:
         """Find the session, read the JSON body and answer it; every failure is an error answer in OpenAI's shape."""
         try:
             session = self._find(request)
+            if not _is_json(request.headers.get("Content-Type")):
+                raise session.fail(415, f"Content-Type {request.headers['Content-Type']!r} is not supported: send the body as JSON "
+                                        "with Content-Type: application/json", code="unsupported_media_type")
             try:
                 data = json.loads(await request.read())
             except (UnicodeDecodeError, json.JSONDecodeError) as error:
                 raise session.fail(400, f"request body is not valid JSON: {error}") from None
             if not isinstance(data, dict):
                 raise session.fail(400, "request body must be a JSON object")
-            return await answer(session, data)
+            try:
+                return await answer(session, data)
+            except RecursionError:  # JSON in a string field (tool call arguments) nested as deep
+                raise session.fail(400, "request is nested too deeply to parse") from None
+        except RecursionError:
+            return _error(session.fail(400, "request body is nested too deeply to parse"))
         except ApiError as error:
             return _error(error)
         except web.HTTPException:
@@ -140,6 +151,15 @@ class CaptureServer:
             return _error(error)
         entry: dict[str, Any] = {"id": session.model_name, "object": "model", "created": 0, "owned_by": "gym_bridge"}
         return web.json_response({"object": "list", "data": [entry]})
+
+
+def _is_json(content_type: str | None) -> bool:
+    """Whether a request's Content-Type is JSON (`application/json`, `application/*+json`, any
+    parameters); a request without one is read as JSON too, as FastAPI (vLLM's server) does."""
+    if content_type is None:
+        return True
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
 async def _event_stream(request: web.Request, events: Iterable[tuple[str | None, dict[str, Any]]], *,

@@ -9,7 +9,9 @@ Any other request (a rewritten history) is rendered whole with the chat template
 then sees, on token ids, that it starts a new segment. The run's sampling settings apply (the
 harness's temperature is ignored, so log-probs mean what the trainer expects); the harness's
 `max_tokens` only lowers the cap. Once a budget is spent the session answers every call with
-an error and records why (`stop`), so the harness can be ended.
+an error and records why (`stop`), so the harness can be ended. Budgets hold for concurrent calls
+too: a call counts against `max_turns` when it arrives and reserves its token cap before it
+generates, and at most `max_parallel_calls` generations of one session run at once (the others wait).
 """
 
 from __future__ import annotations
@@ -17,14 +19,16 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
-from collections.abc import Sequence
 from typing import Any, Literal, TypeVar
 
 import pydantic
 
 from gym_bridge.capture.assembly import CapturedCall
 from gym_bridge.core.agent_loop import Limits
+from gym_bridge.core.bounded_call import call_bounded
 from gym_bridge.core.dialects.chat import ApiError, ChatBody, MessageIn, from_chat_tool
 from gym_bridge.core.dialects.responses_api import ResponsesBody, check_stateless, to_chat_body, to_response
 from gym_bridge.core.dialects.template_view import template_messages
@@ -32,8 +36,10 @@ from gym_bridge.core.items import TOKEN_FIELDS, Item, function_call_item, functi
 from gym_bridge.core.parsers.call import ParsedTurn
 from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest, Policy, SamplingParams
 from gym_bridge.core.template import ChatTemplate
+from gym_bridge.core.transcript import OFF_LOOP_TOKENIZE_CHARS, TOKENIZE_TIMEOUT_S
 
 _Body = TypeVar("_Body", bound=pydantic.BaseModel)
+_Answer = TypeVar("_Answer")
 
 
 StopKind = Literal["max_turns", "budget", "context_overflow", "infra"]
@@ -88,7 +94,22 @@ class SessionState:
     """`stop` or `length` of the last call served."""
     token_in_calls: int = 0
     """Calls whose prompt was built from the previous call's exact ids (the rest were rendered whole)."""
+    max_parallel_calls: int = 1
+    """Generations of this session at once; later calls wait their turn. One keeps the engine's
+    concurrency bound (one generation per rollout) for harnesses that call the model in parallel."""
     _items: int = 0
+    _in_flight: int = 0
+    """Calls admitted (counted against `max_turns`) and not yet answered."""
+    _reserved_tokens: int = 0
+    """The token caps of the generations running now (counted against the budget until they end)."""
+    _generations: set[asyncio.Task[Any]] = field(default_factory=set)
+    _closed: bool = False
+    _slots: asyncio.Semaphore = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.max_parallel_calls < 1:
+            raise ValueError(f"max_parallel_calls must be at least 1, got {self.max_parallel_calls}")
+        self._slots = asyncio.Semaphore(self.max_parallel_calls)
 
     @property
     def final_answer(self) -> str | None:
@@ -103,35 +124,91 @@ class SessionState:
         self.errors.append(EndpointError(status=status, message=message))
         return ApiError(status, message, kind, code=code)
 
-    def _stop(self, kind: StopKind, reason: str) -> ApiError:
+    def _set_stop(self, kind: StopKind, reason: str) -> None:
+        """Record why the session stops (the first reason wins); `stopped` (which ends the harness)
+        is set once the calls admitted before it are answered."""
         if self.stop is None:
             self.stop = SessionStop(kind=kind, reason=reason)
+        if self._in_flight == 0:
             self.stopped.set()
+
+    def _stop(self, kind: StopKind, reason: str) -> ApiError:
+        self._set_stop(kind, reason)
         code = "context_length_exceeded" if kind == "context_overflow" else "rollout_budget_exceeded"
         return self.fail(400, reason, code=code)
 
-    def _admit(self) -> None:
-        """Raise the error answer when the session is over or its call limit is reached."""
-        if self.stop is not None:
-            raise self.fail(400, f"this rollout is over ({self.stop.kind}): {self.stop.reason}", code="rollout_budget_exceeded")
-        if len(self.calls) >= self.limits.max_turns:
-            raise self._stop("max_turns", f"the rollout's limit of {self.limits.max_turns} model calls is reached")
+    def _over(self) -> ApiError:
+        assert self.stop is not None
+        return self.fail(400, f"this rollout is over ({self.stop.kind}): {self.stop.reason}", code="rollout_budget_exceeded")
 
-    def _call_sampling(self, body: ChatBody) -> SamplingParams:
-        """The run's sampling with the cap lowered to the request's and to the budget left; raises when it is spent."""
-        left = self.limits.max_completion_tokens - sum(len(call.completion_ids) for call in self.calls)
+    @asynccontextmanager
+    async def _turn(self) -> AsyncIterator[None]:
+        """One call, admitted now: counted against `max_turns` on arrival (with the calls still in
+        flight), then run once a generation slot is free. Raises the error answer when the session
+        is over or its call limit is reached, as it is for calls made one after another."""
+        if self.stop is not None:
+            raise self._over()
+        if len(self.calls) + self._in_flight >= self.limits.max_turns:
+            raise self._stop("max_turns", f"the rollout's limit of {self.limits.max_turns} model calls is reached")
+        self._in_flight += 1
+        try:
+            async with self._slots:
+                if self._closed:
+                    raise self.fail(400, "this rollout is over: its harness has ended", code="rollout_budget_exceeded")
+                if self.stop is not None and self.stop.kind != "max_turns":  # admitted calls are within max_turns
+                    raise self._over()
+                yield
+        finally:
+            self._in_flight -= 1
+            if self.stop is not None and self._in_flight == 0:
+                self.stopped.set()
+
+    def _reserve(self, body: ChatBody) -> SamplingParams:
+        """The run's sampling with the cap lowered to the request's and to the budget left, reserved
+        from the budget until `_sampled` ends (the caps of generations running count as spent);
+        raises the error answer when the budget is spent."""
+        spent = sum(len(call.completion_ids) for call in self.calls) + self._reserved_tokens
+        left = self.limits.max_completion_tokens - spent
         if left <= 0:
             raise self._stop("budget", f"the rollout's budget of {self.limits.max_completion_tokens} completion tokens is spent")
         requested = body.max_completion_tokens or body.max_tokens or self.sampling.max_new_tokens
-        return replace(self.sampling, max_new_tokens=min(requested, self.sampling.max_new_tokens, left))
+        sampling = replace(self.sampling, max_new_tokens=min(requested, self.sampling.max_new_tokens, left))
+        self._reserved_tokens += sampling.max_new_tokens
+        return sampling
+
+    async def _sampled(self, sampling: SamplingParams, generation: Awaitable[_Answer]) -> _Answer:
+        """The answer of `generation` (sampled with `sampling`, reserved by `_reserve`), run as a task
+        `close` can end; the reservation ends with it. Raises the error answer of a failed backend
+        or of a session closed meanwhile."""
+        task = asyncio.ensure_future(generation)
+        self._generations.add(task)
+        try:
+            return await task
+        except (ContextOverflowError, BackendError) as error:
+            raise self._backend_failed(error) from None
+        except asyncio.CancelledError:
+            if self._closed and task.cancelled():
+                raise self.fail(400, "this rollout is over: its harness ended while this call was generating",
+                                code="rollout_budget_exceeded") from None
+            raise
+        finally:
+            self._reserved_tokens -= sampling.max_new_tokens
+            self._generations.discard(task)
+
+    async def close(self) -> None:
+        """End the generations still running (the rollout is over: nothing may outlive it); their
+        callers get an error answer, calls still waiting for a slot too."""
+        self._closed = True
+        running = list(self._generations)
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
 
     def _backend_failed(self, error: ContextOverflowError | BackendError) -> ApiError:
         """The answer to a failed generation: a context overflow or a backend failure stops the session."""
         if isinstance(error, ContextOverflowError):
             return self._stop("context_overflow", f"This model's maximum context length is exceeded: {error}")
-        if self.stop is None:
-            self.stop = SessionStop(kind="infra", reason=f"generation backend: {error}")
-            self.stopped.set()
+        self._set_stop("infra", f"generation backend: {error}")
         self.errors.append(EndpointError(status=500, message=str(error)))
         return ApiError(500, f"generation backend failed: {error}", "server_error")
 
@@ -199,6 +276,16 @@ class SessionState:
         return body
 
 
+async def _tokenized(render: Callable[[], list[int]], messages: list[dict[str, Any]]) -> list[int]:
+    """`render()`, in a worker thread when `messages` hold `OFF_LOOP_TOKENIZE_CHARS` characters or more
+    (as the engine tokenizes long tool outputs): a megabyte stalled every rollout's calls for seconds."""
+    size = sum(len(content) for message in messages if isinstance(content := message.get("content"), str))
+    if size < OFF_LOOP_TOKENIZE_CHARS:
+        return render()
+    ids: list[int] = await call_bounded(render, timeout_s=TOKENIZE_TIMEOUT_S, owner="tokenizer")
+    return ids
+
+
 def _problems(error: pydantic.ValidationError) -> str:
     return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()[:5])
 
@@ -214,37 +301,37 @@ class CaptureSession(SessionState):
     async def chat_completions(self, data: Any) -> dict[str, Any]:
         """The answer to one request body, as OpenAI's API gives it; raises ApiError for a 4xx/5xx."""
         body = self._body(data)
-        self._admit()
         tools = self._request_tools(body)
         try:
             messages = template_messages(body.messages, tool_format=self.template.tool_format)
         except ApiError as error:
             raise self.fail(error.status, error.message) from None
-        prompt_ids = self._prompt_ids(messages, tools)
-        sampling = self._call_sampling(body)
-        generation = await self._generate(prompt_ids, sampling)
-        return self._answer(messages, tools, prompt_ids, generation)
+        async with self._turn():
+            prompt_ids = await self._prompt_ids(messages, tools)
+            sampling = self._reserve(body)
+            request = GenerationRequest(prompt_ids=prompt_ids, sampling=sampling, session_id=self.label)
+            generation = await self._sampled(sampling, self.policy.generate(request))
+            return self._answer(messages, tools, prompt_ids, generation)
 
-    def _prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-        """The previous ids plus the rendered new messages when the request extends the last answer; else a whole render."""
-        context = self._context
+    async def _prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        """The previous ids plus the rendered new messages when the request extends the last answer; else a whole render.
+        A long request is tokenized in a worker thread, so the other rollouts' calls go on meanwhile."""
+        context, template = self._context, self.template
         if context is not None and tools == context.tools and messages[: len(context.messages)] == context.messages:
             new = messages[len(context.messages):]
             if new and all(message["role"] in ("tool", "user") for message in new):
-                closing = self.template.closing_text(context.last_token)
+                closing = template.closing_text(context.last_token)
+                delta = await _tokenized(lambda: template.encode(template.delta_text(new, closing_sampled=closing)), new)
                 self.token_in_calls += 1
                 self._input_items(new)
-                return context.ids + self.template.encode(self.template.delta_text(new, closing_sampled=closing))
+                return context.ids + delta
         try:
-            return self.template.prompt_ids(messages, tools)
+            ids: list[int] = await _tokenized(lambda: template.prompt_ids(messages, tools), messages)
+        except TimeoutError:
+            raise
         except Exception as error:
             raise self.fail(400, f"the chat template cannot render these messages: {type(error).__name__}: {error}") from None
-
-    async def _generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
-        try:
-            return await self.policy.generate(GenerationRequest(prompt_ids=prompt_ids, sampling=sampling, session_id=self.label))
-        except (ContextOverflowError, BackendError) as error:
-            raise self._backend_failed(error) from None
+        return ids
 
     def _answer(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                 prompt_ids: list[int], generation: Generation) -> dict[str, Any]:

@@ -91,7 +91,8 @@ async def _remote_setup(args: argparse.Namespace) -> tuple[Any, Any, str]:
     path, source = _remote_tokenizer_path(args.tokenizer, model, entry)
     loaded = await _matching_tokenizer(urls[0], path, model=model, api_key=api_key, source=source, server_up=bool(models))
     policy = build_policy(PolicySpec(kind="remote", model=model, base_urls=tuple(urls), api_key=api_key,
-                                     request_timeout_s=args.request_timeout_s, max_retries=args.max_retries))
+                                     request_timeout_s=args.request_timeout_s, max_retries=args.max_retries,
+                                     vocab_size=len(loaded.tokenizer)))
     from gym_bridge.core.template import ChatTemplate
 
     return policy, ChatTemplate(loaded.tokenizer, eos_token_ids=loaded.eos_token_ids), model

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from gym_bridge.cli.common import EMBEDDED_MODEL_NAME, _load_average, check_hosts_resolve, check_urls, torch_threads
-from gym_bridge.core.errors import MissingDependencyError
+from gym_bridge.core.errors import GymBridgeError, MissingDependencyError
 
 
 def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -30,6 +30,8 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--logprobs-mode", default="raw", choices=["raw", "processed", "raw_logprobs", "processed_logprobs"],
                    help="log-probs of requests that do not ask for a mode (`processed`: logits divided by the temperature)")
     p.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024, help="larger request bodies get a 413")
+    p.add_argument("--max-concurrency", type=int, default=1024,
+                   help="requests in flight at once; past it a request gets a 503 with Retry-After (/health is always answered)")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads of one generation (default: torch's, or 1 when the machine is already busier than "
@@ -44,6 +46,8 @@ def _serve_model(args: argparse.Namespace) -> int:
         raise MissingDependencyError("serve-model needs FastAPI and uvicorn: pip install 'gym-bridge[serve]'") from None
     from gym_bridge.server import bind_socket, serve
 
+    if args.max_concurrency < 1:
+        raise GymBridgeError(f"--max-concurrency must be at least 1, got {args.max_concurrency}")
     sock = bind_socket(args.host, args.port)  # a busy port fails now, not after the model has loaded
     from gym_bridge.policies.factory import PolicySpec, build_policy
     from gym_bridge.policies.transformers import TransformersPolicy, cpu_threads
@@ -67,7 +71,7 @@ def _serve_model(args: argparse.Namespace) -> int:
         print(f"serving {name} at {url}", flush=True)
 
     serve(policy, model_name=name, model_root=root, host=args.host, port=args.port, logprobs_mode=mode,
-          max_request_bytes=args.max_request_bytes, on_ready=ready, sock=sock)
+          max_request_bytes=args.max_request_bytes, max_requests=args.max_concurrency, on_ready=ready, sock=sock)
     return 0
 
 
@@ -84,7 +88,8 @@ def _agent_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per model call for rows without max_output_tokens (default 1024)")
     p.add_argument("--max-completion-tokens", type=int, default=None, help="tokens after the prompt per rollout, all turns (default 16384)")
     p.add_argument("--deadline-s", type=float, default=None, help="wall time of one rollout, i.e. of one /run (default 600)")
-    p.add_argument("--max-concurrency", type=int, default=None, help="rollouts in flight at once (default 1024)")
+    p.add_argument("--max-concurrency", type=int, default=None,
+                   help="rollouts in flight at once (default 1024); past it a /run gets a 503 with Retry-After (/health is always answered)")
     p.add_argument("--max-request-bytes", type=int, default=None, help="larger /run bodies get a 413 (default 16 MiB)")
     p.add_argument("--request-timeout-s", type=float, default=None, help="timeout of one model call (default 600)")
     p.add_argument("--api-key-env", default=None, metavar="VAR", help="environment variable holding the model server's API key")

@@ -37,6 +37,8 @@ class PolicySpec:
     api_key: str | None = None
     request_timeout_s: float | None = None
     max_retries: int | None = None
+    vocab_size: int | None = None
+    """`remote`: the size of the tokenizer prompts are rendered with; an answer holding other ids is unusable."""
     seed: int | None = None
     """`vllm`: the engine's seed."""
     logprobs_mode: Literal["raw", "processed"] = "raw"
@@ -74,7 +76,7 @@ def build_policy(spec: PolicySpec) -> Policy | ChatPolicy:
         return ChatAPIPolicy(model=spec.model, base_url=spec.base_urls[0], api=spec.api, api_key=spec.api_key, **options)
     from gym_bridge.policies.remote import RemotePolicy
 
-    return RemotePolicy(list(spec.base_urls), model=spec.model, api_key=spec.api_key, **options)
+    return RemotePolicy(list(spec.base_urls), model=spec.model, api_key=spec.api_key, vocab_size=spec.vocab_size, **options)
 
 
 def _timeouts(spec: PolicySpec) -> dict[str, Any]:

@@ -80,5 +80,6 @@ def _load(
     if not model:
         raise GymBridgeError(f"a helper model at {base_url} needs the served model's name")
     remote = build_policy(PolicySpec(kind="remote", model=model, base_urls=(base_url,), api_key=api_key,
-                                     request_timeout_s=request_timeout_s, max_retries=max_retries))
+                                     request_timeout_s=request_timeout_s, max_retries=max_retries,
+                                     vocab_size=len(loaded.tokenizer)))
     return HelperModel(remote, ChatTemplate(loaded.tokenizer, eos_token_ids=loaded.eos_token_ids), sampling)

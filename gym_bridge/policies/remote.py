@@ -13,9 +13,12 @@ HTTP is aiohttp with keep-alive pools (one per event loop, bounded in all and pe
 orjson; measured against httpx, it costs about a tenth of the CPU per request
 (benchmarks/remote_throughput.py). Every attempt is bounded by `request_timeout_s`. A call that
 never reached its server (connection refused or reset while connecting, connect timeout, unknown
-host), 5xx, 429 and malformed answers are retried up to `max_retries` times with exponential
-backoff and jitter, on another live server where there is one, then raised as `BackendError` (the
-rollout fails as `infra`). A call whose connection broke after the request was sent (the server
+host), 5xx, 429 and unusable answers (malformed, or holding ids outside the tokenizer's
+`vocab_size`) are retried up to `max_retries` times with exponential backoff and jitter, on another
+live server where there is one, then raised as `BackendError` naming the server and what was wrong
+(the rollout fails as `infra`). A server is judged by whether its answer was usable: an HTTP 200
+that is not counts as its error and takes it out of routing for `down_for_s`, like one that stops
+answering. A call whose connection broke after the request was sent (the server
 died or dropped it mid-answer) is a `ReplicaLostError` at once: the server may have generated, and
 a resend would be a fresh sample (`retry_reached_calls=True` resends it anyway). A request that
 times out is not retried: the server is most likely still generating it, and a retry would cancel
@@ -152,11 +155,12 @@ def _sampling_fields(sampling: SamplingParams, *, model: str) -> dict[str, Any]:
     return body
 
 
-def parse_completion(data: Any, *, request: GenerationRequest) -> Generation:
+def parse_completion(data: Any, *, request: GenerationRequest, vocab_size: int | None = None) -> Generation:
     """The `Generation` in a `/v1/completions` answer.
 
-    Raises `_RetryableAnswer` for a malformed answer and `BackendError` when the server answered
-    for another prompt than the one sent (a proxy or server that rewrites prompts).
+    Raises `_RetryableAnswer` for a malformed answer (ids outside `[0, vocab_size)` included) and
+    `BackendError` when the server answered for another prompt than the one sent (a proxy or server
+    that rewrites prompts).
     """
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
         raise _RetryableAnswer(f"answer has no choices: {_preview(data)}")
@@ -180,6 +184,10 @@ def parse_completion(data: Any, *, request: GenerationRequest) -> Generation:
         raise _RetryableAnswer(f"token_ids is not a list of integers: {_preview(token_ids)}")
     if listed_ids is not None and listed_ids is not token_ids and listed_ids != token_ids:
         raise _RetryableAnswer("token_ids and the log-prob tokens disagree")
+    if vocab_size is not None and token_ids and (min(token_ids) < 0 or max(token_ids) >= vocab_size):
+        outside = sorted({token for token in token_ids if not 0 <= token < vocab_size})
+        raise _RetryableAnswer(f"token ids outside the tokenizer's vocabulary [0, {vocab_size}): {_preview(outside)} "
+                               "(does this server serve another model than the tokenizer's?)")
     if not isinstance(token_logprobs, list) or len(token_logprobs) != len(token_ids):
         raise _RetryableAnswer(
             f"answer has {len(token_ids)} token ids but log-probs {_preview(token_logprobs)}; log-probs must be on"
@@ -402,6 +410,7 @@ class RemotePolicy:
         max_connections: int = 1024,
         max_connections_per_server: int | None = None,
         extra_body: Mapping[str, Any] | None = None,
+        vocab_size: int | None = None,
         rng: random.Random | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
@@ -409,7 +418,9 @@ class RemotePolicy:
 
         `max_connections` bounds the pooled connections in all, `max_connections_per_server` (default:
         the same) those to one server; requests beyond wait for a free one. `extra_body` is merged
-        into every request (server-specific fields). `retry_reached_calls`: a call whose connection
+        into every request (server-specific fields). `vocab_size`: the size of the tokenizer the
+        prompts are rendered with; an answer holding other ids is unusable (None: not checked).
+        `retry_reached_calls`: a call whose connection
         broke after it was sent is retried like one that never reached its server (a fresh sample:
         the server may have generated already) instead of failing the rollout as `infra`. `rng`
         draws the backoff jitter. `transport` replaces the network with an httpx transport (tests
@@ -434,6 +445,7 @@ class RemotePolicy:
         self.max_connections = max_connections
         self.max_connections_per_server = max_connections_per_server or max_connections
         self.extra_body = dict(extra_body or {})
+        self.vocab_size = vocab_size
         self._rng = rng or random.Random()
         self._transport = transport
         self._headers = {**_JSON_HEADERS, **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
@@ -520,13 +532,9 @@ class RemotePolicy:
             self.router.finished(server, ok=False)
             raise
         status = answer.status
-        self.router.finished(server, ok=status == 200)
         if status == 200:
-            try:
-                data = orjson.loads(answer.body)
-            except orjson.JSONDecodeError:
-                raise _RetryableAnswer(f"answer is not JSON: {_preview(answer.body)}") from None
-            return parse_completion(data, request=request)
+            return self._usable(server, answer.body, request)
+        self.router.finished(server, ok=False)
         message = error_message(answer)
         if status == 429 or status >= 500:
             raise _RetryableAnswer(f"HTTP {status}: {message}", retry_after_s=_retry_after_s(answer.retry_after))
@@ -534,6 +542,23 @@ class RemotePolicy:
         if status == 400 and CONTEXT_OVERFLOW_PATTERN.search(message):
             raise ContextOverflowError(f"{url}: {message}")
         raise BackendError(f"{url} answered HTTP {status}: {message}")
+
+    def _usable(self, server: int, body: bytes, request: GenerationRequest) -> Generation:
+        """The generation in a server's HTTP 200 answer. One that cannot be used counts as the server's
+        error and takes it out of routing for `down_for_s` (it answers, but not with what a rollout needs)."""
+        try:
+            try:
+                data = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                raise _RetryableAnswer(f"answer is not JSON: {_preview(body)}") from None
+            generation = parse_completion(data, request=request, vocab_size=self.vocab_size)
+        except (_RetryableAnswer, BackendError) as error:
+            self.router.finished(server, ok=False, down=True)
+            if isinstance(error, BackendError):
+                raise BackendError(f"{self.base_urls[server]}: {error}") from None
+            raise
+        self.router.finished(server, ok=True)
+        return generation
 
     async def _post(self, server: int, body: bytes) -> HttpAnswer:
         """POST `body` to a server's `/completions`; raises `_TransportError` when no answer comes (saying

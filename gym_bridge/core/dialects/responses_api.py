@@ -85,13 +85,15 @@ def request_messages(request_input: str | list[dict[str, Any]]) -> list[dict[str
     given), a `function_call_output` is a tool message, reasoning items are left out (the chat
     path does not send reasoning back either).
 
-    Raises ApiError 400 naming the entry it cannot serve (an unknown item, non-text content).
+    Raises ApiError 400 naming the entry it cannot serve (an unknown item, non-text content, a
+    `function_call_output` whose `call_id` no earlier `function_call` has, as OpenAI's API does).
     """
     if isinstance(request_input, str):
         return [{"role": "user", "content": request_input}]
     if not request_input:
         raise ApiError(400, "input must not be empty")
     messages: list[dict[str, Any]] = []
+    call_ids: set[str] = set()
     for position, entry in enumerate(request_input):
         kind = entry.get("type", "message")
         if kind == "message":
@@ -100,7 +102,9 @@ def request_messages(request_input: str | list[dict[str, Any]]) -> list[dict[str
                 raise ApiError(400, f"input[{position}].role: expected user, system, developer or assistant, got {role!r}")
             messages.append({"role": role, "content": _content_text(entry.get("content"), f"input[{position}].content")})
         elif kind == "function_call":
-            call = {"id": _field(entry, "call_id", position), "type": "function",
+            call_id = _field(entry, "call_id", position)
+            call_ids.add(call_id)
+            call = {"id": call_id, "type": "function",
                     "function": {"name": _field(entry, "name", position), "arguments": entry.get("arguments") or "{}"}}
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
@@ -109,7 +113,11 @@ def request_messages(request_input: str | list[dict[str, Any]]) -> list[dict[str
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
             output = _content_text(entry.get("output"), f"input[{position}].output")
-            messages.append({"role": "tool", "tool_call_id": _field(entry, "call_id", position), "content": output})
+            call_id = _field(entry, "call_id", position)
+            if call_id not in call_ids:
+                raise ApiError(400, f"input[{position}]: no function_call found for function_call_output with call_id {call_id!r}: "
+                                    "send the function_call item it answers earlier in `input`")
+            messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
         elif kind == "reasoning":
             continue
         elif kind == "item_reference":
