@@ -44,7 +44,7 @@ except ImportError as error:  # verl, or what its agent loop imports without dec
 
 __all__ = [
     "AGENT_LOOP_CONFIG", "AGENT_NAME", "REWARD_EXTRA_KEYS", "ROW_COLUMN", "GymBridgeAgentLoop", "GymBridgeDataset", "RolloutSlots",
-    "VerlServerPolicy", "repeat_index", "to_agent_loop_output", "trajectory_steps",
+    "VerlServerPolicy", "repeat_index", "to_agent_loop_output",
 ]
 
 REWARD_EXTRA_KEYS = (
