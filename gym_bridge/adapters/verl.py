@@ -142,7 +142,7 @@ class VerlServerPolicy:
             self.global_steps.setdefault("min_global_steps", oldest)
         if newest is not None:
             self.global_steps["max_global_steps"] = newest
-            _reported.latest = newest
+            _reported.latest = newest if _reported.latest is None else max(_reported.latest, newest)
         return oldest
 
     def finish_reason(self, ids: Sequence[int], request: GenerationRequest) -> FinishReason:

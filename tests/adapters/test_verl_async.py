@@ -274,3 +274,20 @@ def test_without_log_probs_the_fully_async_client_is_understood(monkeypatch, tmp
     field = queue.fields[f"{uid}_0_0"]
     assert field["extra_fields"]["gym_bridge_failure_kind"] is None and field["rm_scores"].sum() == 1.0
     assert server.calls[0].log_probs is None and "rollout_log_probs" not in field.keys()
+
+
+def test_the_version_of_a_rollout_that_reported_none(fresh_versions):
+    """Which integer a sample without a reported version gets: the newest version reported to this process,
+    else V1's dispatch step - 1, else 0; a rollout that reported versions keeps its own."""
+    from gym_bridge.adapters.verl import VerlServerPolicy, trajectory_steps
+
+    def policy() -> VerlServerPolicy:
+        return VerlServerPolicy(None, {}, eos_token_ids=[0], prompt_length=8)
+
+    failed = policy()
+    assert trajectory_steps(failed) == {"min_global_steps": 0, "max_global_steps": 0}
+    assert trajectory_steps(failed, dispatch_step=7) == {"min_global_steps": 6, "max_global_steps": 6}
+    resumed = policy()
+    assert resumed._observe_versions({"global_steps": 5, "min_global_steps": 4, "max_global_steps": 5}) == 4  # the call's version
+    assert trajectory_steps(resumed, dispatch_step=7) == {"min_global_steps": 4, "max_global_steps": 5}
+    assert trajectory_steps(failed, dispatch_step=7) == {"min_global_steps": 5, "max_global_steps": 5}
