@@ -5,7 +5,8 @@ GRPO) pause generation for a train step and a weight update; a model call in fli
 the policy for as long as that takes. A policy whose calls may be parked says so (`parks_calls = True`):
 while such a call is in flight the rollout's deadline stands still, and the call is bounded by its own
 `generation_timeout_s` instead. Setup, tools, verify and the work between calls stay under the deadline;
-the calls of every other policy count against it as before.
+the calls of every other policy count against it as before. `HeldPolicy` does the same for calls a rollout
+makes outside its agent loop's `generate` (a harness's capture session).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from gym_bridge.core.errors import RolloutFailure
+from gym_bridge.core.policy import Generation, GenerationRequest, Policy
 
-__all__ = ["RolloutDeadline", "parks_calls"]
+__all__ = ["HeldPolicy", "RolloutDeadline", "parks_calls"]
 
 
 def parks_calls(policy: object) -> bool:
@@ -92,3 +94,19 @@ class RolloutDeadline:
         now = asyncio.get_running_loop().time()
         self.excluded_s += now - self._held_at
         timeout.reschedule(now + self._left_s)  # at or before now: it fires at once
+
+
+class HeldPolicy:
+    """`policy` whose every call goes through `deadline.model_call()`: for model calls a rollout makes outside
+    `RolloutContext.generate` (a harness's capture session serving its agent)."""
+
+    def __init__(self, policy: Policy, deadline: RolloutDeadline) -> None:
+        self.policy = policy
+        self.deadline = deadline
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        async with self.deadline.model_call():
+            return await self.policy.generate(request)
+
+    async def aclose(self) -> None:
+        await self.policy.aclose()

@@ -119,3 +119,30 @@ def test_concurrent_parked_calls_hold_the_deadline_once():
 
     elapsed_s, excluded_s = asyncio.run(scenario())
     assert 0.6 <= excluded_s < 0.7 and 0.9 <= elapsed_s < 1.2
+
+
+async def one_call_agent(client, task: dict) -> str:
+    reply = await client.chat.completions.create(model=task["model"], messages=list(task["messages"]))
+    return reply.choices[0].message.content or ""
+
+
+def test_a_harness_agents_parked_calls_are_not_the_rollouts(smol_template, turn):
+    """A harness's model calls reach the policy through its capture server, not the agent loop's `generate`:
+    they are held out of the deadline too (the agent's own `harness_timeout_s` still counts them)."""
+    pytest.importorskip("openai")
+    from gym_bridge.capture import HarnessEnvironment
+
+    class OneCall(HarnessEnvironment):
+        name = "one_call_harness_for_deadline_test"
+        agent = one_call_agent
+        harness_timeout_s = 10.0
+
+        def score(self, task, answer):
+            return float(answer == "done")
+
+    policy = Parked({"": [turn("done")]})
+    policy.parked_s = 0.6
+    task = parse_task({"agent_ref": {"name": "one_call_harness_for_deadline_test"}, "messages": [{"role": "user", "content": "go"}]}, index=0)
+    engine = Engine(policy, smol_template, EngineConfig(template_check="off", deadline_s=0.5))
+    record = asyncio.run(engine.rollout(task, env_class=OneCall))
+    assert (record.failure_kind, record.reward) == (None, 1.0), record.failure_reason
