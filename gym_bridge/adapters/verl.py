@@ -75,7 +75,13 @@ class VerlServerPolicy:
     Every call of the rollout uses one `request_id`, so verl's load balancer keeps them on one server.
     Each call sends verl's sampling parameters plus `max_tokens` (what is left of the response budget);
     the first call's prompt must fit `prompt_length` (else `ContextOverflowError`: a masked sample).
+    verl's async trainers park a call in flight for a train step and a weight update (`parks_calls`), and
+    its `FullyAsyncLLMServerClient` resumes an aborted generation inside this one call. Each call's
+    `policy_version` is the oldest weights version (`min_global_steps`) its tokens were sampled under.
     """
+
+    parks_calls = True
+    """verl may hold a call for a whole train step and weight update: not counted in the rollout's deadline."""
 
     def __init__(self, server_manager: Any, sampling_params: Mapping[str, Any], *, eos_token_ids: Sequence[int],
                  prompt_length: int, request_id: str | None = None) -> None:
@@ -88,7 +94,9 @@ class VerlServerPolicy:
         self.calls = 0
         self.generate_s = 0.0
         self.num_preempted: int | None = None
-        self.global_steps: dict[str, Any] = {}
+        self.global_steps: dict[str, int] = {}
+        """`min_global_steps` (the first call's oldest weights) and `max_global_steps` (the last call's newest),
+        as verl's server reported them; empty until a call reports them."""
 
     async def aclose(self) -> None:
         """Nothing to release: the server manager stays with verl."""
@@ -109,20 +117,33 @@ class VerlServerPolicy:
             raise
         self.generate_s += time.perf_counter() - started
         self.calls += 1
-        if output.stop_reason == "aborted":
+        if output.stop_reason in ("aborted", "abort"):  # the plain client, or partial rollouts off: verl does not resume it
             raise BackendError("verl aborted the generation (rollouts paused, e.g. for a weight update)")
         ids = [int(token) for token in output.token_ids]
-        logprobs = [float(value) for value in output.log_probs] if output.log_probs is not None else [0.0] * len(ids)
-        if len(logprobs) != len(ids):
-            raise BackendError(f"verl returned {len(ids)} token ids but {len(logprobs)} log-probs")
+        logprobs = self._logprobs(output.log_probs, len(ids))
         if output.num_preempted is not None:
             self.num_preempted = (self.num_preempted or 0) + int(output.num_preempted)
-        extra = output.extra_fields or {}
-        if extra.get("min_global_steps") is not None:
-            self.global_steps.setdefault("min_global_steps", extra["min_global_steps"])
-        if extra.get("max_global_steps") is not None:
-            self.global_steps["max_global_steps"] = extra["max_global_steps"]
-        return Generation(token_ids=ids, logprobs=logprobs, finish_reason=self.finish_reason(ids, request))
+        version = self._observe_versions(output.extra_fields or {})
+        return Generation(token_ids=ids, logprobs=logprobs, finish_reason=self.finish_reason(ids, request), policy_version=version)
+
+    def _logprobs(self, values: Sequence[float] | None, count: int) -> list[float]:
+        """One float per id: 0.0 where none were asked for (`FullyAsyncLLMServerClient` then answers `[]`, the plain client None)."""
+        if values is None or (not self.with_logprobs and len(values) != count):
+            return [0.0] * count
+        if len(values) != count:
+            raise BackendError(f"verl returned {count} token ids but {len(values)} log-probs")
+        return [float(value) for value in values]
+
+    def _observe_versions(self, extra: Mapping[str, Any]) -> int | None:
+        """Keep the rollout's `min_global_steps` / `max_global_steps` from one call's answer; returns the
+        call's version (its `min_global_steps`: under partial rollouts a resumed call spans several)."""
+        oldest, newest = _step(extra.get("min_global_steps")), _step(extra.get("max_global_steps"))
+        if oldest is not None:
+            self.global_steps.setdefault("min_global_steps", oldest)
+        if newest is not None:
+            self.global_steps["max_global_steps"] = newest
+            _reported.latest = newest if _reported.latest is None else max(_reported.latest, newest)
+        return oldest
 
     def finish_reason(self, ids: Sequence[int], request: GenerationRequest) -> FinishReason:
         """`stop` only for a generation that ended on an EOS id (or, with stop strings asked for, one
@@ -134,6 +155,41 @@ class VerlServerPolicy:
         if request.sampling.stop and len(ids) < request.sampling.max_new_tokens:
             return "stop"
         return "length"
+
+
+class _ReportedSteps:
+    """The newest weights version (`global_steps`) verl's servers reported to this agent-loop worker process."""
+
+    latest: int | None = None
+
+
+_reported = _ReportedSteps()
+
+
+def _step(value: Any) -> int | None:
+    """A weights version as verl reports it (an int; None where the server set none yet)."""
+    return None if value is None or isinstance(value, bool) else int(value)
+
+
+def trajectory_steps(policy: VerlServerPolicy, *, dispatch_step: int | None = None) -> dict[str, int]:
+    """`min_global_steps` / `max_global_steps` for a sample's `extra_fields`: integers on every output, as
+    V1's `AgentLoopWorkerTQ._agent_loop_postprocess` copies them into each sample's TransferQueue tag and
+    `PPOTrainer._compute_metrics` casts them with `np.array(..., dtype=int)` (fully async's
+    `detach_utils.assemble_batch_from_rollout_samples` subtracts them), where a None raises.
+
+    A rollout whose calls reported versions carries theirs. One that reported none (it failed before its
+    first call: a reset error, a prompt over `prompt_length`; or its server sets no version) has no tokens, so
+    its version only places it for verl's staleness metrics: the newest version verl's servers reported to this
+    worker process (the weights in service as far as it knows); before any report, the weights in service when
+    V1 dispatched it (`dispatch_step - 1`: V1 syncs the weights of step k-1 before it dispatches step k's batch);
+    else 0 (the initial weights). Both fields get that one value: a span of one version."""
+    fallback = _reported.latest
+    if fallback is None:
+        fallback = max(dispatch_step - 1, 0) if dispatch_step is not None else 0
+    oldest = policy.global_steps.get("min_global_steps")
+    newest = policy.global_steps.get("max_global_steps")
+    oldest = oldest if oldest is not None else (newest if newest is not None else fallback)
+    return {"min_global_steps": oldest, "max_global_steps": newest if newest is not None else oldest}
 
 
 def sampling_from_verl(sampling_params: Mapping[str, Any], *, max_new_tokens: int) -> SamplingParams:
@@ -160,14 +216,15 @@ class GymBridgeAgentLoop(AgentLoopBase):
     load time); anything that goes wrong while a rollout runs is a masked output.
     """
 
-    def __init__(self, *args: Any, max_turns: int = 8, deadline_s: float = 600.0, max_new_tokens_per_turn: int | None = None,
-                 template_check: str = "error", max_concurrency: int = 64, per_env_concurrency: int | None = None,
-                 records_path: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, max_turns: int = 8, deadline_s: float = 600.0, generation_timeout_s: float = 3600.0,
+                 max_new_tokens_per_turn: int | None = None, template_check: str = "error", max_concurrency: int = 64,
+                 per_env_concurrency: int | None = None, records_path: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
         self.max_turns = int(max_turns)
         self.deadline_s = float(deadline_s)
+        self.generation_timeout_s = float(generation_timeout_s)
         self.max_new_tokens_per_turn = max_new_tokens_per_turn
         self.template_check = template_check
         self.template = template_for(self.tokenizer)
@@ -187,15 +244,18 @@ class GymBridgeAgentLoop(AgentLoopBase):
         config = EngineConfig(
             sampling=sampling_from_verl(sampling_params, max_new_tokens=per_turn),
             limits=Limits(max_turns=self.max_turns, max_completion_tokens=self.response_length),
-            deadline_s=self.deadline_s, template_check=self.template_check,
+            deadline_s=self.deadline_s, generation_timeout_s=self.generation_timeout_s, template_check=self.template_check,
         )
         async with self.slots.hold(task.env_name):
             record = await Engine(policy, self.template, config).rollout(task, repeat, env_class=env_class)
         _alarm.observe(record)
+        dispatch = plain(kwargs.get("global_steps"))  # V1: the trainer step the sample was dispatched for
+        steps = trajectory_steps(policy, dispatch_step=int(dispatch) if dispatch is not None else None)
         if self.records_path is not None:
-            # the weights version verl's server reports for the rollout's first call (None where it reports none)
-            _records_writer(self.records_path).write(with_train_step(record.to_dict(), policy.global_steps.get("min_global_steps")))
-        return to_agent_loop_output(record, policy=policy, prompt_length=self.prompt_length, response_length=self.response_length)
+            # the weights version of the rollout's first call (see trajectory_steps for one that made none)
+            _records_writer(self.records_path).write(with_train_step(record.to_dict(), steps["min_global_steps"]))
+        return to_agent_loop_output(record, policy=policy, prompt_length=self.prompt_length, response_length=self.response_length,
+                                    global_steps=steps)
 
 
 _writers: dict[Path, RolloutWriter] = {}
@@ -286,7 +346,8 @@ class RolloutSlots:
                 env_slot.release()
 
 
-def to_agent_loop_output(record: RolloutRecord, *, policy: VerlServerPolicy, prompt_length: int, response_length: int) -> AgentLoopOutput:
+def to_agent_loop_output(record: RolloutRecord, *, policy: VerlServerPolicy, prompt_length: int, response_length: int,
+                         global_steps: Mapping[str, int] | None = None) -> AgentLoopOutput:
     """A record as verl's `AgentLoopOutput`: `response_mask` 1 on sampled tokens, 0 on environment tokens
     (log-prob 0.0 there), `reward_score` from the verifier, `extra_fields["reward_extra_info"]` with
     `REWARD_EXTRA_KEYS`. A masked record (a failure, or a sample its verifier masked) keeps its tokens
@@ -294,7 +355,8 @@ def to_agent_loop_output(record: RolloutRecord, *, policy: VerlServerPolicy, pro
     kind, so verl drops it from the loss. The token rules are every trainer's, `core.batch.to_training_row`
     (an empty completion becomes one EOS id with mask 0; a harness that rewrote its history gives its last
     segment, and `gym_bridge_harness_rewrites` counts the earlier, untrained ones); here the row is cut to
-    verl's prompt and response lengths."""
+    verl's prompt and response lengths. `extra_fields` always holds integer `min_global_steps` /
+    `max_global_steps` (`global_steps`, else `trajectory_steps(policy)`)."""
     row = to_training_row(record, eos_token_ids=sorted(policy.eos_token_ids), max_completion_length=response_length)
     masked = row.masked
     prompt_ids = list(row.prompt_ids[-prompt_length:])  # longer only for a masked context overflow
@@ -311,7 +373,7 @@ def to_agent_loop_output(record: RolloutRecord, *, policy: VerlServerPolicy, pro
         "reward_extra_info": reward_extra_info, "gym_bridge_masked": masked, "gym_bridge_failure_kind": record.failure_kind,
         "gym_bridge_failure_reason": record.failure_reason, "gym_bridge_finish_reason": record.finish_reason,
         "gym_bridge_repeat_index": record.repeat_index,
-        "turn_scores": [], "tool_rewards": [], **policy.global_steps,
+        "turn_scores": [], "tool_rewards": [], **(global_steps if global_steps is not None else trajectory_steps(policy)),
     }
     return AgentLoopOutput(
         prompt_ids=prompt_ids,

@@ -26,6 +26,7 @@ from gym_bridge.capture.server import capture_server
 from gym_bridge.capture.chat_session import ChatCaptureSession
 from gym_bridge.capture.session import CaptureSession, SessionState
 from gym_bridge.core.agent_loop import RolloutContext, RolloutFailure
+from gym_bridge.core.deadline import HeldPolicy
 from gym_bridge.core.environment import Environment, RowProblem, VerifyResult, to_verify_result
 from gym_bridge.core.errors import UserError
 from gym_bridge.core.items import Item
@@ -97,6 +98,8 @@ def _session(ctx: RolloutContext, model_name: str, max_parallel_calls: int) -> C
     if is_token_policy(policy):
         if ctx.template is None:
             raise RolloutFailure("infra", "a harness environment over a token policy needs the run's chat template")
+        if ctx.deadline is not None and ctx.deadline.parked:  # time a trainer parks a call is not the rollout's
+            policy = HeldPolicy(policy, ctx.deadline)
         return CaptureSession(policy=policy, template=ctx.template, **common)
     if isinstance(policy, ChatPolicy):
         return ChatCaptureSession(policy=policy, **common)

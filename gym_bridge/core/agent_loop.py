@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol, Sequence
 
 from gym_bridge.core.bounded_call import call_bounded, call_environment
+from gym_bridge.core.deadline import RolloutDeadline
 from gym_bridge.core.environment import Environment, ToolError, ToolSpec
 from gym_bridge.core.errors import AbortedCall, classify
 from gym_bridge.core.errors import RolloutFailure as RolloutFailure
@@ -108,6 +109,8 @@ class RolloutContext:
     tools: tuple[dict[str, Any], ...]
     transcript: Transcript
     """The conversation as the policy reads it (tokens or chat messages); `Engine` starts it."""
+    deadline: RolloutDeadline | None = None
+    """The rollout's deadline, which model calls go through (`Engine` passes it; None: no bound here)."""
     _tool_names: frozenset[str] | None = None
     """The names of `tools`, once a call needs them."""
 
@@ -119,13 +122,17 @@ class RolloutContext:
         """Sample one model turn and append it (ids, log-probs, items); each of the returned turn's
         calls carries the `call_id` it has in the record.
 
-        Returns None when no token budget is left. Raises the policy's errors.
+        Returns None when no token budget is left. Raises the policy's errors, and RolloutFailure(`timeout`)
+        when a call the trainer may park runs past its own bound (`gym_bridge.core.deadline`).
         """
         max_new = min(self.sampling.max_new_tokens, self.budget_left)
         if max_new <= 0:
             return None
         sampling = self.sampling if max_new == self.sampling.max_new_tokens else replace(self.sampling, max_new_tokens=max_new)
-        return await self.transcript.generate(sampling)
+        if self.deadline is None:
+            return await self.transcript.generate(sampling)
+        async with self.deadline.model_call():
+            return await self.transcript.generate(sampling)
 
     async def call_tool(self, call: ParsedCall, call_id: str | None = None) -> ToolOutput:
         """Run one tool call (`call_id`: the call's own, as `generate` returned it, unless given);

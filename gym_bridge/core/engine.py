@@ -1,7 +1,8 @@
 """The rollout engine: many rollouts at once, each bounded, each ending as a record.
 
 asyncio throughout. A global semaphore and per-environment semaphores bound concurrency; each
-rollout has a deadline (verify included), each tool call and verify a timeout. `Engine.rollout` is the one error
+rollout has a deadline (verify included; not the calls of a policy the trainer may park, which have their own
+bound: `gym_bridge.core.deadline`), each tool call and verify a timeout. `Engine.rollout` is the one error
 boundary: whatever fails there becomes a record with a failure kind (`gym_bridge.core.errors.classify`
 decides which), masked from training, and its siblings go on. Repeats of a task form a group and `run_groups` keeps them together;
 `stream` yields records as they finish.
@@ -18,6 +19,7 @@ from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 
 from gym_bridge.core.agent_loop import AgentLoop, Limits, RolloutContext, ToolCallingLoop
 from gym_bridge.core.bounded_call import call_environment
+from gym_bridge.core.deadline import RolloutDeadline, parks_calls
 from gym_bridge.core.environment import Environment, to_verify_result, VerifyResult
 from gym_bridge.core.errors import RolloutFailure, Step, classify
 from gym_bridge.core.items import Item
@@ -41,7 +43,12 @@ class EngineConfig:
     per_env_concurrency: int | None = None
     """Rollouts of one environment at once (None: only the global bound)."""
     deadline_s: float = 600.0
-    """Wall time of one rollout (setup, generation, tools, verify), after it starts running; `close` runs after it."""
+    """Wall time of one rollout (setup, generation, tools, verify), after it starts running; `close` runs after it.
+    The calls of a policy that the trainer may park (`parks_calls = True`) are not counted: see `generation_timeout_s`."""
+    generation_timeout_s: float = 3600.0
+    """Bound of one model call of a policy whose calls the trainer may park mid-generation for a train step and
+    a weight update (`parks_calls = True`: verl's agent loop, async workers). Such a call's time, parked time
+    included, does not count against `deadline_s`; this bounds it instead. Unused for other policies."""
     model_name: str = ""
     template_check: str = "error"
     """`error`: refuse a template that is not append-only; `warn`: warn and use the streamed
@@ -131,6 +138,8 @@ class Engine:
         env: Environment | None = None
         transcript: Transcript | None = None
         timeout_s = env_class.tool_timeout_s
+        deadline = RolloutDeadline(deadline_s=self.config.deadline_s, generation_timeout_s=self.config.generation_timeout_s,
+                                   parked=parks_calls(self.policy))
         try:
             session_id, limits = f"{task.index}-{repeat_index}", self.config.limits
             transcript = self._start_transcript(task=task, tools=tools, trajectory=trajectory, session_id=session_id,
@@ -138,10 +147,10 @@ class Engine:
             env = env_class()
             ctx = RolloutContext(
                 task=task, env=env, policy=self.policy, template=self.template, sampling=sampling, limits=limits,
-                trajectory=trajectory, session_id=session_id, tools=tools, transcript=transcript,
+                trajectory=trajectory, session_id=session_id, tools=tools, transcript=transcript, deadline=deadline,
             )
             loop: AgentLoop = getattr(env_class, "agent_loop", None) or ToolCallingLoop()
-            async with asyncio.timeout(self.config.deadline_s):
+            async with deadline.running():
                 if _overrides(env, "setup"):
                     await call_step(env, "setup", (task,), step="setup", timeout_s=timeout_s)
                 finish = await loop.run(ctx)
@@ -180,6 +189,7 @@ class Engine:
             api_usage=dict(trajectory.api_usage) or None,
             parse_errors=trajectory.parse_errors, unparsed_tool_calls=trajectory.unparsed_tool_calls,
             env_path=f"{env_class.__module__}:{env_class.__qualname__}" if env_class else "",
+            policy_versions=tuple(trajectory.policy_versions),
         )
 
     async def stream(

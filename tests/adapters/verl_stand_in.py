@@ -7,6 +7,12 @@ and answers like it: `max_tokens` clamped to what is left of `max_model_len` (a 
 left raises its ValueError), at most that many ids, log-probs when `logprobs` is asked for, a
 `TokenOutput` with `stop_reason="completed"` whether the generation stopped or was cut, and
 `global_steps` in `extra_fields`. `delay_s` keeps each call in flight a while (`peak` counts them).
+
+An async trainer's pause is stood in for too (`abort_at`): the chosen calls end after a few tokens with
+`stop_reason="aborted"` and what was sampled so far, as vLLM's `pause_generation` leaves them; the server then
+parks every request at its closed gate (`vLLMHttpServer._park_until_admitted`) for `pause_s` (the train step),
+takes the next weights version (`set_global_steps`) and opens again. A request whose prompt is an aborted
+call's prompt plus its tokens continues that generation where it stopped, as vLLM would sample it again.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from verl.workers.rollout.llm_server import LLMServerClient
+from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient, LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
 from gym_bridge.core.policy import Generation
@@ -29,6 +35,8 @@ class Call:
     sampling_params: dict[str, Any]
     token_ids: list[int]
     log_probs: list[float] | None
+    stop_reason: str = "completed"
+    global_steps: int | None = None
 
 
 @dataclass
@@ -46,6 +54,15 @@ class ScriptedVerlServer:
     """The weights version it reports (verl's servers: the optimizer steps of the weights they were last sent)."""
     in_flight: int = 0
     peak: int = 0
+    abort_at: dict[int, int] = field(default_factory=dict)
+    """Request number (0-based, in arrival order, resumed requests counted) -> tokens it returns before the trainer aborts it."""
+    arrivals: int = 0
+    pause_s: float = 0.0
+    """How long the gate stays closed after an abort (the train step and weight update)."""
+    parked: int = 0
+    """Requests that waited at the closed gate."""
+    _partial: dict[tuple[int, ...], tuple[Generation, int]] = field(default_factory=dict)
+    _gate: asyncio.Event | None = None
 
     async def generate(
         self,
@@ -59,7 +76,11 @@ class ScriptedVerlServer:
         priority: int = 0,
         kv_transfer_params: Optional[dict] = None,
     ) -> TokenOutput:
-        generation = self.answer(self.tokenizer.decode(prompt_ids, skip_special_tokens=False))
+        sampling_params = dict(sampling_params)  # a Ray call gets a copy: popping below must not reach the caller's dict
+        await self._park()
+        started, self.arrivals = self.arrivals, self.arrivals + 1
+        resumed = self._partial.pop(tuple(prompt_ids), None)
+        generation, start = resumed if resumed else (self.answer(self.tokenizer.decode(prompt_ids, skip_special_tokens=False)), 0)
         if isinstance(generation, BaseException):
             raise generation
         room = self.max_model_len - len(prompt_ids)
@@ -73,25 +94,38 @@ class ScriptedVerlServer:
             await asyncio.sleep(self.delay_s)
         finally:
             self.in_flight -= 1
-        ids = generation.token_ids[:max_tokens]
-        log_probs = generation.logprobs[:max_tokens] if sampling_params.pop("logprobs", False) else None
-        self.calls.append(Call(request_id, list(prompt_ids), dict(sampling_params, max_tokens=max_tokens), ids, log_probs))
-        return TokenOutput(token_ids=ids, log_probs=log_probs, stop_reason="completed", extra_fields={"global_steps": self.global_steps})
+        ids = generation.token_ids[start:start + max_tokens]
+        log_probs = generation.logprobs[start:start + max_tokens]
+        stop_reason, cut = "completed", self.abort_at.pop(started, None)
+        if cut is not None and cut < len(ids):  # the trainer pauses generation: this call ends here, aborted
+            ids, log_probs, stop_reason = ids[:cut], log_probs[:cut], "aborted"
+            self._partial[tuple(prompt_ids) + tuple(ids)] = (generation, start + cut)
+            self._pause()
+        log_probs = log_probs if sampling_params.pop("logprobs", False) else None
+        self.calls.append(Call(request_id, list(prompt_ids), dict(sampling_params, max_tokens=max_tokens), ids, log_probs,
+                               stop_reason, self.global_steps))
+        return TokenOutput(token_ids=ids, log_probs=log_probs, stop_reason=stop_reason, extra_fields={"global_steps": self.global_steps})
+
+    async def _park(self) -> None:
+        while self._gate is not None and not self._gate.is_set():
+            self.parked += 1
+            await self._gate.wait()
+
+    def _pause(self) -> None:
+        """Close the gate; after `pause_s` the next weights are in (`global_steps` + 1) and it opens."""
+        self._gate = gate = asyncio.Event()
+
+        def weights_updated() -> None:
+            self.global_steps += 1
+            gate.set()
+
+        asyncio.get_running_loop().call_later(self.pause_s, weights_updated)
 
 
-class _Handle:
-    """What `LLMServerClient.generate` awaits: `server.generate.remote(...)`."""
+class _OneServer:
+    """The Ray load balancer of verl's clients replaced by one scripted server."""
 
-    def __init__(self, server: ScriptedVerlServer) -> None:
-        self.generate = type("RemoteMethod", (), {"remote": staticmethod(server.generate)})()
-
-
-class ScriptedServerClient(LLMServerClient):
-    """verl's real client (its `generate` runs as is) with the Ray load balancer replaced by one server."""
-
-    def __init__(self, config: Any, server: ScriptedVerlServer) -> None:
-        super().__init__(config, load_balancer_handle=None)
-        self.server = server
+    server: ScriptedVerlServer
 
     async def _acquire_server(self, request_id: str, **extra: Any) -> tuple[str, Any]:
         self.server.acquired.append(request_id)
@@ -101,8 +135,34 @@ class ScriptedServerClient(LLMServerClient):
         pass
 
 
-def verl_config(model_path: str, agent_loop_config: str, **overrides: Any) -> Any:
-    """verl 0.9.1's own `ppo_trainer` config (hydra compose), with the rollout settings the tests need."""
+class _Handle:
+    """What `LLMServerClient.generate` awaits: `server.generate.remote(...)`."""
+
+    def __init__(self, server: ScriptedVerlServer) -> None:
+        self.generate = type("RemoteMethod", (), {"remote": staticmethod(server.generate)})()
+
+
+class ScriptedServerClient(_OneServer, LLMServerClient):
+    """verl's real client (its `generate` runs as is) with the Ray load balancer replaced by one server."""
+
+    def __init__(self, config: Any, server: ScriptedVerlServer) -> None:
+        super().__init__(config, load_balancer_handle=None)
+        self.server = server
+
+
+class ScriptedFullyAsyncClient(_OneServer, FullyAsyncLLMServerClient):
+    """verl's real `FullyAsyncLLMServerClient` (V1 `colocate_async` / `separate_async`, fully async): its
+    `generate` resumes an aborted call by sending the prompt plus the tokens so far, as is."""
+
+    def __init__(self, config: Any, server: ScriptedVerlServer) -> None:
+        super().__init__(config, load_balancer_handle=None)
+        self.server = server
+
+
+def verl_config(model_path: str, agent_loop_config: str, *, config_dir: str | None = None, config_name: str = "ppo_trainer",
+                **overrides: Any) -> Any:
+    """verl 0.9.1's own `ppo_trainer` config (hydra compose; or `config_name` in `config_dir`, e.g. fully async's),
+    with the rollout settings the tests need."""
     import os
 
     import verl
@@ -119,6 +179,6 @@ def verl_config(model_path: str, agent_loop_config: str, **overrides: Any) -> An
         "data.max_response_length": 256,
         **overrides,
     }
-    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    config_dir = config_dir or os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
-        return compose(config_name="ppo_trainer", overrides=[f"{key}={value}" for key, value in values.items()])
+        return compose(config_name=config_name, overrides=[f"{key}={value}" for key, value in values.items()])
