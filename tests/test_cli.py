@@ -57,7 +57,7 @@ def test_eval_help_shows_the_defaults(capsys):
         main(["eval", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     for default in ("rollouts in flight at once (default: 32)", "0 is greedy (default: 0.7)", "0 is off (default: 0)",
-                    "(default: gym_bridge_eval.jsonl)", "model calls per rollout at most (default: 8)"):
+                    "(default: out/gym_bridge_eval.jsonl)", "model calls per rollout at most (default: 8)"):
         assert default in text
     assert "(default: None)" not in text and "(default: [])" not in text
 

@@ -11,10 +11,13 @@ import sys
 from typing import Any, Coroutine, TypeVar
 
 from gym_bridge.cli.common import EXIT_OK, EXIT_TOO_MANY_FAILED, _HelpFormatter, _json_object, _module_path_arguments, check_urls
+from gym_bridge.core.errors import GymBridgeError
 from gym_bridge.cli.eval_engine import _apply_env_options, _base_urls, _build_engine, _ray_options, _ray_rollouts, _warn_admission
 from gym_bridge.view import cli as view_cli
 
 _T = TypeVar("_T")
+
+DEFAULT_OUTPUT = "out/gym_bridge_eval.jsonl"
 
 EXIT_CODES_HELP = """exit codes:
   0    the run finished and at most --max-failure-fraction of its rollouts failed
@@ -50,8 +53,10 @@ def _eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--top-k", type=int, default=0, help="top-k sampling; 0 is off")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: none, a different sample each run)")
     p.add_argument("--deadline-s", type=float, default=600.0, help="wall time per rollout")
-    p.add_argument("--output", default="gym_bridge_eval.jsonl", help="rollout records (JSONL)")
-    p.add_argument("--resume", action="store_true", help="keep finished rollouts in --output and run the rest")
+    p.add_argument("--output", default=DEFAULT_OUTPUT, help="rollout records (JSONL; git ignores out/)")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help="keep finished rollouts in --output and run the rest")
+    again.add_argument("--overwrite", action="store_true", help="replace the records an existing --output holds")
     p.add_argument("--max-failure-fraction", type=float, default=0.1,
                    help=f"exit with code {EXIT_TOO_MANY_FAILED} when more rollouts than this fraction failed")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -66,6 +71,9 @@ def _eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--api", choices=["completions", "chat", "responses"], default="completions",
                    help="with --base-url: `completions` (token-in/token-out, vLLM or serve-model; trainable records) or "
                         "a chat API (`chat` completions / `responses`; text only, records have no tokens)")
+    p.add_argument("--wait-for-server-s", type=float, default=30.0, metavar="S",
+                   help="with --base-url: while the connection is refused (a server still starting), ask again for up to "
+                        "S seconds before giving up (0: do not wait)")
     p.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="VAR", help="environment variable holding the API key")
     p.add_argument("--tokenizer", default=None, metavar="PATH",
                    help="with --api completions: tokenizer folder for templating (default: the served model's name or "
@@ -117,7 +125,20 @@ async def _eval(args: argparse.Namespace) -> int:
 
     check_not_an_input(args.output, args.data)
     with locked_output(args.output):  # refuse a second run on the same file before loading anything
+        check_output_free(args.output, resume=args.resume, overwrite=args.overwrite)
         return await _eval_locked(args)
+
+
+def check_output_free(output: str, *, resume: bool, overwrite: bool) -> None:
+    """Raises GymBridgeError when `output` already holds records and neither `--resume` nor `--overwrite` says
+    what to do with them (a rerun used to replace them silently)."""
+    from pathlib import Path
+
+    path = Path(output)
+    if resume or overwrite or not path.is_file() or path.stat().st_size == 0:
+        return
+    raise GymBridgeError(f"--output {output} already holds rollout records: pass --resume to keep them and run only the "
+                         "missing rollouts, or --overwrite to replace them (or pick another --output)")
 
 
 async def _eval_locked(args: argparse.Namespace) -> int:
