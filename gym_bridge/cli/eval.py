@@ -111,6 +111,9 @@ def _ray_arguments(p: argparse.ArgumentParser) -> None:
                         "when no address is given (needs pip install 'gym-bridge[ray]')")
     p.add_argument("--ray-workers", type=int, default=2, metavar="N",
                    help="with --ray: worker actors per kind of environment resources; --concurrency is spread over them")
+    p.add_argument("--ray-connect-timeout-s", type=float, default=10.0, metavar="S",
+                   help="with --ray ADDRESS: how long the head may take to accept a connection and answer as a Ray head "
+                        "before the run stops with an error naming the address")
     p.add_argument("--ray-max-retries", type=int, default=2, metavar="N",
                    help="with --ray: times a group whose worker died runs again before it is recorded as `infra` failures")
 

@@ -262,7 +262,10 @@ def _ray_options(args: argparse.Namespace) -> Any:
 
     if args.ray_workers < 1 or args.ray_max_retries < 0:
         raise GymBridgeError("--ray-workers must be at least 1 and --ray-max-retries at least 0")
-    return RayOptions(address=None if args.ray == "local" else args.ray, num_workers=args.ray_workers, max_retries=args.ray_max_retries)
+    if not 0 < args.ray_connect_timeout_s <= 600:
+        raise GymBridgeError("--ray-connect-timeout-s must be above 0 and at most 600")
+    return RayOptions(address=None if args.ray == "local" else args.ray, num_workers=args.ray_workers, max_retries=args.ray_max_retries,
+                      connect_timeout_s=args.ray_connect_timeout_s)
 
 
 async def _live_base_urls(urls: list[str], *, api_key: str | None, timeout_s: float) -> list[str]:
