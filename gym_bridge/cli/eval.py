@@ -8,12 +8,17 @@ import argparse
 import asyncio
 import gc
 import sys
-from typing import Any, Coroutine, TypeVar
+import time
+from collections import Counter, defaultdict, deque
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Sequence, TypeVar
 
 from gym_bridge.cli.common import EXIT_OK, EXIT_TOO_MANY_FAILED, _HelpFormatter, _json_object, _module_path_arguments, check_urls
 from gym_bridge.core.errors import GymBridgeError
 from gym_bridge.cli.eval_engine import _apply_env_options, _base_urls, _build_engine, _ray_options, _ray_rollouts, _warn_admission
 from gym_bridge.view import cli as view_cli
+
+if TYPE_CHECKING:
+    from gym_bridge.core.task import Task as _Task
 
 _T = TypeVar("_T")
 
@@ -164,16 +169,28 @@ async def _eval_locked(args: argparse.Namespace) -> int:
         engine = _ray_rollouts(args, engine, tasks)
     else:
         _warn_admission(args, engine)
+    tasks = interleave_by_env(tasks)  # the first rollouts to finish then stand for every environment (an honest ETA)
     progress = None
     if not args.no_progress:
         from tqdm import tqdm
 
-        # smoothing=0: the ETA uses the run's average rate, which suits rollouts that finish in batches
         total = len(tasks) * args.num_repeats
+        eta = Eta(dict(Counter(task.env_name for task in tasks)), repeats=args.num_repeats, concurrency=args.concurrency)
+        first_wave = min(args.concurrency, total)
         progress = tqdm(total=total, desc="rollouts", unit="rollout", file=sys.stderr, smoothing=0,
-                        bar_format=progress_format(0, first_wave=min(args.concurrency, total)))
+                        bar_format=progress_format(0, first_wave=first_wave))
         progress.set_postfix_str("generating the first batch", refresh=False)
-        ticker = asyncio.ensure_future(_tick(progress))
+
+        def bar_format(finished: int) -> str:
+            return progress_format(finished, first_wave=first_wave, remaining_s=eta.remaining_s(now_s=time.monotonic()), unseen=eta.unseen())
+
+        def redraw() -> None:
+            assert progress is not None
+            progress.bar_format = bar_format(int(progress.n))
+            progress.refresh()
+
+        ticker = asyncio.ensure_future(_tick(redraw))
+        quiet_logs = _logs_above_the_bar(progress)
     scored = {"count": 0, "reward": 0.0}
 
     def on_record(row: dict[str, Any]) -> None:
@@ -181,10 +198,11 @@ async def _eval_locked(args: argparse.Namespace) -> int:
             if not row["mask_sample"]:
                 scored["count"] += 1
                 scored["reward"] += row["reward"]
+            eta.add(str(row.get("env")), float((row.get("metrics") or {}).get("latency_s") or 0.0), at_s=time.monotonic())
             # no redraw here: `update` redraws at most every `mininterval`, not once per record
             progress.set_postfix(mean_reward=f"{scored['reward'] / max(1, scored['count']):.3f}" if scored["count"] else "n/a",
                                  failed=progress.n + 1 - scored["count"], refresh=False)
-            progress.bar_format = progress_format(int(progress.n) + 1, first_wave=min(args.concurrency, progress.total))
+            progress.bar_format = bar_format(int(progress.n) + 1)
             progress.update(1)
 
     freeze_startup_objects()
@@ -195,6 +213,7 @@ async def _eval_locked(args: argparse.Namespace) -> int:
         gc.unfreeze()
         if progress is not None:
             ticker.cancel()
+            quiet_logs()
             progress.close()
         await _close(policy)
         if args.ray is not None:
@@ -209,20 +228,102 @@ async def _eval_locked(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def progress_format(finished: int, *, first_wave: int) -> str:
+def progress_format(finished: int, *, first_wave: int, remaining_s: float | None = None, unseen: Sequence[str] = ()) -> str:
     """The progress bar's layout: no ETA until the first wave of rollouts (as many as run at once) has
     finished. Rollouts start together and finish together, so the rate of the first few to finish says
-    nothing about the rest (it showed an hour for a run that took minutes)."""
+    nothing about the rest (it showed an hour for a run that took minutes). After it, the ETA is
+    `remaining_s` (see `Eta`), none while environments in `unseen` have no finished rollout, or tqdm's
+    average rate when neither is given."""
     if finished < first_wave:
         return "{desc}: {n_fmt}/{total_fmt} [{elapsed} elapsed, ETA after the first " + str(first_wave) + " rollouts{postfix}]"
-    return "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
+    if unseen:
+        return "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed} elapsed, ETA after a first rollout of " + ", ".join(unseen) + "{postfix}]"
+    if remaining_s is None:
+        return "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
+    from tqdm import tqdm
+
+    return "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<" + tqdm.format_interval(remaining_s) + ", {rate_fmt}{postfix}]"
 
 
-async def _tick(progress: Any, every_s: float = 1.0) -> None:
+class Eta:
+    """Time left in a run of several environments whose rollouts take very different times.
+
+    tqdm's estimate (rollouts left over the average rate) was off about 5x when fast and slow environments
+    mixed. Here each environment's rollouts left count at that environment's mean latency so far (the mean
+    of all finished rollouts for one with none finished yet; latencies are measured under the run's load),
+    and that work is divided over the rollouts in flight at once: `concurrency`, or all that are left."""
+
+    def __init__(self, tasks_per_env: dict[str, int], *, repeats: int = 1, concurrency: int = 1) -> None:
+        self.planned = {env: count * repeats for env, count in tasks_per_env.items()}
+        self.concurrency = max(1, concurrency)
+        self.done: Counter[str] = Counter()
+        self.latency_s: dict[str, float] = defaultdict(float)
+        self.last_s = 0.0
+
+    def add(self, env: str, latency_s: float, *, at_s: float) -> None:
+        """One rollout of `env` finished after `latency_s`, at `at_s` (a monotonic clock)."""
+        self.done[env] += 1
+        self.latency_s[env] += latency_s
+        self.last_s = at_s
+
+    def unseen(self) -> list[str]:
+        """Environments with rollouts planned but none finished: their cost is unknown, so there is no ETA yet."""
+        return [env for env, planned in self.planned.items() if planned and not self.done[env]]
+
+    def remaining_s(self, *, now_s: float) -> float | None:
+        """Seconds left at `now_s` (counting down from the last finished rollout); None while `unseen()` is not empty."""
+        finished, work_s = sum(self.done.values()), sum(self.latency_s.values())
+        if not finished or self.unseen():
+            return None
+        mean_s = work_s / finished
+        left = {env: max(0, planned - self.done[env]) for env, planned in self.planned.items()}
+        left_s = sum(count * (self.latency_s[env] / self.done[env] if self.done[env] else mean_s) for env, count in left.items())
+        return max(0.0, left_s / max(1, min(self.concurrency, sum(left.values()))) - (now_s - self.last_s))
+
+
+def interleave_by_env(tasks: Sequence[_Task]) -> list[_Task]:
+    """`tasks` in turns over their environments (each environment's own order kept): the rollouts that finish
+    first then come from every environment, so the rates the progress bar reads are the run's."""
+    queues: dict[str, deque[_Task]] = defaultdict(deque)
+    for task in tasks:
+        queues[task.env_name].append(task)
+    ordered: list[_Task] = []
+    while queues:
+        for env in list(queues):
+            ordered.append(queues[env].popleft())
+            if not queues[env]:
+                del queues[env]
+    return ordered
+
+
+def _logs_above_the_bar(progress: Any) -> Callable[[], None]:
+    """Print gym_bridge's log lines (a tool-call alarm, say) on lines of their own above the progress bar, not
+    glued to it; returns the function that undoes this."""
+    import logging
+
+    logger = logging.getLogger("gym_bridge")
+
+    class AboveTheBar(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            progress.write(self.format(record), file=sys.stderr)
+
+    handler = AboveTheBar(logging.WARNING)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    propagate, logger.propagate = logger.propagate, False
+
+    def undo() -> None:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+    return undo
+
+
+async def _tick(redraw: Callable[[], None], every_s: float = 1.0) -> None:
     """Redraw the bar every second, so its clock moves while the first batch is still generating."""
     while True:
         await asyncio.sleep(every_s)
-        progress.refresh()
+        redraw()
 
 
 def _run_fast(coroutine: Coroutine[Any, Any, _T]) -> _T:
