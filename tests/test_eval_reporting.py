@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import heapq
 import json
+import os
 import re
+import subprocess
+import sys
 import textwrap
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +20,7 @@ from gym_bridge.cli import main
 from gym_bridge.core.health import tool_call_health
 from gym_bridge.core.metrics import format_table, summarize
 
+ROOT = Path(__file__).resolve().parents[1]
 ROW = {"responses_create_params": {"input": "How many metres is 2 km?"}, "agent_ref": {"type": "responses_api_agents", "name": "unitconv"},
        "expected_answer": "2000"}
 
@@ -97,10 +102,13 @@ def test_the_eta_holds_with_fast_and_slow_environments_mixed():
         assert (end_s - now) / average_rate_eta > 4
 
 
-def test_an_alarm_gets_a_line_of_its_own_above_the_progress_bar(tmp_path, capsys, tiny_model_dir):
-    code = main(["eval", "--env", "weather", "--limit", "3", "--model", str(tiny_model_dir), "--max-new-tokens", "2",
-                 "--no-tool-call-after", "1", "--concurrency", "1", "--output", str(tmp_path / "out.jsonl")])
-    assert code in (0, 3)
-    segments = re.split(r"[\r\n]", capsys.readouterr().err)
+def test_an_alarm_gets_a_line_of_its_own_above_the_progress_bar(tmp_path, tiny_model_dir):
+    """A real command line (no pytest log capture): the alarm used to be printed right after the bar's text."""
+    command = [sys.executable, "-m", "gym_bridge.cli", "eval", "--env", "weather", "--limit", "3", "--model", str(tiny_model_dir),
+               "--max-new-tokens", "2", "--no-tool-call-after", "1", "--concurrency", "1", "--output", str(tmp_path / "out.jsonl")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode in (0, 3), done.stderr
+    segments = re.split(r"[\r\n]", done.stderr)
     alarms = [segment for segment in segments if "TOOL-CALL ALARM" in segment]
     assert alarms and all(segment.startswith("TOOL-CALL ALARM: environment 'weather' offers tools") for segment in alarms), alarms
