@@ -47,7 +47,7 @@ def test_eval_waits_for_a_server_that_is_still_starting(tmp_path, capsys):
     finally:
         server.should_exit = True
     assert code == 0, capsys.readouterr().err
-    assert f"waiting up to 30 s for a server at {url} to start (connection refused" in capsys.readouterr().err
+    assert f"waiting up to 60 s for a server at {url} to start (connection refused" in capsys.readouterr().err
     assert waited_s >= 2.0 and [json.loads(line)["failure_kind"] for line in output.read_text().splitlines()] == [None]
     sock.close()
 

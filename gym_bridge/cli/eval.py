@@ -76,7 +76,7 @@ def _eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--api", choices=["completions", "chat", "responses"], default="completions",
                    help="with --base-url: `completions` (token-in/token-out, vLLM or serve-model; trainable records) or "
                         "a chat API (`chat` completions / `responses`; text only, records have no tokens)")
-    p.add_argument("--wait-for-server-s", type=float, default=30.0, metavar="S",
+    p.add_argument("--wait-for-server-s", type=float, default=60.0, metavar="S",
                    help="with --base-url: while the connection is refused (a server still starting), ask again for up to "
                         "S seconds before giving up (0: do not wait)")
     p.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="VAR", help="environment variable holding the API key")
