@@ -192,6 +192,12 @@ def parse_error_counts(malformed: int, unparsed: int, *, attempts: int | None = 
     return f"{counted} tool calls could not be parsed: {malformed} malformed, {unparsed} in a syntax the parser does not read"
 
 
+def _made_of(block: Mapping[str, Any]) -> str:
+    if not block.get("attempts"):
+        return ""
+    return f" ({parse_error_counts(block['parse_errors'], block['unparsed_tool_calls'], attempts=block['attempts'])})"
+
+
 def format_health(health: Mapping[str, Any], *, alarms: Iterable[str] = ()) -> str:
     """Lines for a run's summary: per environment that offers tools, its call and parse-error rates; then the alarms."""
     lines = []
@@ -199,8 +205,7 @@ def format_health(health: Mapping[str, Any], *, alarms: Iterable[str] = ()) -> s
         if block["offers_tools"]:
             lines.append(
                 f"tool calls [{env}]: {block['tool_call_rate']:.0%} of rollouts call a tool "
-                f"({block['tool_calls_per_rollout']:.2f} per rollout), parse errors {block['parse_error_rate']:.0%} "
-                f"({parse_error_counts(block['parse_errors'], block['unparsed_tool_calls'], attempts=block['attempts'])}), "
+                f"({block['tool_calls_per_rollout']:.2f} per rollout), parse errors {block['parse_error_rate']:.0%}{_made_of(block)}, "
                 f"unparsed calls in {block['unparsed_call_rate']:.0%}, no answer turn in {block['no_answer_rate']:.0%}")
     lines += [f"ALARM: {message}" for message in alarms]
     return "\n".join(lines)
