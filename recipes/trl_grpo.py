@@ -160,11 +160,14 @@ def _claim_run(records_root: Path) -> str:
 HEADLINE = (("loss", "loss"), ("reward", "reward"), ("completions/mean_length", "len"), ("entropy", "entropy"), ("kl", "kl"),
             ("grad_norm", "grad"), ("learning_rate", "lr"), ("step_time", "s/step"))
 """TRL's per-step log keys shown first, with their short names (the reward with its `reward_std`)."""
+ALWAYS_SHOWN = ("failed", "tool_calls", "parse_errors")
+"""gym_bridge metrics shown even at 0; the others (failures by kind, per-environment rates) only when not 0."""
 
 
 def compact_line(step: int, max_steps: int, logs: dict[str, Any]) -> str:
     """One readable line for a logging step: `step 3/30 | loss 0.012 | reward 0.41 ± 0.2 | ... | gym_bridge: failed 0,
-    ...`. TRL's other keys (clip ratios, per-reward-function stats, token counts) are left to log_history.json."""
+    ...`. TRL's other keys (clip ratios, per-reward-function stats, token counts) and gym_bridge's zeros outside
+    `ALWAYS_SHOWN` are left to log_history.json."""
     def number(value: Any) -> str:
         return f"{value:.3g}" if isinstance(value, float) else str(value)
 
@@ -173,7 +176,8 @@ def compact_line(step: int, max_steps: int, logs: dict[str, Any]) -> str:
         if key in logs:
             spread = f" ± {number(logs['reward_std'])}" if key == "reward" and "reward_std" in logs else ""
             parts.append(f"{short} {number(logs[key])}{spread}")
-    ours = [f"{key.removeprefix('gym_bridge/')} {number(value)}" for key, value in logs.items() if key.startswith("gym_bridge/")]
+    ours = [f"{key.removeprefix('gym_bridge/')} {number(value)}" for key, value in logs.items()
+            if key.startswith("gym_bridge/") and (value != 0 or key.removeprefix("gym_bridge/") in ALWAYS_SHOWN)]
     if ours:
         parts.append("gym_bridge: " + ", ".join(ours))
     if len(parts) == 1:  # not a training step (the end-of-training summary, say): its own keys

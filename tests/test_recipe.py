@@ -141,7 +141,8 @@ GRPO_STEP_LOGS = {  # the keys TRL 1.16's GRPOTrainer logs at a step of the CPU 
     "rewards/env_reward/mean": 0.41, "rewards/env_reward/std": 0.2, "reward": 0.41, "reward_std": 0.2, "frac_reward_zero_std": 0.5,
     "entropy": 0.81, "clip_ratio/low_mean": 0.0, "clip_ratio/low_min": 0.0, "clip_ratio/high_mean": 0.0, "clip_ratio/high_max": 0.0,
     "clip_ratio/region_mean": 0.0, "step_time": 29.4, "gym_bridge/failed": 0.0, "gym_bridge/tool_calls": 0.0,
-    "gym_bridge/turns": 1.0, "gym_bridge/parse_errors": 0.0, "gym_bridge/no_answer": 0.0625, "epoch": 0.06,
+    "gym_bridge/turns": 1.0, "gym_bridge/parse_errors": 0.0, "gym_bridge/no_answer": 0.0625, "gym_bridge/failed/infra": 0.0,
+    "gym_bridge/arithmetic/tool_call_rate": 0.0, "epoch": 0.06,
 }
 
 
