@@ -191,8 +191,13 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+MAX_TOKEN_ID = 2**31 - 1
+"""Above any vocabulary; tokenizers fail on ids past 64 bits."""
+
+
 def _ids(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(token, int) and not isinstance(token, bool) and token >= 0 for token in value)
+    return isinstance(value, list) and all(isinstance(token, int) and not isinstance(token, bool) and 0 <= token <= MAX_TOKEN_ID
+                                           for token in value)
 
 
 def _token_problem(tokens: Any) -> str | None:
@@ -200,7 +205,7 @@ def _token_problem(tokens: Any) -> str | None:
         return f"tokens is a {type(tokens).__name__}, not an object"
     for key in ("prompt_ids", "completion_ids"):
         if tokens.get(key) is not None and not _ids(tokens[key]):
-            return f"tokens.{key} is not a list of token ids (integers >= 0)"
+            return f"tokens.{key} is not a list of token ids (integers from 0 to {MAX_TOKEN_ID})"
     ids, mask, logprobs = tokens.get("completion_ids") or [], tokens.get("completion_mask") or [], tokens.get("completion_logprobs")
     if not isinstance(mask, list) or any(flag not in (0, 1) or isinstance(flag, float) for flag in mask):
         return "tokens.completion_mask is not a list of 0 and 1"

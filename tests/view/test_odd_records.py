@@ -35,6 +35,7 @@ def _odd_lines(good: dict) -> list[tuple[str, str]]:
         (changed(metrics="fast"), "metrics is a str"),
         (changed(reward_components={"accuracy": "high"}), "reward_components holds a value that is not a finite number"),
         (changed(responses_create_params={"input": "hi", "tools": ["get_weather"]}), "responses_create_params.tools is not a list of objects"),
+        (changed(tokens={**tokens, "prompt_ids": [2**40, *tokens["prompt_ids"]]}), "tokens.prompt_ids is not a list of token ids"),
     ]
 
 
