@@ -1,6 +1,7 @@
 """`gym-bridge eval` and `gym-bridge verify`: their options, the run (records, metrics table, exit code
-by failed fraction), the progress bar, and re-scoring stored rollouts. The engine a run uses (a local
-model, a server, Ray workers) is built in `gym_bridge.cli.eval_engine`."""
+by failed fraction; an --output holding records needs --resume or --overwrite), the progress bar (an
+ETA per environment, log lines kept off it), and re-scoring stored rollouts. The engine a run uses (a
+local model, a server, Ray workers) is built in `gym_bridge.cli.eval_engine`."""
 
 from __future__ import annotations
 
