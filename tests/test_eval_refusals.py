@@ -31,7 +31,7 @@ def test_a_refused_eval_leaves_an_existing_output_untouched(tmp_path: Path, caps
     output = tmp_path / "out.jsonl"
     output.write_text(KEPT)
     started = time.monotonic()
-    assert main(["eval", "--env", "code", "--limit", "1", "--no-progress", "--output", str(output)]) == 2
+    assert main(["eval", "--env", "code", "--limit", "1", "--no-progress", "--overwrite", "--output", str(output)]) == 2
     assert time.monotonic() - started < 10  # refused before loading a model
     assert "refuses to run untrusted code without a sandbox" in capsys.readouterr().err
     assert output.read_text() == KEPT
@@ -61,7 +61,7 @@ def test_rows_a_record_cannot_hold_are_refused_by_eval_and_validate(tmp_path: Pa
     data.write_text(json.dumps({"prompt": "fine", "environment": "math"}) + "\n" + json.dumps(row) + "\n")
     output = tmp_path / "out.jsonl"
     output.write_text(KEPT)
-    assert main(["eval", "--data", str(data), "--max-new-tokens", "2", "--no-progress", "--output", str(output)]) == 2
+    assert main(["eval", "--data", str(data), "--max-new-tokens", "2", "--no-progress", "--overwrite", "--output", str(output)]) == 2
     err = capsys.readouterr().err
     assert f"{data}:2: {message}" in err and "Traceback" not in err
     assert output.read_text() == KEPT

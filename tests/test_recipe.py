@@ -132,3 +132,63 @@ def test_records_carry_their_training_step():
     row = {"reward": 1.0, "metrics": {"turns": 2}}
     assert with_train_step(row, 7) == {"reward": 1.0, "metrics": {"turns": 2, "train_step": 7}}
     assert row == {"reward": 1.0, "metrics": {"turns": 2}}  # the record itself is not changed
+
+
+GRPO_STEP_LOGS = {  # the keys TRL 1.16's GRPOTrainer logs at a step of the CPU demo (values made up)
+    "loss": 0.0123, "grad_norm": 0.88, "learning_rate": 1e-05, "num_tokens": 20480.0, "completions/mean_length": 24.5,
+    "completions/min_length": 3.0, "completions/max_length": 32.0, "completions/clipped_ratio": 0.25,
+    "completions/mean_terminated_length": 20.1, "completions/min_terminated_length": 3.0, "completions/max_terminated_length": 31.0,
+    "rewards/env_reward/mean": 0.41, "rewards/env_reward/std": 0.2, "reward": 0.41, "reward_std": 0.2, "frac_reward_zero_std": 0.5,
+    "entropy": 0.81, "clip_ratio/low_mean": 0.0, "clip_ratio/low_min": 0.0, "clip_ratio/high_mean": 0.0, "clip_ratio/high_max": 0.0,
+    "clip_ratio/region_mean": 0.0, "step_time": 29.4, "gym_bridge/failed": 0.0, "gym_bridge/tool_calls": 0.0,
+    "gym_bridge/turns": 1.0, "gym_bridge/parse_errors": 0.0, "gym_bridge/no_answer": 0.0625, "gym_bridge/failed/infra": 0.0,
+    "gym_bridge/arithmetic/tool_call_rate": 0.0, "epoch": 0.06,
+}
+
+
+def test_a_step_prints_as_one_compact_line(recipe):
+    """Issue 28 item 18: each step printed a 40-key dict of strings."""
+    line = recipe.compact_line(3, 30, GRPO_STEP_LOGS)
+    assert line.startswith("step 3/30 | loss 0.0123 | reward 0.41 ± 0.2 | len 24.5 | entropy 0.81 | grad 0.88 | lr 1e-05 | s/step 29.4")
+    assert line.endswith("gym_bridge: failed 0, tool_calls 0, turns 1, parse_errors 0, no_answer 0.0625")
+    assert "{" not in line and "clip_ratio" not in line and len(line) < 200
+    summary = recipe.compact_line(30, 30, {"train_runtime": 901.5, "train_loss": 0.01, "total_flos": 0.0})
+    assert summary == "step 30/30 | train_runtime 902 | train_loss 0.01"
+
+
+def test_trls_vllm_version_warning_is_silent_without_vllm(tmp_path):
+    """Issue 28 item 18: five identical warnings about vLLM's version in a run that does not use vLLM."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import importlib.util, sys\n"
+              f"spec = importlib.util.spec_from_file_location('recipe', {str(REPO / 'recipes' / 'trl_grpo.py')!r})\n"
+              "recipe = importlib.util.module_from_spec(spec); spec.loader.exec_module(recipe)\n"
+              "recipe.quiet_vllm_version_warning(use_vllm=sys.argv[1] == 'vllm')\n"
+              "from trl import GRPOConfig, GRPOTrainer\nimport gym_bridge.trl\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", script, "no-vllm"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "TRL currently supports vLLM versions" not in done.stderr
+
+
+def test_the_vllm_version_warning_is_shown_once_when_vllm_is_used(recipe):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.resetwarnings()
+        warnings.onceregistry.clear()
+        recipe.quiet_vllm_version_warning(use_vllm=True)
+        for _ in range(2):
+            warnings.warn("TRL currently supports vLLM versions from 0.22.0 to 0.31.0. You have version 0.32.0", UserWarning)
+        warnings.warn("TRL currently supports vLLM versions from 0.22.0 to 0.31.0. You have version 0.32.0", UserWarning)
+    assert len(seen) == 1
+
+
+def test_the_cpu_demo_keeps_its_trained_weights():
+    """Issue 28 item 18: the CPU recipe saved no model (the recipe prints where it saves; the slow recipe test trains)."""
+    config = (REPO / "recipes" / "configs" / "trl_grpo_cpu_demo.yaml").read_text()
+    assert "\nsave_model: true" in config
+    source = (REPO / "recipes" / "trl_grpo.py").read_text()
+    assert "trained model saved to {output_dir}" in source and "--set save_model=true keeps them" in source

@@ -274,7 +274,7 @@ def test_eval_cli_with_an_unreachable_server(tmp_path, capsys):
         sock.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
     common = ["eval", "--env", "math", "--limit", "2", "--base-url", dead, "--request-timeout-s", "1", "--max-retries", "1",
-              "--no-progress", "--output", str(tmp_path / "o.jsonl")]
+              "--no-progress", "--wait-for-server-s", "0.5", "--overwrite", "--output", str(tmp_path / "o.jsonl")]
     assert main(common) == 2
     err = capsys.readouterr().err
     assert f"no server answers at {dead}" in err and "start it first" in err and "--model NAME" not in err  # issue 19 item 18

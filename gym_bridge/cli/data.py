@@ -10,6 +10,11 @@ from typing import Any
 from gym_bridge.core.errors import GymBridgeError
 
 
+UNKNOWN_ENV_HINT = ("hint: an environment of your own that is not installed is named by its module path: "
+                    "pass --env my_package.my_module:MyEnvironment (rows then find it by its name), "
+                    "or write that path as the rows' agent_ref.name")
+
+
 def _data_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("data", help="task-row files: validate, prepare (generate), mix, to-verl")
     data = p.add_subparsers(dest="data_command", required=True)
@@ -56,7 +61,7 @@ def _data(args: argparse.Namespace) -> int:
             from gym_bridge.core.registry import get_environment
 
             get_environment(args.env)
-        failed = False
+        failed = unknown = False
         for path in args.files:
             report = task_files.validate_file(path, default_env=args.env)
             for problem in report.problems:
@@ -68,6 +73,9 @@ def _data(args: argparse.Namespace) -> int:
             verdict += f", {len(report.warnings)} warning(s)" if report.warnings else ""
             print(f"{report.path}: {report.rows} rows ({envs}): {verdict}")
             failed = failed or not report.ok
+            unknown = unknown or any(problem.message.startswith("unknown environment") for problem in report.problems)
+        if unknown:
+            print(UNKNOWN_ENV_HINT, file=sys.stderr)
         return 1 if failed else 0
     if args.data_command == "prepare":
         options = {}

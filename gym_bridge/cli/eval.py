@@ -1,6 +1,7 @@
 """`gym-bridge eval` and `gym-bridge verify`: their options, the run (records, metrics table, exit code
-by failed fraction), the progress bar, and re-scoring stored rollouts. The engine a run uses (a local
-model, a server, Ray workers) is built in `gym_bridge.cli.eval_engine`."""
+by failed fraction; an --output holding records needs --resume or --overwrite), the progress bar (an
+ETA per environment, log lines kept off it), and re-scoring stored rollouts. The engine a run uses (a
+local model, a server, Ray workers) is built in `gym_bridge.cli.eval_engine`."""
 
 from __future__ import annotations
 
@@ -8,13 +9,21 @@ import argparse
 import asyncio
 import gc
 import sys
-from typing import Any, Coroutine, TypeVar
+import time
+from collections import Counter, defaultdict, deque
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Sequence, TypeVar
 
 from gym_bridge.cli.common import EXIT_OK, EXIT_TOO_MANY_FAILED, _HelpFormatter, _json_object, _module_path_arguments, check_urls
+from gym_bridge.core.errors import GymBridgeError
 from gym_bridge.cli.eval_engine import _apply_env_options, _base_urls, _build_engine, _ray_options, _ray_rollouts, _warn_admission
 from gym_bridge.view import cli as view_cli
 
+if TYPE_CHECKING:
+    from gym_bridge.core.task import Task as _Task
+
 _T = TypeVar("_T")
+
+DEFAULT_OUTPUT = "out/gym_bridge_eval.jsonl"
 
 EXIT_CODES_HELP = """exit codes:
   0    the run finished and at most --max-failure-fraction of its rollouts failed
@@ -50,8 +59,10 @@ def _eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--top-k", type=int, default=0, help="top-k sampling; 0 is off")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: none, a different sample each run)")
     p.add_argument("--deadline-s", type=float, default=600.0, help="wall time per rollout")
-    p.add_argument("--output", default="gym_bridge_eval.jsonl", help="rollout records (JSONL)")
-    p.add_argument("--resume", action="store_true", help="keep finished rollouts in --output and run the rest")
+    p.add_argument("--output", default=DEFAULT_OUTPUT, help="rollout records (JSONL; git ignores out/)")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help="keep finished rollouts in --output and run the rest")
+    again.add_argument("--overwrite", action="store_true", help="replace the records an existing --output holds")
     p.add_argument("--max-failure-fraction", type=float, default=0.1,
                    help=f"exit with code {EXIT_TOO_MANY_FAILED} when more rollouts than this fraction failed")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -66,6 +77,9 @@ def _eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--api", choices=["completions", "chat", "responses"], default="completions",
                    help="with --base-url: `completions` (token-in/token-out, vLLM or serve-model; trainable records) or "
                         "a chat API (`chat` completions / `responses`; text only, records have no tokens)")
+    p.add_argument("--wait-for-server-s", type=float, default=60.0, metavar="S",
+                   help="with --base-url: while the connection is refused (a server still starting), ask again for up to "
+                        "S seconds before giving up (0: do not wait)")
     p.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="VAR", help="environment variable holding the API key")
     p.add_argument("--tokenizer", default=None, metavar="PATH",
                    help="with --api completions: tokenizer folder for templating (default: the served model's name or "
@@ -106,6 +120,9 @@ def _ray_arguments(p: argparse.ArgumentParser) -> None:
                         "when no address is given (needs pip install 'gym-bridge[ray]')")
     p.add_argument("--ray-workers", type=int, default=2, metavar="N",
                    help="with --ray: worker actors per kind of environment resources; --concurrency is spread over them")
+    p.add_argument("--ray-connect-timeout-s", type=float, default=10.0, metavar="S",
+                   help="with --ray ADDRESS: how long the head may take to accept a connection and answer as a Ray head "
+                        "before the run stops with an error naming the address")
     p.add_argument("--ray-max-retries", type=int, default=2, metavar="N",
                    help="with --ray: times a group whose worker died runs again before it is recorded as `infra` failures")
 
@@ -120,7 +137,20 @@ async def _eval(args: argparse.Namespace) -> int:
 
     check_not_an_input(args.output, args.data)
     with locked_output(args.output):  # refuse a second run on the same file before loading anything
+        check_output_free(args.output, resume=args.resume, overwrite=args.overwrite)
         return await _eval_locked(args)
+
+
+def check_output_free(output: str, *, resume: bool, overwrite: bool) -> None:
+    """Raises GymBridgeError when `output` already holds records and neither `--resume` nor `--overwrite` says
+    what to do with them (a rerun used to replace them silently)."""
+    from pathlib import Path
+
+    path = Path(output)
+    if resume or overwrite or not path.is_file() or path.stat().st_size == 0:
+        return
+    raise GymBridgeError(f"--output {output} already holds rollout records: pass --resume to keep them and run only the "
+                         "missing rollouts, or --overwrite to replace them (or pick another --output)")
 
 
 async def _eval_locked(args: argparse.Namespace) -> int:
@@ -143,16 +173,28 @@ async def _eval_locked(args: argparse.Namespace) -> int:
         engine = _ray_rollouts(args, engine, tasks)
     else:
         _warn_admission(args, engine)
+    tasks = interleave_by_env(tasks)  # the first rollouts to finish then stand for every environment (an honest ETA)
     progress = None
     if not args.no_progress:
         from tqdm import tqdm
 
-        # smoothing=0: the ETA uses the run's average rate, which suits rollouts that finish in batches
         total = len(tasks) * args.num_repeats
+        eta = Eta(dict(Counter(task.env_name for task in tasks)), repeats=args.num_repeats, concurrency=args.concurrency)
+        first_wave = min(args.concurrency, total)
         progress = tqdm(total=total, desc="rollouts", unit="rollout", file=sys.stderr, smoothing=0,
-                        bar_format=progress_format(0, first_wave=min(args.concurrency, total)))
+                        bar_format=progress_format(0, first_wave=first_wave))
         progress.set_postfix_str("generating the first batch", refresh=False)
-        ticker = asyncio.ensure_future(_tick(progress))
+
+        def bar_format(finished: int) -> str:
+            return progress_format(finished, first_wave=first_wave, remaining_s=eta.remaining_s(now_s=time.monotonic()), unseen=eta.unseen())
+
+        def redraw() -> None:
+            assert progress is not None
+            progress.bar_format = bar_format(int(progress.n))
+            progress.refresh()
+
+        ticker = asyncio.ensure_future(_tick(redraw))
+        quiet_logs = _logs_above_the_bar(progress)
     scored = {"count": 0, "reward": 0.0}
 
     def on_record(row: dict[str, Any]) -> None:
@@ -160,10 +202,11 @@ async def _eval_locked(args: argparse.Namespace) -> int:
             if not row["mask_sample"]:
                 scored["count"] += 1
                 scored["reward"] += row["reward"]
+            eta.add(str(row.get("env")), float((row.get("metrics") or {}).get("latency_s") or 0.0), at_s=time.monotonic())
             # no redraw here: `update` redraws at most every `mininterval`, not once per record
             progress.set_postfix(mean_reward=f"{scored['reward'] / max(1, scored['count']):.3f}" if scored["count"] else "n/a",
                                  failed=progress.n + 1 - scored["count"], refresh=False)
-            progress.bar_format = progress_format(int(progress.n) + 1, first_wave=min(args.concurrency, progress.total))
+            progress.bar_format = bar_format(int(progress.n) + 1)
             progress.update(1)
 
     freeze_startup_objects()
@@ -174,6 +217,7 @@ async def _eval_locked(args: argparse.Namespace) -> int:
         gc.unfreeze()
         if progress is not None:
             ticker.cancel()
+            quiet_logs()
             progress.close()
         await _close(policy)
         if args.ray is not None:
@@ -188,20 +232,102 @@ async def _eval_locked(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def progress_format(finished: int, *, first_wave: int) -> str:
+def progress_format(finished: int, *, first_wave: int, remaining_s: float | None = None, unseen: Sequence[str] = ()) -> str:
     """The progress bar's layout: no ETA until the first wave of rollouts (as many as run at once) has
     finished. Rollouts start together and finish together, so the rate of the first few to finish says
-    nothing about the rest (it showed an hour for a run that took minutes)."""
+    nothing about the rest (it showed an hour for a run that took minutes). After it, the ETA is
+    `remaining_s` (see `Eta`), none while environments in `unseen` have no finished rollout, or tqdm's
+    average rate when neither is given."""
     if finished < first_wave:
         return "{desc}: {n_fmt}/{total_fmt} [{elapsed} elapsed, ETA after the first " + str(first_wave) + " rollouts{postfix}]"
-    return "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
+    if unseen:
+        return "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed} elapsed, ETA after a first rollout of " + ", ".join(unseen) + "{postfix}]"
+    if remaining_s is None:
+        return "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
+    from tqdm import tqdm
+
+    return "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<" + tqdm.format_interval(remaining_s) + ", {rate_fmt}{postfix}]"
 
 
-async def _tick(progress: Any, every_s: float = 1.0) -> None:
+class Eta:
+    """Time left in a run of several environments whose rollouts take very different times.
+
+    tqdm's estimate (rollouts left over the average rate) was off about 5x when fast and slow environments
+    mixed. Here each environment's rollouts left count at that environment's mean latency so far (the mean
+    of all finished rollouts for one with none finished yet; latencies are measured under the run's load),
+    and that work is divided over the rollouts in flight at once: `concurrency`, or all that are left."""
+
+    def __init__(self, tasks_per_env: dict[str, int], *, repeats: int = 1, concurrency: int = 1) -> None:
+        self.planned = {env: count * repeats for env, count in tasks_per_env.items()}
+        self.concurrency = max(1, concurrency)
+        self.done: Counter[str] = Counter()
+        self.latency_s: dict[str, float] = defaultdict(float)
+        self.last_s = 0.0
+
+    def add(self, env: str, latency_s: float, *, at_s: float) -> None:
+        """One rollout of `env` finished after `latency_s`, at `at_s` (a monotonic clock)."""
+        self.done[env] += 1
+        self.latency_s[env] += latency_s
+        self.last_s = at_s
+
+    def unseen(self) -> list[str]:
+        """Environments with rollouts planned but none finished: their cost is unknown, so there is no ETA yet."""
+        return [env for env, planned in self.planned.items() if planned and not self.done[env]]
+
+    def remaining_s(self, *, now_s: float) -> float | None:
+        """Seconds left at `now_s` (counting down from the last finished rollout); None while `unseen()` is not empty."""
+        finished, work_s = sum(self.done.values()), sum(self.latency_s.values())
+        if not finished or self.unseen():
+            return None
+        mean_s = work_s / finished
+        left = {env: max(0, planned - self.done[env]) for env, planned in self.planned.items()}
+        left_s = sum(count * (self.latency_s[env] / self.done[env] if self.done[env] else mean_s) for env, count in left.items())
+        return max(0.0, left_s / max(1, min(self.concurrency, sum(left.values()))) - (now_s - self.last_s))
+
+
+def interleave_by_env(tasks: Sequence[_Task]) -> list[_Task]:
+    """`tasks` in turns over their environments (each environment's own order kept): the rollouts that finish
+    first then come from every environment, so the rates the progress bar reads are the run's."""
+    queues: dict[str, deque[_Task]] = defaultdict(deque)
+    for task in tasks:
+        queues[task.env_name].append(task)
+    ordered: list[_Task] = []
+    while queues:
+        for env in list(queues):
+            ordered.append(queues[env].popleft())
+            if not queues[env]:
+                del queues[env]
+    return ordered
+
+
+def _logs_above_the_bar(progress: Any) -> Callable[[], None]:
+    """Print gym_bridge's log lines (a tool-call alarm, say) on lines of their own above the progress bar, not
+    glued to it; returns the function that undoes this."""
+    import logging
+
+    logger = logging.getLogger("gym_bridge")
+
+    class AboveTheBar(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            progress.write(self.format(record), file=sys.stderr)
+
+    handler = AboveTheBar(logging.WARNING)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    propagate, logger.propagate = logger.propagate, False
+
+    def undo() -> None:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+    return undo
+
+
+async def _tick(redraw: Callable[[], None], every_s: float = 1.0) -> None:
     """Redraw the bar every second, so its clock moves while the first batch is still generating."""
     while True:
         await asyncio.sleep(every_s)
-        progress.refresh()
+        redraw()
 
 
 def _run_fast(coroutine: Coroutine[Any, Any, _T]) -> _T:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import time
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,14 +69,16 @@ async def _remote_setup(args: argparse.Namespace) -> tuple[Any, Any, str]:
         return policy, None, args.model
 
     from gym_bridge.policies.factory import PolicySpec, build_policy
-    from gym_bridge.policies.remote import ServerUnreachableError, served_models
+    from gym_bridge.policies.remote import ServerUnreachableError
 
     urls = await _live_base_urls(urls, api_key=api_key, timeout_s=min(args.request_timeout_s, 30.0))
     try:
-        models = await served_models(urls[0], api_key=api_key, timeout_s=min(args.request_timeout_s, 30.0))
+        models = await _served_models_once_up(urls[0], api_key=api_key, timeout_s=min(args.request_timeout_s, 30.0),
+                                              wait_s=args.wait_for_server_s)
     except BackendError as error:
         if not args.model and isinstance(error, ServerUnreachableError):
-            raise GymBridgeError(f"no server answers at {urls[0]} ({error}): start it first (e.g. `gym-bridge serve-model "
+            waited = f", also after waiting {args.wait_for_server_s:g} s" if error.refused and args.wait_for_server_s else ""
+            raise GymBridgeError(f"no server answers at {urls[0]} ({error}{waited}): start it first (e.g. `gym-bridge serve-model "
                                  "--port 8000`) or fix --base-url") from None
         if not args.model:
             raise GymBridgeError(f"cannot learn the served model's name ({error}); pass --model NAME") from None
@@ -96,6 +99,28 @@ async def _remote_setup(args: argparse.Namespace) -> tuple[Any, Any, str]:
     from gym_bridge.core.template import ChatTemplate
 
     return policy, ChatTemplate(loaded.tokenizer, eos_token_ids=loaded.eos_token_ids), model
+
+
+async def _served_models_once_up(url: str, *, api_key: str | None, timeout_s: float, wait_s: float,
+                                 poll_s: float = 0.5) -> list[dict[str, Any]]:
+    """`served_models(url)`, asked again every `poll_s` for up to `wait_s` while the connection is refused (a server
+    started just before `eval`, as in a pasted script, is still loading its model); says once that it waits.
+    Raises what `served_models` raises (ServerUnreachableError once `wait_s` has passed)."""
+    from gym_bridge.policies.remote import ServerUnreachableError, served_models
+
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        try:
+            return await served_models(url, api_key=api_key, timeout_s=timeout_s)
+        except ServerUnreachableError as error:
+            if not error.refused or time.monotonic() + poll_s > deadline:
+                raise
+            if not said:
+                print(f"waiting up to {wait_s:g} s for a server at {url} to start (connection refused; "
+                      "--wait-for-server-s changes this)", file=sys.stderr)
+                said = True
+            await asyncio.sleep(poll_s)
 
 
 def _remote_tokenizer_path(path: str | None, model: str, entry: dict[str, Any]) -> tuple[str, str]:
@@ -240,7 +265,10 @@ def _ray_options(args: argparse.Namespace) -> Any:
 
     if args.ray_workers < 1 or args.ray_max_retries < 0:
         raise GymBridgeError("--ray-workers must be at least 1 and --ray-max-retries at least 0")
-    return RayOptions(address=None if args.ray == "local" else args.ray, num_workers=args.ray_workers, max_retries=args.ray_max_retries)
+    if not 0 < args.ray_connect_timeout_s <= 600:
+        raise GymBridgeError("--ray-connect-timeout-s must be above 0 and at most 600")
+    return RayOptions(address=None if args.ray == "local" else args.ray, num_workers=args.ray_workers, max_retries=args.ray_max_retries,
+                      connect_timeout_s=args.ray_connect_timeout_s)
 
 
 async def _live_base_urls(urls: list[str], *, api_key: str | None, timeout_s: float) -> list[str]:

@@ -111,6 +111,9 @@ class _Counts:
             "tool_call_rate": self.with_call / count,
             "tool_calls_per_rollout": self.tool_calls / count,
             "parse_error_rate": self.parse_error_rate(),
+            "attempts": self.attempts,
+            "parse_errors": self.parse_errors,
+            "unparsed_tool_calls": self.unparsed,
             "unparsed_call_rate": self.with_unparsed / count,
             "no_answer_rate": self.no_answer / count,
         }
@@ -182,6 +185,19 @@ class ToolCallAlarm:
         return [message]
 
 
+def parse_error_counts(malformed: int, unparsed: int, *, attempts: int | None = None) -> str:
+    """What a parse-error rate is made of, in the words every report uses: `N [of A] tool calls could not be
+    parsed: M malformed, K in a syntax the parser does not read`."""
+    counted = f"{malformed + unparsed}" if attempts is None else f"{malformed + unparsed} of {attempts}"
+    return f"{counted} tool calls could not be parsed: {malformed} malformed, {unparsed} in a syntax the parser does not read"
+
+
+def _made_of(block: Mapping[str, Any]) -> str:
+    if not block.get("attempts"):
+        return ""
+    return f" ({parse_error_counts(block['parse_errors'], block['unparsed_tool_calls'], attempts=block['attempts'])})"
+
+
 def format_health(health: Mapping[str, Any], *, alarms: Iterable[str] = ()) -> str:
     """Lines for a run's summary: per environment that offers tools, its call and parse-error rates; then the alarms."""
     lines = []
@@ -189,7 +205,7 @@ def format_health(health: Mapping[str, Any], *, alarms: Iterable[str] = ()) -> s
         if block["offers_tools"]:
             lines.append(
                 f"tool calls [{env}]: {block['tool_call_rate']:.0%} of rollouts call a tool "
-                f"({block['tool_calls_per_rollout']:.2f} per rollout), parse errors {block['parse_error_rate']:.0%}, "
+                f"({block['tool_calls_per_rollout']:.2f} per rollout), parse errors {block['parse_error_rate']:.0%}{_made_of(block)}, "
                 f"unparsed calls in {block['unparsed_call_rate']:.0%}, no answer turn in {block['no_answer_rate']:.0%}")
     lines += [f"ALARM: {message}" for message in alarms]
     return "\n".join(lines)

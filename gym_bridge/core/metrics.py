@@ -16,7 +16,7 @@ import re
 from collections import Counter, defaultdict
 from typing import Any, Iterable, Mapping
 
-from gym_bridge.core.health import format_health
+from gym_bridge.core.health import format_health, parse_error_counts
 
 TOP_REASONS = 5
 """Failure reasons listed under the table (the records hold all of them)."""
@@ -194,8 +194,8 @@ def format_table(summary: Mapping[str, Any]) -> str:
     if summary["failures_by_kind"]:
         extras.extend(_failure_lines(summary))
     if summary.get("parse_errors") or summary.get("unparsed_tool_calls"):
-        extras.append(f"tool-call syntax: {summary.get('parse_errors', 0)} calls could not be parsed, "
-                      f"{summary.get('unparsed_tool_calls', 0)} turns held an unparsed tool call (see --tool-parser)")
+        extras.append(f"tool-call syntax: {parse_error_counts(summary.get('parse_errors', 0), summary.get('unparsed_tool_calls', 0))} "
+                      "(malformed calls are shown to the model as errors; for the others see --tool-parser)")
     if "throughput" in summary:
         throughput = summary["throughput"]
         resumed = throughput.get("rollouts", summary["rollouts"]) != summary["rollouts"]

@@ -84,14 +84,19 @@ class HttpAnswer:
 class _TransportError(Exception):
     """No answer: the connection failed, broke or was refused."""
 
-    def __init__(self, reason: str, *, reached: bool) -> None:
+    def __init__(self, reason: str, *, reached: bool, refused: bool = False) -> None:
         super().__init__(reason)
         self.reached = reached
         """The connection broke after the request was sent, so the server may have started on it."""
+        self.refused = refused
+        """The host refused the connection: nothing listens on the port (yet)."""
 
 
 class ServerUnreachableError(BackendError):
     """No server answers at the URL (connection refused, unknown host, no answer at all)."""
+
+    refused: bool = False
+    """Nothing listens on the port (yet): a server that is still starting looks like this."""
 
 
 class ReplicaLostError(BackendError):
@@ -293,7 +298,8 @@ async def _request_once(method: str, url: str, *, body: Any = None, api_key: str
     except TimeoutError:
         raise _TransportError(f"no answer within {timeout_s:g} s", reached=True) from None
     except (aiohttp.ClientError, OSError) as error:
-        raise _TransportError(_describe(error), reached=not _never_sent(error)) from None
+        refused = isinstance(getattr(error, "os_error", error), ConnectionRefusedError)
+        raise _TransportError(_describe(error), reached=not _never_sent(error), refused=refused) from None
 
 
 async def served_models(base_url: str, *, api_key: str | None = None, timeout_s: float = 10.0) -> list[dict[str, Any]]:
@@ -305,7 +311,9 @@ async def served_models(base_url: str, *, api_key: str | None = None, timeout_s:
     try:
         answer = await _request_once("GET", url, api_key=api_key, timeout_s=timeout_s)
     except _TransportError as error:
-        raise ServerUnreachableError(f"cannot reach {url}: {error}") from None
+        unreachable = ServerUnreachableError(f"cannot reach {url}: {error}")
+        unreachable.refused = error.refused
+        raise unreachable from None
     if answer.status != 200:
         raise BackendError(f"{url} answered {answer.status}: {error_message(answer)}")
     try:

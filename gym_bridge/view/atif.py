@@ -17,6 +17,7 @@ the row's input, and it needs `extra.gym_bridge.env` (or a row routing key) to f
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from gym_bridge.core.errors import DataError
 from gym_bridge.core.dialects.responses import item_text, to_chat_messages
 from gym_bridge.core.items import TOKEN_FIELDS
 from gym_bridge.core.rollout_file import RolloutWriter, input_row
+from gym_bridge.view.transcript import Skipped, numbered_rollouts, require_some
 
 ATIF_VERSION = "ATIF-v1.7"
 _SOURCES = {"system": "system", "user": "user", "assistant": "agent", "tool": "user"}
@@ -324,12 +326,45 @@ def write_records_from_atif(path: str | Path, *, output: str | Path) -> Path:
     return Path(output)
 
 
-def export_atif(path: str | Path, *, output: str | Path) -> tuple[int, Path]:
-    """Write every record of a rollout file as an ATIF trajectory: to a `.jsonl` file, one per line, or into a
-    folder, one `<env>-<task>-<repeat>.json` each. Returns (count, where). Raises DataError before writing anything."""
-    from gym_bridge.view.transcript import load_rollouts
+def _file_name(trajectory_id: str, taken: set[str]) -> str:
+    """A file name for a trajectory in an export folder: characters other than letters, digits, `.`, `_` and `-`
+    become `_`, no leading dot (so no `..`, no `/`, no hidden file), at most 200 characters, and unique among `taken`."""
+    stem = re.sub(r"[^A-Za-z0-9._-]", "_", trajectory_id).lstrip(".")[:200] or "trajectory"
+    name, number = f"{stem}.json", 1
+    while name in taken:
+        number += 1
+        name = f"{stem}-{number}.json"
+    taken.add(name)
+    return name
 
-    trajectories = [to_atif(record) for record in load_rollouts(str(path))]
+
+def _inside(folder: Path, name: str) -> Path:
+    """`folder / name`, checked to resolve inside `folder` (raises DataError otherwise)."""
+    target = (folder / name).resolve()
+    if target.parent != folder.resolve():
+        raise DataError(f"refusing to write {target}: outside the export folder {folder}")
+    return target
+
+
+def _trajectories(path: str | Path, skipped: list[Skipped] | None) -> list[dict[str, Any]]:
+    trajectories = []
+    for line_number, record in numbered_rollouts(str(path), skipped=skipped):
+        try:
+            trajectories.append(to_atif(record))
+        except DataError as error:
+            if skipped is None:
+                raise DataError(error.message, source=f"{path}:{line_number}") from None
+            skipped.append(Skipped(f"{path}:{line_number}", error.message))
+    require_some(skipped or [], len(trajectories))
+    return trajectories
+
+
+def export_atif(path: str | Path, *, output: str | Path, skipped: list[Skipped] | None = None) -> tuple[int, Path]:
+    """Write every record of a rollout file as an ATIF trajectory: to a `.jsonl` file, one per line, or into a
+    folder, one `<env>-<task>-<repeat>.json` each (a name made safe by `_file_name`; it never leaves the folder).
+    Returns (count, where). Raises DataError before writing anything; with a `skipped` list, records that cannot
+    be read or converted go there instead (see `iter_rollouts`)."""
+    trajectories = _trajectories(path, skipped)
     output = Path(output)
     if output.suffix == ".jsonl":
         with RolloutWriter(output.with_name(output.name + ".tmp"), append=False) as writer:
@@ -338,9 +373,10 @@ def export_atif(path: str | Path, *, output: str | Path) -> tuple[int, Path]:
         output.with_name(output.name + ".tmp").replace(output)
         return len(trajectories), output
     output.mkdir(parents=True, exist_ok=True)
+    taken: set[str] = set()
     for trajectory in trajectories:
-        target = output / f"{trajectory['trajectory_id']}.json"
-        temp = target.with_name(target.name + ".tmp")
+        name = _file_name(str(trajectory["trajectory_id"]), taken)
+        target, temp = _inside(output, name), _inside(output, name + ".tmp")
         temp.write_text(json.dumps(trajectory, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         temp.replace(target)
     return len(trajectories), output

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from gym_bridge.core.errors import GymBridgeError
 from gym_bridge.core.health import HealthSettings
+
+if TYPE_CHECKING:
+    from gym_bridge.view.transcript import Skipped
 
 COMMANDS = ("show", "view", "export")
 
@@ -83,14 +87,25 @@ def run(args: argparse.Namespace) -> int:
     return _export(args)
 
 
+def _report_skipped(skipped: list[Skipped]) -> int:
+    """Print each skipped line to stderr; the exit status: 0 when none was skipped, 1 otherwise."""
+    for entry in skipped:
+        print(entry, file=sys.stderr)
+    if skipped:
+        print(f"skipped {len(skipped)} unreadable records (see above)", file=sys.stderr)
+    return 1 if skipped else 0
+
+
 def _show(args: argparse.Namespace) -> int:
     from gym_bridge.view.decode import decoder_for
     from gym_bridge.view.show import format_rollout
-    from gym_bridge.view.transcript import iter_rollouts, select
+    from gym_bridge.view.transcript import iter_rollouts, require_some, select
 
     if args.n < 0:
         raise GymBridgeError("-n must be >= 0")
-    selection = select(iter_rollouts(args.rollouts), envs=args.env, failed=args.failed, sort=args.sort, limit=args.n)
+    skipped: list[Skipped] = []
+    selection = select(iter_rollouts(args.rollouts, skipped=skipped), envs=args.env, failed=args.failed, sort=args.sort, limit=args.n)
+    require_some(skipped, selection.total)
     shown = selection.chosen
     decoder = decoder_for([record for _, record in shown], tokenizer=args.tokenizer)
     colour = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
@@ -99,7 +114,7 @@ def _show(args: argparse.Namespace) -> int:
         print()
     print(f"showed {len(shown)} of {selection.selected} selected rollouts ({selection.total} in the file)"
           + ("; -n 0 shows all" if len(shown) < selection.selected else ""))
-    return 0
+    return _report_skipped(skipped)
 
 
 def _view(args: argparse.Namespace) -> int:
@@ -109,18 +124,20 @@ def _view(args: argparse.Namespace) -> int:
         raise GymBridgeError("view takes one rollout file, or two to compare")
     if args.max_detail < 0:
         raise GymBridgeError("--max-detail must be >= 0")
+    skipped: list[Skipped] = []
     report = write_report(args.rollouts, output=args.output, envs=args.env, failed=args.failed, sort=args.sort,
-                          tokenizer=args.tokenizer, max_detail=args.max_detail, seed=args.seed)
+                          tokenizer=args.tokenizer, max_detail=args.max_detail, seed=args.seed, skipped=skipped)
     print(report.describe())
-    return 0
+    return _report_skipped(skipped)
 
 
 def _export(args: argparse.Namespace) -> int:
     from gym_bridge.view.atif import export_atif
 
-    count, where = export_atif(args.rollouts, output=args.output)
+    skipped: list[Skipped] = []
+    count, where = export_atif(args.rollouts, output=args.output, skipped=skipped)
     print(f"wrote {count} ATIF-v1.7 trajectories to {where}")
-    return 0
+    return _report_skipped(skipped)
 
 
 def verify_input(path: str, temp_dir: str) -> str:

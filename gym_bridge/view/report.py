@@ -29,7 +29,7 @@ from gym_bridge.core.metrics import summarize
 from gym_bridge.core.rollout_file import input_row
 from gym_bridge.view.decode import Decoder, decoder_for
 from gym_bridge.core.errors import DataError
-from gym_bridge.view.transcript import SORT_KEYS, iter_rollouts, policy_versions, segments, transcript
+from gym_bridge.view.transcript import SORT_KEYS, Skipped, iter_rollouts, policy_versions, require_some, segments, transcript
 
 HISTOGRAM_BINS = 10
 ROW_COLUMNS = ("id", "run", "env", "task", "repeat", "reward", "failure", "reason", "turns", "tool_calls",
@@ -43,11 +43,14 @@ class Report:
     rollouts: int
     detailed: int
     files: tuple[str, ...]
+    skipped: int = 0
+    """Lines left out as unreadable (each reported by the caller)."""
 
     def describe(self) -> str:
         sampled = "" if self.detailed == self.rollouts else " (a seeded sample: the rest are in the table only)"
         return (f"wrote {self.output}: {self.rollouts} rollouts from {', '.join(self.files)}; "
-                f"conversation and tokens embedded for {self.detailed}{sampled}")
+                f"conversation and tokens embedded for {self.detailed}{sampled}"
+                + (f"; {self.skipped} unreadable lines skipped" if self.skipped else ""))
 
 
 def percentiles(values: Sequence[float], points: Sequence[int] = (50, 90, 99)) -> dict[str, float]:
@@ -174,10 +177,12 @@ def _run_stats(light: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def build_data(paths: Sequence[str], *, envs: Sequence[str] = (), failed: bool = False, sort: str = "file",
-               tokenizer: str | None = None, max_detail: int = 2000, seed: int = 0) -> dict[str, Any]:
+               tokenizer: str | None = None, max_detail: int = 2000, seed: int = 0,
+               skipped: list[Skipped] | None = None) -> dict[str, Any]:
     """The JSON the page renders (see the module docstring). Records stream through once: each leaves a table
     row and a light copy for the summary; a seeded reservoir keeps `max_detail` whole records for their
-    conversation and tokens. Raises DataError for unreadable input or an `envs` name no record has."""
+    conversation and tokens. Raises DataError for unreadable input or an `envs` name no record has; with a
+    `skipped` list, unreadable lines go there instead (see `iter_rollouts`)."""
     if sort not in SORT_KEYS:
         raise DataError(f"--sort must be one of {', '.join(SORT_KEYS)}, got {sort!r}")
     rng = random.Random(seed)
@@ -185,9 +190,11 @@ def build_data(paths: Sequence[str], *, envs: Sequence[str] = (), failed: bool =
     lights: list[list[dict[str, Any]]] = []
     kept: list[tuple[int, int, dict[str, Any]]] = []
     present: set[str] = set()
+    read = 0
     for run, path in enumerate(paths):
         lights.append([])
-        for position, record in enumerate(iter_rollouts(path)):
+        for position, record in enumerate(iter_rollouts(path, skipped=skipped)):
+            read += 1
             present.add(str(record.get("env")))
             if (envs and str(record.get("env")) not in envs) or (failed and not record.get("failure_kind")):
                 continue
@@ -198,6 +205,7 @@ def build_data(paths: Sequence[str], *, envs: Sequence[str] = (), failed: bool =
                 kept.append((run, position, record))
             elif (slot := rng.randint(0, seen)) < max_detail:
                 kept[slot] = (run, position, record)
+    require_some(skipped or [], read)
     missing = [env for env in envs if env not in present]
     if missing:
         raise DataError(f"no rollouts of environment(s) {', '.join(missing)}; the files have {', '.join(sorted(present)) or 'none'}")
@@ -230,13 +238,16 @@ def render(data: Mapping[str, Any]) -> str:
 
 
 def write_report(paths: Sequence[str], *, output: str | Path, envs: Sequence[str] = (), failed: bool = False, sort: str = "file",
-                 tokenizer: str | None = None, max_detail: int = 2000, seed: int = 0) -> Report:
-    """Write the report for one rollout file (or two, compared) to `output`, atomically; nothing is written if input is bad."""
-    data = build_data(paths, envs=envs, failed=failed, sort=sort, tokenizer=tokenizer, max_detail=max_detail, seed=seed)
+                 tokenizer: str | None = None, max_detail: int = 2000, seed: int = 0, skipped: list[Skipped] | None = None) -> Report:
+    """Write the report for one rollout file (or two, compared) to `output`, atomically; nothing is written if input is bad
+    (with a `skipped` list, unreadable lines are left out and listed there, see `build_data`)."""
+    before = len(skipped or [])
+    data = build_data(paths, envs=envs, failed=failed, sort=sort, tokenizer=tokenizer, max_detail=max_detail, seed=seed, skipped=skipped)
     page = render(data)
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     temp = output.with_name(output.name + ".tmp")
     temp.write_text(page, encoding="utf-8")
     temp.replace(output)
-    return Report(output=output, rollouts=len(data["rows"]), detailed=len(data["details"]), files=tuple(str(path) for path in paths))
+    return Report(output=output, rollouts=len(data["rows"]), detailed=len(data["details"]), files=tuple(str(path) for path in paths),
+                  skipped=len(skipped or []) - before)

@@ -4,12 +4,15 @@ Each rollout prints a header (environment, task, reward and its components, fail
 the prompt as the model saw it (decoded from its prompt ids: the system prompt and the tool
 listing the template injected), then the conversation: assistant text, reasoning, tool calls
 with their arguments, tool outputs. With `tokens=True` the completion follows as runs of
-trained (model) and masked (environment) tokens. Colour is used only when asked for.
+trained (model) and masked (environment) tokens. Colour is used only when asked for. Text from
+the record (model and tool output) is printed with its control characters escaped (`terminal_safe`),
+so a rollout cannot retitle the window, write the clipboard or erase lines of the terminal.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +25,15 @@ _LABELS = {"system": "system", "user": "user", "assistant": "assistant", "reason
            "tool_call": "tool call", "tool_output": "tool output", "developer": "system"}
 
 
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+"""C0 controls but tab and newline, DEL, C1 controls (ESC, CSI, OSC, ...) and lone surrogates (not printable)."""
+
+
+def terminal_safe(text: str) -> str:
+    """`text` with every control character but tab and newline written as a visible escape (`\\x1b`, `\\x9b`)."""
+    return _CONTROLS.sub(lambda match: f"\\x{ord(match[0]):02x}" if ord(match[0]) < 0x100 else f"\\u{ord(match[0]):04x}", text)
+
+
 def _paint(text: str, style: str, colour: bool) -> str:
     return f"{_COLOURS[style]}{text}{_RESET}" if colour else text
 
@@ -29,8 +41,8 @@ def _paint(text: str, style: str, colour: bool) -> str:
 def _block(label: str, text: str, *, colour: bool, style: str = "role") -> list[str]:
     """`label │ first line` and continuation lines under the bar."""
     width = 12
-    lines = text.split("\n") or [""]
-    head = _paint(f"{label:<{width}}", style, colour)
+    lines = terminal_safe(text).split("\n") or [""]
+    head = _paint(f"{terminal_safe(label):<{width}}", style, colour)
     return [f"{head}│ {lines[0]}", *(f"{'':<{width}}│ {line}" for line in lines[1:])]
 
 
@@ -57,7 +69,7 @@ def header(position: int, record: Mapping[str, Any]) -> list[str]:
     versions = policy_versions(record)
     if versions.known:
         lines.append(versions.summary())
-    return lines
+    return [terminal_safe(line) for line in lines]
 
 
 def _prompt(record: Mapping[str, Any], decoder: Decoder, *, colour: bool) -> list[str]:
@@ -68,7 +80,7 @@ def _prompt(record: Mapping[str, Any], decoder: Decoder, *, colour: bool) -> lis
     title = f"─── prompt as the model saw it ({len(ids)} tokens, decoded with {decoder.source})"
     if offered:
         title += f"; tools offered: {', '.join(offered)}"
-    return [_paint(title, "dim", colour), decoder.text(ids)]
+    return [_paint(terminal_safe(title), "dim", colour), terminal_safe(decoder.text(ids))]
 
 
 def _conversation(record: Mapping[str, Any], *, colour: bool, with_input: bool) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import math
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -105,7 +106,7 @@ def _input_turns(row: Mapping[str, Any]) -> list[Turn]:
         task_input = row.get("messages") or row.get("prompt") or ""
     try:
         messages = to_chat_messages(task_input)
-    except (ValueError, KeyError, TypeError, json.JSONDecodeError):
+    except (ValueError, KeyError, TypeError, AttributeError):  # not messages: shown as the JSON it is
         return [Turn("user", json.dumps(task_input, ensure_ascii=False))]
     turns = []
     for message in messages:
@@ -140,7 +141,11 @@ def tools_offered(record: Mapping[str, Any]) -> list[str]:
     """Names of the tools the row lists (the environment's own tools reach the prompt too; see the decoded prompt)."""
     params = record.get("responses_create_params") or {}
     tools = (params.get("tools") if isinstance(params, Mapping) else None) or record.get("tools") or []
-    return [str(tool.get("name") or tool.get("function", {}).get("name", "?")) for tool in tools if isinstance(tool, Mapping)]
+    names = []
+    for tool in (tool for tool in tools if isinstance(tool, Mapping)):
+        function = tool.get("function")
+        names.append(str(tool.get("name") or (function.get("name") if isinstance(function, Mapping) else None) or "?"))
+    return names
 
 
 def segments(record: Mapping[str, Any]) -> list[Segment]:
@@ -214,26 +219,155 @@ def select(records: Iterable[Mapping[str, Any]], *, envs: Sequence[str] = (), fa
     return Selection(chosen=chosen, selected=counts[1], total=counts[0])
 
 
+@dataclass(frozen=True)
+class Skipped:
+    """A line of a rollout file that a view left out, and why."""
+
+    source: str
+    """`file:line`."""
+    reason: str
+
+    def __str__(self) -> str:
+        return f"skipped {self.source}: {self.reason}"
+
+
+def require_some(skipped: Sequence[Skipped], read: int) -> None:
+    """Raises DataError when lines were skipped and none was read: the input holds no rollout a view can use."""
+    if skipped and not read:
+        raise DataError(f"no readable rollout records: all {len(skipped)} lines were skipped; the first, {skipped[0].source}: "
+                        f"{skipped[0].reason}")
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+MAX_TOKEN_ID = 2**31 - 1
+"""Above any vocabulary; tokenizers fail on ids past 64 bits."""
+
+
+def _ids(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(token, int) and not isinstance(token, bool) and 0 <= token <= MAX_TOKEN_ID
+                                           for token in value)
+
+
+def _token_problem(tokens: Any) -> str | None:
+    if not isinstance(tokens, dict):
+        return f"tokens is a {type(tokens).__name__}, not an object"
+    for key in ("prompt_ids", "completion_ids"):
+        if tokens.get(key) is not None and not _ids(tokens[key]):
+            return f"tokens.{key} is not a list of token ids (integers from 0 to {MAX_TOKEN_ID})"
+    ids, mask, logprobs = tokens.get("completion_ids") or [], tokens.get("completion_mask") or [], tokens.get("completion_logprobs")
+    if not isinstance(mask, list) or any(flag not in (0, 1) or isinstance(flag, float) for flag in mask):
+        return "tokens.completion_mask is not a list of 0 and 1"
+    if len(mask) != len(ids):
+        return f"tokens.completion_mask has {len(mask)} entries for {len(ids)} completion ids"
+    if logprobs is not None:
+        if not isinstance(logprobs, list) or not all(_finite(value) for value in logprobs):
+            return "tokens.completion_logprobs is not a list of finite numbers (null or NaN entries)"
+        if len(logprobs) != len(ids):
+            return f"tokens.completion_logprobs has {len(logprobs)} entries for {len(ids)} completion ids"
+    return None
+
+
+def _parts_problem(parts: Any, where: str) -> str | None:
+    if isinstance(parts, str) or parts is None:
+        return None
+    if not isinstance(parts, list) or not all(isinstance(part, dict) and isinstance(part.get("text", ""), str) for part in parts):
+        return f"{where} is not a string or a list of parts with text"
+    return None
+
+
+def _output_problem(output: Any) -> str | None:
+    if not isinstance(output, list):
+        return f"response.output is a {type(output).__name__}, not a list"
+    for position, item in enumerate(output):
+        where = f"response.output[{position}]"
+        if not isinstance(item, dict) or not isinstance(item.get("type"), str):
+            return f"{where} is not an item (an object with a string 'type')"
+        problem = _parts_problem(item.get("content"), f"{where}.content") or _parts_problem(item.get("summary"), f"{where}.summary")
+        if problem:
+            return problem
+    return None
+
+
+_OPTIONAL_TYPES: dict[str, tuple[type, ...]] = {
+    "env": (str,), "task_index": (int,), "repeat_index": (int,), "mask_sample": (bool,), "failure_kind": (str,),
+    "reward_components": (dict,), "metrics": (dict,), "responses_create_params": (dict,),
+}
+_METRIC_NUMBERS = ("turns", "tool_calls", "parse_errors", "unparsed_tool_calls", "latency_s")
+
+
+def record_problem(record: Any) -> str | None:
+    """Why `show`, `view` and `export` cannot read `record` (a loaded JSON line), or None when they can:
+    the fields they read must have their record types (a finite number reward, a mask and log-probs as long as
+    the completion ids, output items that are objects, ...)."""
+    if not isinstance(record, dict):
+        return f"is a JSON {type(record).__name__}, not a record (a rollout file holds one JSON object a line)"
+    response = record.get("response")
+    if not isinstance(response, dict):
+        return "is not a rollout record (it has no 'response' object); pass the output of gym-bridge eval"
+    for key, types in _OPTIONAL_TYPES.items():
+        value = record.get(key)
+        if value is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
+            return f"{key} is a {type(value).__name__} ({_short(value)}), not a {' or '.join(kind.__name__ for kind in types)}"
+    if not _finite(record.get("reward")):
+        return f"reward is {_short(record.get('reward'))}, not a finite number"
+    components = record.get("reward_components") or {}
+    if not all(_finite(value) for value in components.values()):
+        return "reward_components holds a value that is not a finite number"
+    metrics = record.get("metrics") or {}
+    for key in _METRIC_NUMBERS:
+        if metrics.get(key) is not None and not _finite(metrics[key]):
+            return f"metrics.{key} is {_short(metrics[key])}, not a finite number"
+    if metrics.get("verify") is not None and not isinstance(metrics["verify"], dict):
+        return "metrics.verify is not an object"
+    tools = (record.get("responses_create_params") or {}).get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(tool, dict) for tool in tools)):
+        return "responses_create_params.tools is not a list of objects"
+    if not isinstance(response.get("model") or "", str) or not isinstance(response.get("usage") or {}, dict):
+        return "response.model is not a string, or response.usage not an object"
+    if record.get("tokens") is not None and (problem := _token_problem(record["tokens"])):
+        return problem
+    return _output_problem(response.get("output") or [])
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=True, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _text_problem(line: bytes, record: Any) -> str | None:
+    """What JSON's text allows but a report or export cannot write: a lone UTF-16 surrogate escape, NaN or Infinity."""
+    if b"\\ud" in line.lower():
+        try:
+            json.dumps(record, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as error:
+            return f"holds a lone surrogate escape (\\u{ord(str(error.object)[error.start]):04x}): not valid Unicode text"
+    if b"NaN" in line or b"Infinity" in line:
+        try:
+            json.dumps(record, allow_nan=False)
+        except ValueError:
+            return "holds NaN or Infinity, which JSON does not allow"
+    return None
+
+
 def load_rollouts(path: str) -> list[dict[str, Any]]:
     """The records of a rollout file. Raises DataError naming the file (and line) when it is missing,
     malformed, or holds lines that are not rollout records (no `response`)."""
-    from pathlib import Path
-
-    from gym_bridge.core.rollout_file import read_records
-
-    if not Path(path).is_file():
-        raise DataError("file not found", source=str(path))
-    records = read_records(path)
-    for line, record in enumerate(records, start=1):
-        if not isinstance(record, dict) or "response" not in record:
-            raise DataError("is not a rollout record (it has no 'response'); pass the output of gym-bridge eval",
-                            source=f"{path}, record {line}")
-    return records
+    return list(iter_rollouts(path))
 
 
-def iter_rollouts(path: str) -> Iterator[dict[str, Any]]:
+def iter_rollouts(path: str, *, skipped: list[Skipped] | None = None) -> Iterator[dict[str, Any]]:
     """The records of a rollout file one at a time (for files too large to hold: the HTML report).
-    A torn final line (a killed writer) is ignored; raises DataError as `load_rollouts` does."""
+    A torn final line (a killed writer) is ignored. A line that is not JSON, or not a record the views can
+    read (`record_problem`), raises DataError naming file:line; with a `skipped` list it is appended there
+    instead and the rest is read. Raises DataError for a missing file."""
+    return (record for _, record in numbered_rollouts(path, skipped=skipped))
+
+
+def numbered_rollouts(path: str, *, skipped: list[Skipped] | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, record) for each record `iter_rollouts` gives."""
     from pathlib import Path
 
     from gym_bridge.core.rollout_file import load_line
@@ -246,11 +380,14 @@ def iter_rollouts(path: str) -> Iterator[dict[str, Any]]:
                 continue
             try:
                 record = load_line(line)
-            except (json.JSONDecodeError, UnicodeDecodeError):
+                problem = record_problem(record) or _text_problem(line, record)
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
                 if not line.endswith(b"\n"):
                     return
-                raise DataError("malformed JSON (or invalid UTF-8) in a rollout file", source=f"{path}:{line_number}") from None
-            if not isinstance(record, dict) or "response" not in record:
-                raise DataError("is not a rollout record (it has no 'response'); pass the output of gym-bridge eval",
-                                source=f"{path}:{line_number}")
-            yield record
+                problem = "malformed JSON (or invalid UTF-8) in a rollout file"
+            if problem is None:
+                yield line_number, record
+            elif skipped is None:
+                raise DataError(problem, source=f"{path}:{line_number}")
+            else:
+                skipped.append(Skipped(f"{path}:{line_number}", problem))

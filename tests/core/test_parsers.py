@@ -139,3 +139,15 @@ def test_unknown_parser_names_list_the_known_ones():
         get_tool_parser("hermes2")
     with pytest.raises(UnknownParserError, match="known reasoning parsers: qwen3, deepseek_r1, openai_gptoss, none"):
         get_reasoning_parser("r1")
+
+
+@pytest.mark.parametrize(("name", "text", "read"), [  # issue 28: no call where vLLM reads none (held against vLLM in test_parsers_vs_vllm)
+    ("granite", '<|tool_call|>{"name": "get_weather", "arguments": {"city": "Oslo"}}', 0),
+    ("phi4_mini_json", 'functools[{"name": "get_current_time"}]', 0),
+    ("phi4_mini_json", 'functools[{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "get_current_time"}]', 0),
+    ("phi4_mini_json", 'functools[{"name": "get_weather", "parameters": {"city": "Oslo"}}]', 1),
+])
+def test_json_list_families_read_only_what_vllm_reads(name, text, read):
+    turn = TurnParser(get_tool_parser(name)).parse(text)
+    assert turn.calls and sum(call.error is None for call in turn.calls) == read
+    assert turn.parse_errors == len(turn.calls) - read  # the model is told why each unread call was not run

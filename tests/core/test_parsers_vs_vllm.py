@@ -141,8 +141,6 @@ DIFFERENCES: dict[str, Difference] = {
     "deepseek_either_shape": Difference(
         "deepseek_v3 and deepseek_v31 each also read the other version's call shape, and a last call cut off before "
         "<｜tool▁call▁end｜>; vLLM reads only its own shape and complete calls", _reads_more),
-    "granite_single_object": Difference(
-        "granite reads one call object written after <|tool_call|> without the list around it; vLLM returns it as content", _reads_more),
     "llama_json_in_prose": Difference(
         "llama3_json: JSON that is no call, or a brace, in the prose around calls leaves the calls standing in gym_bridge "
         "(as in vLLM after 0.32); vLLM 0.32 then drops every call of the turn", _reads_more),
@@ -271,12 +269,14 @@ REAL_CASES = [
     _real("granite-3.1", "granite", f"<tool_call> [{WEATHER}]"),
     _real("granite-3.1-content-first", "granite", f"Sure. <tool_call>[{WEATHER}]"),
     _real("granite-text-after", "granite", f"Sure <|tool_call|> [{WEATHER}] after", differs="text_around_calls"),
-    _real("granite-single-object", "granite", f"<|tool_call|>{WEATHER}", differs="granite_single_object"),
+    _real("granite-single-object", "granite", f"<|tool_call|>{WEATHER}", differs="error_call"),  # issue 28: no call, as in vLLM
     _real("granite-hermes-syntax", "granite", f"<tool_call>\n{WEATHER}\n</tool_call>", differs="unread_marker_kept"),
     _real("granite-empty-list", "granite", "<|tool_call|>[]", differs="error_call"),
     _real("granite-bad-json", "granite", '<|tool_call|>[{"name": "get_weather", "arguments": {"city": }]', differs="error_call"),
     # Phi-4-mini
     _real("phi4", "phi4_mini_json", f'functools[{WEATHER}, {{"name": "noop", "arguments": {{}}}}]'),
+    _real("phi4-no-arguments", "phi4_mini_json", 'functools[{"name": "get_current_time"}]', differs="error_call"),  # issue 28
+    _real("phi4-one-without-arguments", "phi4_mini_json", f'functools[{WEATHER}, {{"name": "get_current_time"}}]', differs="error_call"),
     _real("phi4-parameters-key", "phi4_mini_json", 'functools[{"name": "get_weather", "parameters": {"city": "Oslo"}}]'),
     _real("phi4-list-argument", "phi4_mini_json", 'functools[{"name": "lookup", "arguments": {"values": [1, 2]}}]',
           differs="phi4_bracket_in_arguments"),

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -34,6 +36,70 @@ def test_an_unreachable_cluster_is_an_error_before_any_rollout(tmp_path, capsys)
     assert code == 2 and time.monotonic() - started < 15
     assert "cannot reach the Ray cluster at 127.0.0.1:9" in capsys.readouterr().err
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def _listener(answer: bytes | None):
+    """A TCP listener on loopback that is no Ray head: it accepts and says nothing (`answer` None), or sends
+    `answer` to whatever it is sent. Returns (address, stop)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                connection, _ = server.accept()
+            except TimeoutError:
+                continue
+            except OSError:  # closed
+                return
+            held.append(connection)
+            if answer is not None:
+                connection.recv(1024)
+                connection.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+
+    def close() -> None:
+        stop.set()
+        for connection in held:
+            connection.close()
+        server.close()
+
+    return f"127.0.0.1:{server.getsockname()[1]}", close
+
+
+@pytest.mark.parametrize(("answer", "message"), [
+    (None, "accepts connections but gave no Ray answer within 3 s (--ray-connect-timeout-s): it is not a Ray head"),
+    (b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n", "answered, but not as a Ray head (b'HTTP/1.1 400 Bad Request"),
+])
+def test_a_port_that_is_no_ray_head_fails_within_the_connect_timeout(tmp_path, capsys, answer, message):
+    """Issue 28 item 9: such a port made `ray.init` wait 600 s and more."""
+    pytest.importorskip("ray")
+    address, close = _listener(answer)
+    try:
+        started = time.monotonic()
+        code = main(["eval", "--env", "weather", "--ray", address, "--ray-connect-timeout-s", "3", "--no-progress",
+                     "--output", str(tmp_path / "out.jsonl")])
+        elapsed_s = time.monotonic() - started
+    finally:
+        close()
+    err = capsys.readouterr().err
+    assert code == 2 and elapsed_s < 15, (elapsed_s, err)
+    assert f"{address} {message}" in err and "`ray start --head` prints it" in err
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_real_ray_head_passes_the_check():
+    ray = pytest.importorskip("ray")
+    from gym_bridge.scale.ray_runner import check_reachable
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        check_reachable(ray.get_runtime_context().gcs_address, timeout_s=10)
+    finally:
+        ray.shutdown()
 
 
 @pytest.mark.slow

@@ -55,7 +55,7 @@ TOOL_PARSERS: dict[str, ToolParser] = {
     "deepseek_v3": DeepSeekParser("deepseek_v3"),
     "deepseek_v31": DeepSeekParser("deepseek_v31"),
     "granite": JsonListParser("granite", "<|tool_call|>", text_marker="<tool_call>"),
-    "phi4_mini_json": JsonListParser("phi4_mini_json", "functools[", list_in_marker=True),
+    "phi4_mini_json": JsonListParser("phi4_mini_json", "functools[", list_in_marker=True, require_arguments=True),
     "openai": HarmonyToolParser(),
     "qwen3_coder": Qwen3CoderParser(),
 }

@@ -1,0 +1,36 @@
+"""README "Writing an environment" (issue 28 item 15): its example environment and data row, taken from the README
+as written, validate and score the row's known answer."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+from gym_bridge.cli import main
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _section() -> str:
+    text = README.read_text(encoding="utf-8")
+    return text.split("\n## Writing an environment\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_readme_example_row_validates_and_scores(tmp_path, monkeypatch, capsys):
+    section = _section()
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    row_text = re.search(r"```json\n(.*?)```", section, re.S).group(1).strip()
+    row = json.loads(row_text)
+    assert row["agent_ref"]["name"] == "inventory" and row["responses_create_params"]["input"] and "expected_answer" in row
+    (tmp_path / "readme_inventory_env.py").write_text(code)
+    (tmp_path / "rows.jsonl").write_text(row_text + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "readme_inventory_env", raising=False)
+    rows = str(tmp_path / "rows.jsonl")
+    assert main(["data", "validate", rows, "--env", "readme_inventory_env:Inventory"]) == 0
+    assert "1 rows (inventory 1): ok" in capsys.readouterr().out
+    assert main(["env", "check", "readme_inventory_env:Inventory", "--data", rows, "--call", 'count={"item": "apple"}']) == 0
+    out = capsys.readouterr().out
+    assert '"count": 3' in out and re.search(r"reward 1(\.0+)?\b", out), out
