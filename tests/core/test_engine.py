@@ -9,59 +9,12 @@ import pytest
 
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig
-from gym_bridge.core.environment import Environment, ToolError, VerifyResult, tool
+from gym_bridge.core.environment import Environment
 from gym_bridge.core.policy import BackendError, ContextOverflowError, ScriptedPolicy
 from gym_bridge.core.registry import register
 from gym_bridge.core.task import parse_task
 from tests.invariants import assert_token_invariants
-
-CALL = '<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
-closed_sessions: list[str] = []
-
-
-@register
-class Lab(Environment):
-    name = "lab_for_engine_test"
-    tool_timeout_s = 0.5
-    verify_timeout_s = 0.5
-
-    def setup(self, task):
-        self.mode = task.get("mode", "ok")
-        self.calls = 0
-
-    @tool
-    def measure(self, sample: str) -> dict:
-        """Measure a sample.
-
-        Args:
-            sample: Sample name.
-        """
-        self.calls += 1
-        if sample == "crash":
-            raise RuntimeError("instrument broke")
-        if sample == "hang":
-            time.sleep(5)
-        if sample == "missing":
-            raise ToolError("no such sample")
-        if sample == "weird":
-            return {"value": object()}
-        return {"sample": sample, "value": len(sample)}
-
-    async def verify(self, task, output):
-        if self.mode == "verify_crash":
-            raise ValueError("bad verifier")
-        if self.mode == "verify_hang":
-            await asyncio.sleep(5)
-        answered = any(item["type"] == "message" and "done" in item["content"][0]["text"] for item in output)
-        return VerifyResult(reward=1.0 if answered else 0.0, reward_components={"answered": 1.0 if answered else 0.0},
-                            metrics={"tool_calls_seen": self.calls})
-
-    def close(self):
-        closed_sessions.append(self.mode)
-
-
-def task(index=0, **row):
-    return parse_task({"prompt": "Measure x then say done.", "environment": Lab.name, **row}, index=index)
+from tests.support.lab import call, closed_sessions, task
 
 
 def run(engine, tasks, repeats=1):
@@ -73,10 +26,6 @@ def run(engine, tasks, repeats=1):
 
 def engine_for(template, script, **config):
     return Engine(ScriptedPolicy(script), template, EngineConfig(**config))
-
-
-def call(name="measure", **args):
-    return CALL.format(name=name, args=json.dumps(args))
 
 
 def test_multi_turn_rollout_keeps_the_token_invariants(smol_template, turn, smol_tokenizer):

@@ -10,7 +10,7 @@ from gym_bridge.core.record import with_consumed_version
 from gym_bridge.view.decode import Decoder
 from gym_bridge.view.show import format_rollout
 from gym_bridge.view.transcript import policy_versions
-from tests.core.test_engine import call, task
+from tests.support.lab import call, task
 
 
 def _record(template, script):
