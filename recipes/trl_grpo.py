@@ -141,6 +141,20 @@ def run_directory(records_root: Path) -> Path:
     return path
 
 
+def check_world_size(expected: str | None) -> None:
+    """Stop unless this launch's process group has `expected` processes (GYM_BRIDGE_WORLD_SIZE, set by
+    slurm/trl_grpo.sbatch): an accelerate config that is not distributed starts every process as a training
+    of its own (world size 1, all writing one output_dir) without an error. Prints this rank's place."""
+    import torch.distributed as dist
+
+    distributed = dist.is_available() and dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    print(f"gym_bridge: rank {rank} of {world}", flush=True)
+    if expected is not None and world != int(expected):
+        raise SystemExit(f"gym_bridge: world size {world}, expected {expected} (GYM_BRIDGE_WORLD_SIZE): the processes "
+                         "are not one distributed job; check the accelerate config's distributed_type and the launch")
+
+
 def _claim_run(records_root: Path) -> str:
     """Create `records_root/run-N` for the first N above those taken; returns its name."""
     records_root.mkdir(parents=True, exist_ok=True)
@@ -192,6 +206,7 @@ def main() -> None:
     rollout_options = dict(config.get("gym_bridge") or {})
     records_dir = rollout_options.pop("records_dir", "rollouts")
     _ = grpo_args.device  # sets up the launch's process group, through which the ranks agree on run_dir
+    check_world_size(os.environ.get("GYM_BRIDGE_WORLD_SIZE"))
     run_dir = run_directory(output_dir / (records_dir or "runs"))
     writer = None
     trainer: Any = None

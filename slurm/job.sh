@@ -41,6 +41,46 @@ address_of() {
 # and any GPU request there is rejected).
 gpu_request() { (( $1 > 0 )) && echo "--gpus-per-node=$1" || true; }
 
+# wait_healthy URL PID TIMEOUT_S WHAT: wait until URL answers 2xx; refuse when the step PID exits first or
+# TIMEOUT_S passes, with the last connection error.
+wait_healthy() {
+    local url=$1 pid=$2 timeout_s=$3 what=$4 waited=0 error
+    until error=$(curl -sS -f -o /dev/null --max-time 5 "$url" 2>&1); do
+        kill -0 "$pid" 2>/dev/null || refuse "$what exited before $url answered (its output is above); last error: $error"
+        (( waited < timeout_s )) || refuse "$what did not answer at $url within ${timeout_s} s; last error: $error"
+        sleep 5; waited=$(( waited + 5 ))
+    done
+    echo "$what healthy after ${waited} s"
+}
+
+# check_accelerate_config FILE GPUS_PER_NODE WORLD_SIZE: refuse an accelerate config that cannot run WORLD_SIZE
+# processes as one job: one that is not distributed (each process would train alone, all writing one
+# output_dir), a DeepSpeed one without DeepSpeed installed, a GPU one on CPU nodes.
+check_accelerate_config() {
+    local file=$1 gpus=$2 world=$3
+    [[ -f $file ]] || refuse "ACCELERATE_CONFIG=$file does not exist"
+    python - "$file" "$gpus" "$world" <<'PY' || exit 2
+import importlib.util, sys
+import yaml
+
+path, gpus, world = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+config = yaml.safe_load(open(path)) or {}
+kind = str(config.get("distributed_type", "NO"))
+def refuse(reason: str) -> None:
+    sys.exit(f"refused: ACCELERATE_CONFIG={path}: {reason}")
+if gpus == 0:
+    if kind not in ("NO", "MULTI_CPU") or not config.get("use_cpu"):
+        refuse(f"distributed_type {kind} with use_cpu {config.get('use_cpu')} on CPU nodes (GPUS_PER_NODE=0); "
+               "use recipes/configs/accelerate_cpu.yaml (one process per node, the process group from Slurm)")
+elif world > 1 and kind == "NO":
+    refuse(f"distributed_type NO runs each of the {world} processes as its own training (world size 1, all writing "
+           "one output_dir); use accelerate_zero2.yaml, accelerate_zero3.yaml or a MULTI_GPU config")
+if kind == "DEEPSPEED" and importlib.util.find_spec("deepspeed") is None:
+    refuse("needs DeepSpeed, which `make install` does not install: `make install-deepspeed` "
+           "(or pip install deepspeed), or a config without it")
+PY
+}
+
 # ray_auth: one token-authentication setting for every Ray process of the job. Ray 2.60's `ray start --head`
 # turns token auth on when ~/.ray/auth_token exists, while `ray start --address` and `ray.init()` do not,
 # so a shared home with that file (any earlier local ray.init() writes it) splits the cluster. Unless
