@@ -129,10 +129,12 @@ ray_up() {
 }
 
 # ray_wait_nodes NODES GPUS TIMEOUT_S: wait until NODES nodes (and GPUS GPUs in all) are alive in the cluster
-# at RAY_ADDRESS. Returns non-zero with the reason (the last connection error, or the head's step having
-# exited) on stderr when that does not happen within TIMEOUT_S.
+# at RAY_ADDRESS. Returns non-zero with the reason on stderr (each failed connection's error as it happens,
+# or the head's step having exited) when that does not happen within TIMEOUT_S. `timeout` bounds it: one
+# ray.init() against an address where nothing answers blocks for minutes.
 ray_wait_nodes() {
-    python - "$1" "$2" "$3" "${RAY_STEP_PIDS[0]:-0}" <<'EOF'
+    local rc=0
+    timeout --kill-after=5 "$3" python - "$1" "$2" "$3" "${RAY_STEP_PIDS[0]:-0}" <<'EOF' || rc=$?
 import os, sys, time
 
 want_nodes, want_gpus, timeout_s, head_pid = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
@@ -157,6 +159,7 @@ while True:
         break
     except Exception as exc:  # noqa: BLE001 - kept and printed when the wait ends
         error = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+        print(f"ray: not connected yet: {error}", file=sys.stderr, flush=True)
     if not head_alive():
         sys.exit(f"ray: the head's job step exited before it answered at {address}; last error: {error}")
     if time.monotonic() > deadline:
@@ -172,6 +175,8 @@ while True:
     time.sleep(2)
 print(f"ray: {nodes} nodes joined; resources {ray.cluster_resources()}", flush=True)
 EOF
+    (( rc != 124 && rc != 137 )) || echo "ray: the cluster at $RAY_ADDRESS was not ready within $3 s (see the errors above)" >&2
+    return "$rc"
 }
 
 # ray_down: end the blocking `ray start` steps first (a SIGTERM to their srun cancels them), then `ray stop`
