@@ -196,11 +196,7 @@ def test_trl_sbatch_exports_each_trainer_nodes_address_for_weight_sync():
 def test_the_recipe_refuses_a_launch_that_is_not_one_distributed_job(capsys):
     """Two nodes each reporting rank 0 of 1 trained twice, side by side: the recipe checks the world size
     the sbatch script expects (GYM_BRIDGE_WORLD_SIZE)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("trl_grpo_recipe", ROOT / "recipes" / "trl_grpo.py")
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
+    recipe = load_recipe()
     recipe.check_world_size(None)
     recipe.check_world_size("1")
     with pytest.raises(SystemExit, match=r"world size 1, expected 2 \(GYM_BRIDGE_WORLD_SIZE\)"):
@@ -234,3 +230,25 @@ def test_verl_recipe_keeps_zero_gpus_and_refuses_them(tmp_path):
     dry = subprocess.run(["bash", "recipes/verl_grpo.sh"], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PATH": VENV_PATH, **env, "DRY_RUN": "1"})
     assert "trainer.n_gpus_per_node=0" in dry.stdout.splitlines() and f"hydra.run.dir={tmp_path}/hydra" in dry.stdout.splitlines()
+
+
+def load_recipe():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("trl_grpo_recipe", ROOT / "recipes" / "trl_grpo.py")
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    return recipe
+
+
+def test_generation_from_a_frozen_server_excludes_trls_own_vllm(capsys):
+    """WEIGHT_SYNC=0 (a CPU cluster): gym_bridge generates with the server while TRL's vLLM is off; with TRL's
+    server mode on, both would generate and TRL would still try to push weights."""
+    recipe = load_recipe()
+    with pytest.raises(SystemExit, match=r"needs \{base_url: URL, model: NAME\} and grpo.use_vllm: false"):
+        recipe.frozen_server_policy({"base_url": "http://n3:8000/v1", "model": "m"}, use_vllm=True)
+    policy = recipe.frozen_server_policy({"base_url": "http://n3:8000/v1", "model": "m"}, use_vllm=False)
+    assert type(policy).__name__ == "RemotePolicy"
+    assert "no weights are sent there" in capsys.readouterr().out
+    text = unfolded(ROOT / "slurm" / "trl_grpo.sbatch")
+    assert "--set grpo.use_vllm=false --set gym_bridge.generation_server.base_url=$VLLM_URL/v1" in text
