@@ -180,6 +180,7 @@ class Engine:
             api_usage=dict(trajectory.api_usage) or None,
             parse_errors=trajectory.parse_errors, unparsed_tool_calls=trajectory.unparsed_tool_calls,
             env_path=f"{env_class.__module__}:{env_class.__qualname__}" if env_class else "",
+            policy_versions=tuple(trajectory.policy_versions),
         )
 
     async def stream(

@@ -26,6 +26,7 @@ class MessageItem(TypedDict):
     prompt_token_ids: NotRequired[list[int]]
     generation_token_ids: NotRequired[list[int]]
     generation_log_probs: NotRequired[list[float]]
+    policy_version: NotRequired[int]
 
 
 class InputText(TypedDict):
@@ -50,6 +51,7 @@ class ReasoningItem(TypedDict):
     prompt_token_ids: NotRequired[list[int]]
     generation_token_ids: NotRequired[list[int]]
     generation_log_probs: NotRequired[list[float]]
+    policy_version: NotRequired[int]
 
 
 class FunctionCallItem(TypedDict):
@@ -62,6 +64,7 @@ class FunctionCallItem(TypedDict):
     prompt_token_ids: NotRequired[list[int]]
     generation_token_ids: NotRequired[list[int]]
     generation_log_probs: NotRequired[list[float]]
+    policy_version: NotRequired[int]
 
 
 class FunctionCallOutputItem(TypedDict):
@@ -73,6 +76,9 @@ class FunctionCallOutputItem(TypedDict):
 Item = MessageItem | UserMessageItem | ReasoningItem | FunctionCallItem | FunctionCallOutputItem
 
 TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
+POLICY_VERSION_FIELD = "policy_version"
+"""On the last item of a model call, beside its token ids: the policy version its oldest token was sampled under
+(only where the backend knows it; see `Generation.policy_version`)."""
 
 
 def message_item(text: str, *, item_id: str) -> MessageItem:

@@ -65,6 +65,9 @@ class Generation:
     text: str | None = None
     """Decoded text, when the backend returns it (saves a decode)."""
     metrics: dict[str, float] = field(default_factory=dict)
+    policy_version: int | None = None
+    """The version of the weights this call's oldest token was sampled under (an async trainer bumps it at
+    each weight sync); None when the backend does not know."""
 
 
 @runtime_checkable

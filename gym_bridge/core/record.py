@@ -48,6 +48,8 @@ class RolloutRecord:
     """Turns taken as answers although they hold a tool-call marker (a syntax the parser does not read)."""
     env_path: str = ""
     """`module:Class` of the environment class, so `gym-bridge verify` finds environments named by module path."""
+    policy_versions: tuple[int, ...] = ()
+    """The policy version of each model call that reported one (`Generation.policy_version`), in call order."""
 
     @property
     def task_index(self) -> int:
@@ -97,8 +99,16 @@ class RolloutRecord:
                 "parse_errors": self.parse_errors,
                 "unparsed_tool_calls": self.unparsed_tool_calls,
                 "verify": self.verify_metrics,
+                **self.version_metrics(),
             },
         }
+
+    def version_metrics(self) -> dict[str, int]:
+        """`policy_version_min` (the sample's version: its oldest token's) and `policy_version_max`; empty when
+        no model call reported a version."""
+        if not self.policy_versions:
+            return {}
+        return {"policy_version_min": min(self.policy_versions), "policy_version_max": max(self.policy_versions)}
 
 
 def with_train_step(row: Mapping[str, Any], step: int | None) -> dict[str, Any]:
@@ -106,3 +116,9 @@ def with_train_step(row: Mapping[str, Any], step: int | None) -> dict[str, Any]:
     verl's `records_path`): `metrics.train_step` is the optimizer steps done when its rollout was generated
     (so it trains step `step + 1`); None where the trainer does not say."""
     return {**row, "metrics": {**(row.get("metrics") or {}), "train_step": step}}
+
+
+def with_consumed_version(row: Mapping[str, Any], version: int) -> dict[str, Any]:
+    """A record's row with `metrics.consumed_version`: the trainer's policy version when the sample was handed to
+    training (an async trainer's worker writes it). Its staleness is that minus `metrics.policy_version_min`."""
+    return {**row, "metrics": {**(row.get("metrics") or {}), "consumed_version": version}}

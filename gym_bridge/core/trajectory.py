@@ -59,6 +59,8 @@ class Trajectory:
     """Turns without a parsed call that hold a tool-call marker of some syntax (scored as answers)."""
     segments: list[TokenView] = field(default_factory=list)
     """Every token segment, when a harness rewrote its history (`gym_bridge.capture`); the flat lists are the last."""
+    policy_versions: list[int] = field(default_factory=list)
+    """The policy version of each model call whose backend reported one, in call order."""
 
     def context_ids(self) -> list[int]:
         """Everything so far: the prompt of the next model call."""

@@ -18,7 +18,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from gym_bridge.core.bounded_call import call_bounded
 from gym_bridge.core.errors import RolloutFailure
-from gym_bridge.core.items import TOKEN_FIELDS, ChatMessage, Item, function_call_item, message_item, reasoning_item, user_message_item
+from gym_bridge.core.items import POLICY_VERSION_FIELD, TOKEN_FIELDS, ChatMessage, Item, function_call_item, message_item, reasoning_item, user_message_item
 from gym_bridge.core.parsers.call import ParsedCall, ParsedTurn
 from gym_bridge.core.policy import CallTokens, ChatPolicy, ChatRequest, ChatTurn, Generation, GenerationRequest, Policy, SamplingParams, is_token_policy
 from gym_bridge.core.task import Task
@@ -132,6 +132,9 @@ class TokenTranscript(_Conversation):
         last["prompt_token_ids"] = prompt_ids
         last["generation_token_ids"] = list(ids)
         last["generation_log_probs"] = list(generation.logprobs)
+        if generation.policy_version is not None:
+            last[POLICY_VERSION_FIELD] = generation.policy_version
+            trajectory.policy_versions.append(generation.policy_version)
         trajectory.output.extend(items)
         return generation, parsed
 

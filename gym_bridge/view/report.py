@@ -29,7 +29,7 @@ from gym_bridge.core.metrics import summarize
 from gym_bridge.core.rollout_file import input_row
 from gym_bridge.view.decode import Decoder, decoder_for
 from gym_bridge.core.errors import DataError
-from gym_bridge.view.transcript import SORT_KEYS, iter_rollouts, segments, transcript
+from gym_bridge.view.transcript import SORT_KEYS, iter_rollouts, policy_versions, segments, transcript
 
 HISTOGRAM_BINS = 10
 ROW_COLUMNS = ("id", "run", "env", "task", "repeat", "reward", "failure", "reason", "turns", "tool_calls",
@@ -113,6 +113,7 @@ def _detail(record: Mapping[str, Any], vocabulary: dict[int, str], decoder: Deco
         "failure_reason": record.get("failure_reason"),
         "mask_sample": bool(record.get("mask_sample")),
         "metrics": record.get("metrics") or {},
+        "versions": versions.summary() if (versions := policy_versions(record)).known else "",
         "turns": [[turn.role, turn.text, turn.name, turn.call_id] for turn in transcript(record)],
         "prompt": prompt_ids,
         "runs": [[run.kind, list(run.ids), [round(value, 4) for value in run.logprobs]] for run in runs],

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gym_bridge.view.decode import Decoder
-from gym_bridge.view.transcript import segments, tools_offered, transcript
+from gym_bridge.view.transcript import policy_versions, segments, tools_offered, transcript
 
 _COLOURS = {"model": "\x1b[32m", "env": "\x1b[90m", "role": "\x1b[1;36m", "alarm": "\x1b[1;31m", "dim": "\x1b[2m"}
 _RESET = "\x1b[0m"
@@ -54,6 +54,9 @@ def header(position: int, record: Mapping[str, Any]) -> list[str]:
         lines.append(f"FAILED ({record['failure_kind']}): {record.get('failure_reason')}")
     if metrics.get("verify"):
         lines.append(f"verify metrics: {_numbers(metrics['verify'])}")
+    versions = policy_versions(record)
+    if versions.known:
+        lines.append(versions.summary())
     return lines
 
 

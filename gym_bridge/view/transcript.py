@@ -47,6 +47,57 @@ class Segment:
     logprobs: tuple[float, ...]
 
 
+@dataclass(frozen=True)
+class PolicyVersions:
+    """The policy versions a rollout was sampled under, and how stale it was when trained (async trainers)."""
+
+    calls: tuple[int | None, ...]
+    """Per model call, the version its oldest token was sampled under (None where the backend did not say)."""
+    oldest: int | None
+    """The sample's version: the oldest of its tokens (`metrics.policy_version_min`)."""
+    newest: int | None
+    consumed: int | None
+    """The trainer's version when the sample was handed to training (`metrics.consumed_version`)."""
+
+    @property
+    def staleness(self) -> int | None:
+        """Trainer version at consumption minus the sample's oldest version, where both are known."""
+        if self.consumed is None or self.oldest is None:
+            return None
+        return self.consumed - self.oldest
+
+    @property
+    def known(self) -> bool:
+        return self.oldest is not None
+
+    def summary(self) -> str:
+        """`policy versions per call: 3, 3, 4 (oldest 3, newest 4)   consumed at version 5   staleness 2`."""
+        per_call = ", ".join("?" if version is None else str(version) for version in self.calls)
+        line = f"policy versions per call: {per_call or '-'} (oldest {self.oldest}, newest {self.newest})"
+        if self.consumed is not None:
+            line += f"   consumed at version {self.consumed}   staleness {self.staleness}"
+        return line
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if type(value) is int else None
+
+
+def policy_versions(record: Mapping[str, Any]) -> PolicyVersions:
+    """The versions of a record: per call from the last item of each model call, the summary from `metrics`
+    (recomputed from the calls where `metrics` lacks it)."""
+    output = (record.get("response") or {}).get("output") or []
+    calls = tuple(_int_or_none(item.get("policy_version")) for item in output
+                  if isinstance(item, Mapping) and "generation_token_ids" in item)
+    metrics = record.get("metrics") or {}
+    known = [version for version in calls if version is not None]
+    oldest = _int_or_none(metrics.get("policy_version_min"))
+    newest = _int_or_none(metrics.get("policy_version_max"))
+    return PolicyVersions(calls=calls, oldest=oldest if oldest is not None else min(known, default=None),
+                          newest=newest if newest is not None else max(known, default=None),
+                          consumed=_int_or_none(metrics.get("consumed_version")))
+
+
 def _input_turns(row: Mapping[str, Any]) -> list[Turn]:
     params = row.get("responses_create_params") or {}
     task_input = params.get("input") if isinstance(params, Mapping) else None
