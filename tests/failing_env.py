@@ -58,3 +58,19 @@ class SegfaultsInSetup(Environment):
 
     def verify(self, task, output):
         return 1.0
+
+
+class RaisesOneInEight(Environment):
+    """Raises in the setup of every eighth rollout (a process-wide count), else rewards an answer: the flaky
+    environment of the async training tests, whose failures must never stop training."""
+
+    name = "raises_one_in_eight"
+    setups = 0
+
+    def setup(self, task):
+        type(self).setups += 1
+        if type(self).setups % 8 == 0:
+            raise RuntimeError("flaky environment: the sandbox went away")
+
+    def verify(self, task, output):
+        return 1.0 if any(item["type"] == "message" and "boxed" in str(item.get("content")) for item in output) else 0.0
