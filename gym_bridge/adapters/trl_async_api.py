@@ -35,3 +35,12 @@ def async_seams() -> AsyncSeams:
     except ImportError as error:
         raise MissingDependencyError(f"TRL's async GRPO trainer is not importable ({error}); {INSTALL_HINT}") from error
     return AsyncSeams(trainer=AsyncGRPOTrainer, config=AsyncGRPOConfig, rollout_sample=RolloutSample)
+
+
+def tree_attention_name() -> str:
+    """The attention implementation name AsyncGRPOTrainer loads its model with (its packed tree attention)."""
+    try:
+        from trl.experimental.async_grpo.packing import TREE_ATTENTION
+    except ImportError as error:
+        raise MissingDependencyError(f"TRL's async GRPO trainer is not importable ({error}); {INSTALL_HINT}") from error
+    return str(TREE_ATTENTION)

@@ -190,3 +190,31 @@ def test_admission_keeps_every_row_within_max_staleness_through_trls_dataset(smo
             worker.stop()
     assert "sample/dropped_stale_total" not in metrics
     assert max(metrics["sample/staleness_max"]) <= 1 and version["now"] == 7
+
+
+def test_a_harness_rollout_with_rewritten_history_trains_every_segment(smol_template):
+    """A harness that rewrote its history left two token segments: two rows, each with the rollout's advantage."""
+    from gym_bridge.core.policy import ScriptedPolicy
+    from gym_bridge.core.record import RolloutRecord
+    from gym_bridge.core.trajectory import TokenView
+
+    first = TokenView(prompt_ids=[1, 2], completion_ids=[3, 4, 5], completion_mask=[1, 0, 1], completion_logprobs=[-0.1, 0.0, -0.3])
+    second = TokenView(prompt_ids=[1, 9], completion_ids=[6, 7], completion_mask=[1, 1], completion_logprobs=[-0.5, -0.6])
+    flat = TokenView(prompt_ids=[1, 9], completion_ids=[6, 7], completion_mask=[1, 1], completion_logprobs=[-0.5, -0.6], segments=(first, second))
+    task = mixed_tasks()[0]
+
+    def record(reward, tokens, versions=(3, 4)):
+        return RolloutRecord(task=task, repeat_index=0, env="arithmetic", output=[], tokens=tokens, reward=reward, reward_components={},
+                             mask_sample=False, failure_kind=None, failure_reason=None, finish_reason="answer", turns=2, tool_calls=0,
+                             latency_s=0.0, policy_versions=versions)
+
+    plain = TokenView(prompt_ids=[1, 2], completion_ids=[8, 2], completion_mask=[1, 1], completion_logprobs=[-0.2, -0.2])
+    settings = AsyncWorkerSettings(group_size=2, max_staleness=1, rows_per_version=4)
+    worker = AsyncRolloutWorker([task], ScriptedPolicy({"": []}), smol_template, settings)
+    samples = worker._samples(7, [record(1.0, flat), record(0.0, plain)], worker._env_classes[task.env_name])
+    assert [list(sample.input_ids) for sample in samples] == [[1, 2, 3, 4, 5], [1, 9, 6, 7], [1, 2, 8, 2]]
+    assert [list(sample.completion_mask) for sample in samples] == [[0, 0, 1, 0, 1], [0, 0, 1, 1], [0, 0, 1, 1]]
+    assert list(samples[0].old_log_probs) == pytest.approx([0.0, 0.0, -0.1, 0.0, -0.3])
+    # rewards [1, 0]: mean 0.5, std 0.5, so advantages +1 (both segments of the harness rollout) and -1
+    assert [sample.advantage for sample in samples] == pytest.approx([1.0, 1.0, -1.0])
+    assert {sample.model_version for sample in samples} == {3} and {sample.group_id for sample in samples} == {7}

@@ -1,5 +1,6 @@
 """A stand-in for the trainer's vLLM server in async tests: `/v1/completions` token by token, `/pause?mode=keep`
-and `/resume` as vLLM's dev-mode endpoints behave, and a served weight version the test moves.
+and `/resume` as vLLM's dev-mode endpoints behave, `/collective_rpc` as `FileWeightReceiver` answers it, and a served
+weight version (moved by the test or by each weight file loaded).
 
 Each answer is decided from the decoded prompt: a weather question without a tool output yet gets a
 `get_weather` call, anything else an answer `\\boxed{N}` (right for even-numbered calls, off by one
@@ -31,6 +32,8 @@ class AsyncVLLMStandIn:
         self.paused = False
         self.pauses: list[str] = []
         self.requests = 0
+        self.loaded: list[list[str]] = []
+        """The tensor names of each weight file loaded through `/collective_rpc`."""
         self.tokens_sent = 0
         self._resumed = asyncio.Event()
         self._counter = itertools.count()
@@ -88,6 +91,27 @@ class AsyncVLLMStandIn:
         async def resume() -> JSONResponse:
             self.paused = False
             self._resumed.set()
+            return JSONResponse({})
+
+        @app.post("/collective_rpc")
+        async def collective_rpc(request: Request) -> JSONResponse:
+            """What `FileWeightReceiver` does in vLLM, minus a model: read the file, count its tensors, serve the new version."""
+            body = await request.json()
+            if body.get("method") != "gym_bridge_load_weights":
+                return JSONResponse({"error": f"no method {body.get('method')}"}, status_code=500)
+            path = body["args"][0]
+            if not path:
+                return JSONResponse({"results": [0]})
+            from safetensors import safe_open
+
+            with safe_open(path, "pt") as weights:
+                names = list(weights.keys())
+            self.loaded.append(names)
+            self.version += 1
+            return JSONResponse({"results": [len(names)]})
+
+        @app.post("/reset_prefix_cache")
+        async def reset_prefix_cache() -> JSONResponse:
             return JSONResponse({})
 
         @app.get("/health")
