@@ -61,8 +61,9 @@ class SegfaultsInSetup(Environment):
 
 
 class RaisesOneInEight(Environment):
-    """Raises in the setup of every eighth rollout (a process-wide count), else rewards an answer: the flaky
-    environment of the async training tests, whose failures must never stop training."""
+    """Raises in the setup of every eighth rollout (a process-wide count): the flaky environment of the async
+    training tests, whose failures must never stop training. Reward: the parity of the final answer's length, so
+    the rewards of a group of sampled answers differ and the policy gets a gradient."""
 
     name = "raises_one_in_eight"
     setups = 0
@@ -73,4 +74,6 @@ class RaisesOneInEight(Environment):
             raise RuntimeError("flaky environment: the sandbox went away")
 
     def verify(self, task, output):
-        return 1.0 if any(item["type"] == "message" and "boxed" in str(item.get("content")) for item in output) else 0.0
+        from gym_bridge import final_text
+
+        return float(len(final_text(output)) % 2)
