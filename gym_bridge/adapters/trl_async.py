@@ -193,9 +193,10 @@ class AsyncRolloutWorker:
         if thread is not None:
             thread.join(timeout=30)
         self._thread = None
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        with self._lock:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
 
     def update_model_version(self, model_version: int) -> None:
         """The trainer's weights are now `model_version` (called after each sync, the server resumed)."""
