@@ -118,7 +118,7 @@ def test_real_async_training_against_a_real_vllm_cpu_server(tmp_path, smol_token
         stop(process)
     assert trainer.state.global_step == 3 and transfer.syncs == 4 and changed
     assert after != before  # the trained weights reached the server
-    assert worker.counts["rollouts"] >= 12 and worker.counts["failed"] == worker.counts["failed/env"]
+    assert worker.counts["rollouts"] >= 12 and worker.counts["failed/env"] >= 1 and worker.counts["failed"] == worker.counts["failed/env"]
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
     assert not any("sample/dropped_stale_total" in entry for entry in logs)
     # the rows' old log-probs are the server's, for the trainer's own tokens: at step 1 (nothing stale yet) the
