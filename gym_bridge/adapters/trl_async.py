@@ -71,7 +71,8 @@ class AsyncWorkerSettings:
             raise ValueError(f"group_size (num_generations) must be at least 1, got {self.group_size}")
         if self.group_size > (self.max_staleness + 1) * self.rows_per_version:
             raise ValueError(f"a group of {self.group_size} rows never fits in (max_staleness + 1) * rows_per_version = "
-                             f"{(self.max_staleness + 1) * self.rows_per_version} rows: raise max_staleness or the batch size")
+                             f"{(self.max_staleness + 1) * self.rows_per_version} rows: set AsyncGRPOConfig(token_budget=0) (then a step "
+                             "takes per_device_train_batch_size rows per rank), or raise max_staleness or the batch size")
 
 
 @dataclass(frozen=True)

@@ -218,3 +218,23 @@ def test_a_harness_rollout_with_rewritten_history_trains_every_segment(smol_temp
     # rewards [1, 0]: mean 0.5, std 0.5, so advantages +1 (both segments of the harness rollout) and -1
     assert [sample.advantage for sample in samples] == pytest.approx([1.0, 1.0, -1.0])
     assert {sample.model_version for sample in samples} == {3} and {sample.group_id for sample in samples} == {7}
+
+
+def test_settings_that_could_never_admit_a_group_are_refused_and_a_dead_loop_is_reported(smol_template):
+    from types import SimpleNamespace
+
+    from gym_bridge.adapters.trl_async import rows_per_version
+    from gym_bridge.core.policy import ScriptedPolicy
+
+    # TRL's defaults with its token budget: one row per micro-batch is all the worker may count on
+    trl_defaults = SimpleNamespace(per_device_train_batch_size=8, gradient_accumulation_steps=1, weight_sync_steps=1, token_budget=None)
+    assert rows_per_version(trl_defaults) == 1 and rows_per_version(trl_defaults, num_processes=2) == 2
+    assert rows_per_version(SimpleNamespace(**{**vars(trl_defaults), "token_budget": 0})) == 8
+    with pytest.raises(ValueError, match="token_budget=0"):
+        AsyncWorkerSettings(group_size=8, max_staleness=4, rows_per_version=1)
+    worker = AsyncRolloutWorker(mixed_tasks()[:1], ScriptedPolicy({"": []}), smol_template,
+                                AsyncWorkerSettings(group_size=2, max_staleness=1, rows_per_version=4))
+    worker.check_health(1.0)  # not started: nothing to report
+    worker._error = RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="rollout worker stopped: RuntimeError: boom"):
+        worker.check_health(1.0)
