@@ -18,6 +18,10 @@ from gym_bridge.core.policy import Generation, GenerationRequest, Policy
 class VersionedPolicy:
     """`policy` whose generations carry `policy_version=version()` read when each call starts."""
 
+    parks_calls = True
+    """The async trainer pauses generation around a weight sync: a call's time is not the rollout deadline's
+    (`gym_bridge.core.deadline`); each call is bounded by `EngineConfig.generation_timeout_s` instead."""
+
     def __init__(self, policy: Policy, version: Callable[[], int]) -> None:
         self.policy = policy
         self.version = version
