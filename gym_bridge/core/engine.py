@@ -21,9 +21,11 @@ from gym_bridge.core.bounded_call import call_environment
 from gym_bridge.core.environment import Environment, to_verify_result, VerifyResult
 from gym_bridge.core.errors import RolloutFailure, Step, classify
 from gym_bridge.core.items import Item
+from gym_bridge.core.journal import RunJournal
 from gym_bridge.core.policy import ChatPolicy, Policy, SamplingParams, is_token_policy
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import resolve_tasks
+from gym_bridge.core.resume import RolloutResume, resume_rollout
 from gym_bridge.core.task import Task
 from gym_bridge.core.template import ChatTemplate
 from gym_bridge.core.template_check import check_append_only, template_report
@@ -83,6 +85,9 @@ class Engine:
         self._global: asyncio.Semaphore | None = None
         self._per_env: dict[str, asyncio.Semaphore] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.journal: RunJournal | None = None
+        """Where rollouts commit their turns, so a killed run resumes them mid-episode (`gym_bridge.core.journal`);
+        None: nothing is journaled. `gym-bridge eval` sets it for the run."""
 
     def _check_template(self, template: ChatTemplate) -> None:
         template.profile  # picks parsers and turn style once; raises TemplateError for an unusable template
@@ -120,9 +125,16 @@ class Engine:
 
     async def _rollout(self, task: Task, repeat_index: int, env_class: type[Environment] | None,
                        sampling: SamplingParams) -> RolloutRecord:
-        started = time.perf_counter()
         if env_class is None:
             env_class = resolve_tasks([task])[task.env_name]
+        if self.journal is None:
+            return await self._attempt(task, repeat_index, env_class, sampling, None)
+        return await resume_rollout(self.journal, (task.index, repeat_index), env_class,
+                                    lambda plan: self._attempt(task, repeat_index, env_class, sampling, plan))
+
+    async def _attempt(self, task: Task, repeat_index: int, env_class: type[Environment], sampling: SamplingParams,
+                       resume: RolloutResume | None) -> RolloutRecord:
+        started = time.perf_counter()
         tools = task.tools if task.tools is not None else tuple(spec.schema for spec in env_class.tool_specs().values())
         trajectory = Trajectory(prompt_ids=[])
         finish = "failed"
@@ -133,16 +145,21 @@ class Engine:
         timeout_s = env_class.tool_timeout_s
         try:
             session_id, limits = f"{task.index}-{repeat_index}", self.config.limits
-            transcript = self._start_transcript(task=task, tools=tools, trajectory=trajectory, session_id=session_id,
-                                                max_tokens=limits.max_completion_tokens)
+            start = self._start_transcript if resume is None else transcript_starter(resume.wrap(self.policy), self.template)
+            transcript = start(task=task, tools=tools, trajectory=trajectory, session_id=session_id,
+                               max_tokens=limits.max_completion_tokens)
             env = env_class()
             ctx = RolloutContext(
                 task=task, env=env, policy=self.policy, template=self.template, sampling=sampling, limits=limits,
-                trajectory=trajectory, session_id=session_id, tools=tools, transcript=transcript,
+                trajectory=trajectory, session_id=session_id, tools=tools, transcript=transcript, journal=resume,
             )
             loop: AgentLoop = getattr(env_class, "agent_loop", None) or ToolCallingLoop()
-            async with asyncio.timeout(self.config.deadline_s):
-                if _overrides(env, "setup"):
+            if resume is not None:
+                resume.begin(env, trajectory)
+            async with asyncio.timeout(self.config.deadline_s - (resume.spent_s if resume is not None else 0.0)):
+                if resume is not None and resume.restores:
+                    await call_step(env, "restore", (task, resume.snapshot), step="setup", timeout_s=timeout_s, what="restore()")
+                elif _overrides(env, "setup"):
                     await call_step(env, "setup", (task,), step="setup", timeout_s=timeout_s)
                 finish = await loop.run(ctx)
                 verify_result = await verify_output(env, task, trajectory.output)

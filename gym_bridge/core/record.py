@@ -48,6 +48,9 @@ class RolloutRecord:
     """Turns taken as answers although they hold a tool-call marker (a syntax the parser does not read)."""
     env_path: str = ""
     """`module:Class` of the environment class, so `gym-bridge verify` finds environments named by module path."""
+    resume: dict[str, Any] | None = None
+    """For a rollout a killed run left in flight and a later run finished: `attempts`, `resumed_from_turn` and, when
+    its journaled turns could not be used, `resume_restarted` (why); they go into `metrics`."""
 
     @property
     def task_index(self) -> int:
@@ -97,6 +100,7 @@ class RolloutRecord:
                 "parse_errors": self.parse_errors,
                 "unparsed_tool_calls": self.unparsed_tool_calls,
                 "verify": self.verify_metrics,
+                **(self.resume or {}),
             },
         }
 
