@@ -24,6 +24,7 @@ from gym_bridge.capture.server import capture_server
 from gym_bridge.capture.chat_session import ChatCaptureSession
 from gym_bridge.capture.session import CaptureSession, SessionState
 from gym_bridge.core.agent_loop import RolloutContext, RolloutFailure
+from gym_bridge.core.journal import ResumeKind
 from gym_bridge.core.environment import Environment, VerifyResult, to_verify_result
 from gym_bridge.core.items import Item
 from gym_bridge.core.policy import ChatPolicy, is_token_policy
@@ -153,6 +154,9 @@ class HarnessEnvironment(Environment):
     agent_loop: ClassVar[HarnessLoop] = HarnessLoop()
     settings: ClassVar[tuple[str, ...]] = ("harness_timeout_s", "tail_chars")
     tools_from_row = True  # the agent runs its own tools; a row's tool schemas are passed to it as they are
+    resume: ClassVar[ResumeKind] = "restart"
+    """An agent program's run cannot be picked up mid-way (its own loop and tools live in its process): a rollout in
+    flight when a run is killed starts again from turn 0."""
 
     session: SessionState | None = None
     outcome: AgentOutcome | None = None
