@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.environment import Environment, VerifyResult, tool
 from gym_bridge.core.journal import RunFingerprint, RunJournal
@@ -21,6 +22,8 @@ CALL = '<tool_call>\n{{"name": "{name}", "arguments": {{"n": {n}}}}}\n</tool_cal
 executed: list[tuple[str, int]] = []
 """(environment, n) of every tool call run, across runs."""
 drift = {"value": 0}
+verified: list[int] = []
+"""Task index of every verify call."""
 
 
 class Counter(Environment):
@@ -48,6 +51,7 @@ class Counter(Environment):
         return {"total": self.total, "drift": drift["value"]}
 
     def verify(self, task, output):
+        verified.append(task.index)
         return VerifyResult(reward=float(self.total == task.get("expected")), metrics={"total": self.total})
 
 
@@ -146,3 +150,20 @@ def test_a_restart_environment_journals_nothing(tmp_path, smol_template, script)
     assert journal.commits == 0
     assert all(record["reward"] == 1.0 and "attempts" not in record["metrics"] for record in records.values())
     assert policy.calls == 8  # both episodes from turn 0
+
+
+def test_max_turns_and_the_token_budget_carry_over_and_verify_runs_once(tmp_path, smol_template, script):
+    # max_turns=3: the uninterrupted episode stops after its third call; killed at that call, the resumed one must too
+    config = EngineConfig(limits=Limits(max_turns=3))
+    verified.clear()
+    baseline = run(Engine(TurnPolicy(smol_template, script), smol_template, config), tasks(SnapshotCounter.name, 1))[0]
+    assert baseline["metrics"]["finish_reason"] == "max_turns" and verified == [0]
+    verified.clear()
+    records, policy, _ = kill_then_resume(tmp_path, smol_template, script, SnapshotCounter.name, kill_at=3, count=1, config=config)
+    assert comparable(records[0]) == comparable(baseline) and policy.calls == 1 and verified == [0]
+    # a token budget the first two turns nearly use up: the resumed third call gets only what is left
+    spent = len(baseline["tokens"]["completion_ids"])
+    tight = EngineConfig(limits=Limits(max_turns=8, max_completion_tokens=spent - 2))
+    capped = run(Engine(TurnPolicy(smol_template, script), smol_template, tight), tasks(SnapshotCounter.name, 1))[0]
+    records, _, _ = kill_then_resume(tmp_path / "tight", smol_template, script, SnapshotCounter.name, kill_at=3, count=1, config=tight)
+    assert comparable(records[0]) == comparable(capped) and capped["metrics"]["finish_reason"] in ("length", "budget")
