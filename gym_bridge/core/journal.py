@@ -11,6 +11,7 @@ acknowledged); a damaged frame before the end, or a segment of another run, is r
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import os
 import struct
@@ -31,6 +32,8 @@ calls are run again in a fresh session and each output checked), `restart` (from
 RolloutKey = tuple[int, int]
 """(task index, repeat index)."""
 JOURNAL_VERSION = 1
+JOURNAL_BY_DEFAULT = True
+"""`gym-bridge eval` journals each finished turn unless told not to (`--no-journal`); see README, "Resuming"."""
 _MAGIC = b"GBJ1"
 _HEADER = struct.Struct("<4sII")
 """Magic, payload length, CRC-32 of the payload."""
@@ -56,6 +59,14 @@ class RunFingerprint:
         for task in tasks:
             digest.update(orjson.dumps([task.index, task.row], option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS))
         return cls(model=model, tasks=f"{len(tasks)} tasks, sha256 {digest.hexdigest()[:16]}", settings=_flat(settings))
+
+    @classmethod
+    def of_engine(cls, config: Any, tasks: Sequence[Task]) -> RunFingerprint:
+        """The fingerprint of a run of `config` (an `EngineConfig`) over `tasks`: every setting but the concurrency
+        bounds, which do not change a rollout (a run may resume with another `--concurrency`)."""
+        settings = {key: value for key, value in dataclasses.asdict(config).items()
+                    if key not in ("max_concurrency", "per_env_concurrency", "model_name")}
+        return cls.of_run(model=config.model_name, tasks=tasks, settings=settings)
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, "tasks": self.tasks, "settings": dict(self.settings)}
