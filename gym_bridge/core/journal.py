@@ -19,7 +19,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Literal, Mapping, Sequence
+from typing import Any, Awaitable, Iterator, Literal, Mapping, Sequence
 
 import orjson
 
@@ -184,7 +184,8 @@ class RunJournal:
         self._live: set[RolloutKey] = set()
         """Rollouts with committed frames in this segment and no `finish` yet."""
         self._buffer = bytearray()
-        self._waiters: list[asyncio.Future[None]] = []
+        self._group: asyncio.Future[None] | None = None
+        """What the commits buffered now await (one future for the whole group)."""
         self._flusher: asyncio.Task[None] | None = None
         self.commits = 0
 
@@ -233,18 +234,19 @@ class RunJournal:
         """The committed state of rollout `key` that an earlier run left, once (None when there is none)."""
         return self._states.pop(key, None)
 
-    async def commit(self, key: RolloutKey, *, attempt: int, at: int, events: list[dict[str, Any]], budgets: dict[str, Any],
-                     kind: str, snapshot: Any = None, snapshot_version: int | None = None) -> None:
+    def commit(self, key: RolloutKey, *, attempt: int, at: int, events: list[dict[str, Any]], budgets: dict[str, Any],
+               kind: str, snapshot: Any = None, snapshot_version: int | None = None) -> Awaitable[None]:
         """Append rollout `key`'s events after its first `at` committed ones, with its budgets (and its environment's
-        snapshot); returns once they are durable (fsynced together with the other commits of this moment)."""
-        self._buffer += encode_frame({"k": "commit", "r": list(key), "a": attempt, "at": at, "ev": events, "b": budgets,
+        snapshot). Returns what to await: done once they are durable, fsynced with the other commits of this moment."""
+        self._buffer += encode_frame({"k": "commit", "r": key, "a": attempt, "at": at, "ev": events, "b": budgets,
                                       "kind": kind, "snap": snapshot, "sv": snapshot_version})
         self._live.add(key)
         self.commits += 1
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        self._schedule()
-        await waiter
+        group = self._group
+        if group is None:
+            group = self._group = asyncio.get_running_loop().create_future()
+            self._schedule()
+        return group
 
     def finish(self, key: RolloutKey) -> None:
         """Rollout `key`'s record is written: drop its journal (a `done` frame, made durable with the next commits)."""
@@ -291,20 +293,18 @@ class RunJournal:
         """Write and fsync what commits have buffered, then wake them; commits arriving meanwhile form the next group."""
         try:
             while self._buffer:
-                data, waiters = bytes(self._buffer), self._waiters
-                self._buffer, self._waiters = bytearray(), []
+                data, group = bytes(self._buffer), self._group
+                self._buffer, self._group = bytearray(), None
                 try:
                     self._write(data, sync=False)
                     if self.fsync and self._fd is not None:
                         await asyncio.to_thread(os.fsync, self._fd)
                 except OSError as error:
-                    for waiter in waiters:
-                        if not waiter.done():
-                            waiter.set_exception(JournalError(f"{self.segment}: cannot write the journal: {error}"))
+                    if group is not None:
+                        group.set_exception(JournalError(f"{self.segment}: cannot write the journal: {error}"))
                     continue
-                for waiter in waiters:
-                    if not waiter.done():
-                        waiter.set_result(None)
+                if group is not None:
+                    group.set_result(None)
         finally:
             self._flusher = None
 

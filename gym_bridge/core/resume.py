@@ -15,7 +15,7 @@ import dataclasses
 import hashlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Coroutine
 
 import orjson
 
@@ -103,7 +103,7 @@ class RolloutResume:
     # -- the interception points the engine, the transcript and the loop call ---------------------------
 
     async def generate(self, request: GenerationRequest, policy: Policy) -> Generation:
-        event = self._replayed("model")
+        event = self._replayed("model") if self._cursor < len(self.replay) else None
         prompt = request.prompt_ids
         if event is not None:
             delta = event["delta"]
@@ -111,24 +111,33 @@ class RolloutResume:
                 self._diverge(f"the prompt of model call {self._turn()} differs from the journal's")
             self._prompt_end = len(prompt) + len(event["ids"])
             return _generation(event)
-        await self._commit()
+        if self._pending:
+            await self._commit()
         generation = await policy.generate(request)
-        self._pending.append({"t": "model", "delta": list(prompt[self._prompt_end:]), "n": len(prompt),
-                              "ids": list(generation.token_ids), "lp": list(generation.logprobs),
-                              "fr": generation.finish_reason, "text": generation.text, "m": generation.metrics or None,
-                              "pv": getattr(generation, "policy_version", None)})
-        self._prompt_end = len(prompt) + len(generation.token_ids)
+        ids = generation.token_ids
+        event = {"t": "model", "delta": prompt[self._prompt_end:], "n": len(prompt), "ids": ids, "lp": generation.logprobs,
+                 "fr": generation.finish_reason}
+        if generation.text is not None:
+            event["text"] = generation.text
+        if generation.metrics:
+            event["m"] = generation.metrics
+        version = getattr(generation, "policy_version", None)
+        if version is not None:
+            event["pv"] = version
+        self._pending.append(event)
+        self._prompt_end = len(prompt) + len(ids)
         return generation
 
     async def chat(self, request: ChatRequest, policy: ChatPolicy) -> ChatTurn:
-        event = self._replayed("chat")
+        event = self._replayed("chat") if self._cursor < len(self.replay) else None
         digest = hashlib.blake2b(orjson.dumps(list(request.messages), option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS),
                                  digest_size=16).hexdigest()
         if event is not None:
             if event["n"] != len(request.messages) or event["digest"] != digest:
                 self._diverge(f"the messages of model call {self._turn()} differ from the journal's")
             return _chat_turn(event)
-        await self._commit()
+        if self._pending:
+            await self._commit()
         turn = await policy.chat(request)
         self._pending.append({"t": "chat", "n": len(request.messages), "digest": digest, **_chat_event(turn)})
         return turn
@@ -136,7 +145,7 @@ class RolloutResume:
     async def tool_output(self, call: ParsedCall, run: Callable[[ParsedCall], Awaitable[str]]) -> str:
         """The output of a tool call: the journal's for a committed call of a `snapshot` environment; else the call
         run (for a committed call of a `replay` environment, checked against the journal's output)."""
-        event = self._replayed("tool")
+        event = self._replayed("tool") if self._cursor < len(self.replay) else None
         if event is None:
             content = await run(call)
             self._pending.append({"t": "tool", "name": call.name, "args": call.arguments, "out": content})
@@ -152,7 +161,7 @@ class RolloutResume:
 
     def user_message(self, content: str) -> None:
         """A user message the loop appends (simulated users): journaled, or checked against the journal's."""
-        event = self._replayed("user")
+        event = self._replayed("user") if self._cursor < len(self.replay) else None
         if event is None:
             self._pending.append({"t": "user", "text": content})
         elif event["text"] != content:
@@ -164,8 +173,6 @@ class RolloutResume:
         return sum(1 for event in self.replay[:self._cursor] if event["t"] in ("model", "chat"))
 
     def _replayed(self, kind: str) -> dict[str, Any] | None:
-        if self._cursor >= len(self.replay):
-            return None
         event = self.replay[self._cursor]
         if event["t"] != kind:
             self._diverge(f"the loop asked for a {kind} event at turn {self._turn()} where the journal has a {event['t']} event")
@@ -178,11 +185,10 @@ class RolloutResume:
 
     async def _commit(self) -> None:
         """The turn boundary: the events since the last commit, the budgets and the snapshot, made durable."""
-        if not self._pending:
-            return
         trajectory = self._trajectory
-        budgets = {"turns": trajectory.model_calls if trajectory else 0, "tokens": trajectory.tokens_spent if trajectory else 0,
-                   "seconds": round(self.spent_s + time.perf_counter() - self._started, 6)}
+        assert trajectory is not None, "begin() comes first"
+        budgets = {"turns": trajectory.model_calls, "tokens": trajectory.tokens_spent,
+                   "seconds": self.spent_s + time.perf_counter() - self._started}
         snapshot = self._env.snapshot() if self.kind == "snapshot" and self._env is not None else None
         events, self._pending = self._pending, []
         await self.journal.commit(self.key, attempt=self.attempt, at=self._committed, events=events, budgets=budgets,
@@ -234,8 +240,8 @@ class _ReplayingPolicy:
     def __init__(self, resume: RolloutResume, policy: Policy) -> None:
         self.resume, self.policy = resume, policy
 
-    async def generate(self, request: GenerationRequest) -> Generation:
-        return await self.resume.generate(request, self.policy)
+    def generate(self, request: GenerationRequest) -> Coroutine[Any, Any, Generation]:
+        return self.resume.generate(request, self.policy)  # the coroutine itself: one frame less on every call
 
     async def aclose(self) -> None:
         """The wrapped policy stays with its owner."""

@@ -20,7 +20,10 @@ def fingerprint(**overrides) -> RunFingerprint:
 
 
 def commit(journal: RunJournal, key, at: int, events: list, seconds: float = 1.0) -> None:
-    asyncio.run(journal.commit(key, attempt=1, at=at, events=events, budgets={"turns": 1, "tokens": 5, "seconds": seconds}, kind="replay"))
+    async def durable() -> None:
+        await journal.commit(key, attempt=1, at=at, events=events, budgets={"turns": 1, "tokens": 5, "seconds": seconds}, kind="replay")
+
+    asyncio.run(durable())
 
 
 def test_committed_turns_come_back_and_finished_rollouts_are_dropped(tmp_path):
