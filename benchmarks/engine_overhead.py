@@ -146,14 +146,17 @@ def journal_ab(bench: Bench, *, runs: int, rollouts: int) -> dict[str, object]:
     """The five-call case with the journal off and on, interleaved (off, on, off, on, ...); wall seconds per run."""
     off: list[float] = []
     on: list[float] = []
+    cpu: dict[str, list[float]] = {"off": [], "on": []}
     with tempfile.TemporaryDirectory(prefix="journal-ab-", dir=os.environ.get("JOURNAL_AB_DIR")) as temp:
         for position in range(runs):
             bench.template._prompt_cache.clear()
-            wall_s, _, records = bench.run("multi", rollouts)
+            wall_s, cpu_s, records = bench.run("multi", rollouts)
             check(records, "multi")
             off.append(wall_s)
+            cpu["off"].append(cpu_s)
             bench.template._prompt_cache.clear()
-            wall_s, _, records = bench.run("multi", rollouts, journal_dir=Path(temp) / f"run{position}")
+            wall_s, cpu_s, records = bench.run("multi", rollouts, journal_dir=Path(temp) / f"run{position}")
+            cpu["on"].append(cpu_s)
             check(records, "multi")
             if (Path(temp) / f"run{position}").exists():
                 raise SystemExit("the journal of a finished run was not removed")
@@ -166,6 +169,9 @@ def journal_ab(bench: Bench, *, runs: int, rollouts: int) -> dict[str, object]:
         "journal_on_rollouts_per_s_min_max": [round(rollouts / max(on), 1), round(rollouts / min(on), 1)],
         "journal_slowdown_median_pct": round(100 * statistics.median(paired), 1),
         "journal_slowdown_min_max_pct": [round(100 * paired[0], 1), round(100 * paired[-1], 1)],
+        "journal_cpu_us_per_rollout_off_on": [round(statistics.median(cpu["off"]) / rollouts * 1e6, 1),
+                                               round(statistics.median(cpu["on"]) / rollouts * 1e6, 1)],
+        "journal_cpu_overhead_median_pct": round(100 * (statistics.median(cpu["on"]) / statistics.median(cpu["off"]) - 1), 1),
         "journal_commits_per_rollout": 5,
         "runs_per_arm": runs,
         "rollouts": rollouts,

@@ -118,12 +118,13 @@ async def run_eval(
     resume: bool = False,
     on_record: Callable[[dict[str, Any]], None] | None = None,
     health: HealthSettings | None = None,
-    journal: bool = JOURNAL_BY_DEFAULT,
+    journal: bool | None = None,
 ) -> EvalResult:
     """Run every (task, repeat) not already in `output` and write records plus `.metrics.json`.
 
     With `journal` (a local `Engine` only), rollouts commit each finished turn to `<output>.journal/`, and a run with
     `resume` continues the episodes a killed run left in flight from their last finished turn (`gym_bridge.core.resume`).
+    None: `JOURNAL_BY_DEFAULT`, or on when resuming a run that left a journal.
 
     Tool-call health is watched as records arrive (`health`: when to warn, see `ToolCallAlarm`);
     the summary holds it under `tool_call_health` and the warnings raised under `alarms`.
@@ -134,6 +135,8 @@ async def run_eval(
     ensure_ready(resolve_tasks(tasks).values())  # a refused run (no sandbox, say) leaves `output` as it was
     with locked_output(output):
         skip = prepare_resume(output, tasks) if resume else set()
+        if journal is None:
+            journal = JOURNAL_BY_DEFAULT or (resume and journal_dir_for(output).exists())
         run_journal = _prepare_journal(engine, tasks, output, resume=resume, finished=skip) if journal else None
         started, cpu_started = time.perf_counter(), time.process_time()
         this_run: list[dict[str, Any]] = []

@@ -69,7 +69,7 @@ def eval_command(url: str, output: Path, *, repeats: int, resume: bool, journal:
     command = [sys.executable, "-m", "gym_bridge", "eval", "--env", "multi_step", "--base-url", url, "--model", "scripted",
                "--tokenizer", str(embedded_model_path()), "--num-repeats", str(repeats), "--concurrency", str(CONCURRENCY),
                "--temperature", "0", "--no-progress", "--output", str(output)]
-    return command + (["--resume"] if resume else []) + ([] if journal else ["--no-journal"])
+    return command + (["--resume"] if resume else []) + (["--journal"] if journal else ["--no-journal"])
 
 
 def environment() -> dict[str, str]:
@@ -140,3 +140,31 @@ def test_eval_killed_many_times_under_load(model_server, tmp_path):
     result = kill_and_resume(model_server, tmp_path, kills=20, repeats=6, seed=7)
     assert result["killed"] >= 15
     check(result, repeats=6)
+
+
+def test_run_eval_journals_only_when_asked_and_a_resume_uses_the_journal_left(tmp_path, smol_template, smol_tokenizer):
+    from gym_bridge.core.engine import Engine, EngineConfig
+    from gym_bridge.evaluate import run_eval, select_tasks
+    from tests.resume_kit import Killed, TurnPolicy
+
+    tasks = select_tasks(env_names=["multi_step"], limit=2)
+    script = []
+    for text in CALLS:
+        ids = smol_tokenizer.encode(text, add_special_tokens=False) + [smol_tokenizer.eos_token_id]
+        script.append(Generation(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop"))
+
+    def killed_run(output: Path, **options) -> None:
+        engine = Engine(TurnPolicy(smol_template, script, kill_at=6), smol_template, EngineConfig())
+        with pytest.raises(Killed):
+            asyncio.run(run_eval(engine, tasks, output=output, **options))
+
+    killed_run(tmp_path / "default.jsonl")
+    assert not journal_dir_for(tmp_path / "default.jsonl").exists()  # off unless asked: nothing written
+    killed_run(tmp_path / "journaled.jsonl", journal=True)
+    assert journal_dir_for(tmp_path / "journaled.jsonl").exists()
+    policy = TurnPolicy(smol_template, script)
+    result = asyncio.run(run_eval(Engine(policy, smol_template, EngineConfig()), tasks, output=tmp_path / "journaled.jsonl", resume=True))
+    records = read_records(result.output)
+    assert len(records) == 2 and all(record["metrics"]["attempts"] == 2 for record in records)
+    assert policy.calls == 8 - sum(record["metrics"]["resumed_from_turn"] for record in records)
+    assert not journal_dir_for(tmp_path / "journaled.jsonl").exists()

@@ -54,9 +54,10 @@ def _eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--output", default="gym_bridge_eval.jsonl", help="rollout records (JSONL)")
     p.add_argument("--resume", action="store_true", help="keep finished rollouts in --output and run the rest; episodes a "
                    "killed run left in flight continue from their last finished turn (with --journal)")
-    p.add_argument("--journal", action=argparse.BooleanOptionalAction, default=JOURNAL_BY_DEFAULT,
+    p.add_argument("--journal", action=argparse.BooleanOptionalAction, default=None,
                    help="commit each finished turn of the rollouts in flight to OUTPUT.journal/, so --resume continues them "
-                        "mid-episode (local engine; not yet with --ray)")
+                        f"mid-episode (local engine; not yet with --ray). Default: {'on' if JOURNAL_BY_DEFAULT else 'off'}, "
+                        "except that --resume uses the journal a killed run left")
     p.add_argument("--max-failure-fraction", type=float, default=0.1,
                    help=f"exit with code {EXIT_TOO_MANY_FAILED} when more rollouts than this fraction failed")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -32,8 +32,10 @@ calls are run again in a fresh session and each output checked), `restart` (from
 RolloutKey = tuple[int, int]
 """(task index, repeat index)."""
 JOURNAL_VERSION = 1
-JOURNAL_BY_DEFAULT = True
-"""`gym-bridge eval` journals each finished turn unless told not to (`--no-journal`); see README, "Resuming"."""
+JOURNAL_BY_DEFAULT = False
+"""Whether `gym-bridge eval` journals a run that does not say (`--journal` / `--no-journal`): off, because on the
+engine-overhead benchmark (five tool calls, an instant scripted model) it costs 13-16%, above the 5% goal (README,
+"Resuming"). A `--resume` of a run that left a journal uses it either way."""
 _MAGIC = b"GBJ1"
 _HEADER = struct.Struct("<4sII")
 """Magic, payload length, CRC-32 of the payload."""
@@ -246,7 +248,7 @@ class RunJournal:
         if group is None:
             group = self._group = asyncio.get_running_loop().create_future()
             self._schedule()
-        return group
+        return asyncio.shield(group)  # a cancelled rollout must not cancel its group's other commits
 
     def finish(self, key: RolloutKey) -> None:
         """Rollout `key`'s record is written: drop its journal (a `done` frame, made durable with the next commits)."""
@@ -300,10 +302,10 @@ class RunJournal:
                     if self.fsync and self._fd is not None:
                         await asyncio.to_thread(os.fsync, self._fd)
                 except OSError as error:
-                    if group is not None:
+                    if group is not None and not group.done():
                         group.set_exception(JournalError(f"{self.segment}: cannot write the journal: {error}"))
                     continue
-                if group is not None:
+                if group is not None and not group.done():
                     group.set_result(None)
         finally:
             self._flusher = None
