@@ -186,8 +186,8 @@ class RunJournal:
         self._live: set[RolloutKey] = set()
         """Rollouts with committed frames in this segment and no `finish` yet."""
         self._buffer = bytearray()
-        self._group: asyncio.Future[None] | None = None
-        """What the commits buffered now await (one future for the whole group)."""
+        self._waiters: list[asyncio.Future[None]] = []
+        """The commits buffered now, woken together once their group is durable."""
         self._flusher: asyncio.Task[None] | None = None
         self.commits = 0
 
@@ -244,11 +244,10 @@ class RunJournal:
                                       "kind": kind, "snap": snapshot, "sv": snapshot_version})
         self._live.add(key)
         self.commits += 1
-        group = self._group
-        if group is None:
-            group = self._group = asyncio.get_running_loop().create_future()
-            self._schedule()
-        return asyncio.shield(group)  # a cancelled rollout must not cancel its group's other commits
+        waiter = asyncio.get_running_loop().create_future()  # one each: a cancelled rollout cancels only its own
+        self._waiters.append(waiter)
+        self._schedule()
+        return waiter
 
     def finish(self, key: RolloutKey) -> None:
         """Rollout `key`'s record is written: drop its journal (a `done` frame, made durable with the next commits)."""
@@ -295,18 +294,21 @@ class RunJournal:
         """Write and fsync what commits have buffered, then wake them; commits arriving meanwhile form the next group."""
         try:
             while self._buffer:
-                data, group = bytes(self._buffer), self._group
-                self._buffer, self._group = bytearray(), None
+                data, waiters = bytes(self._buffer), self._waiters
+                self._buffer, self._waiters = bytearray(), []
                 try:
                     self._write(data, sync=False)
                     if self.fsync and self._fd is not None:
                         await asyncio.to_thread(os.fsync, self._fd)
                 except OSError as error:
-                    if group is not None and not group.done():
-                        group.set_exception(JournalError(f"{self.segment}: cannot write the journal: {error}"))
+                    failure = JournalError(f"{self.segment}: cannot write the journal: {error}")
+                    for waiter in waiters:
+                        if not waiter.done():
+                            waiter.set_exception(failure)
                     continue
-                if group is not None and not group.done():
-                    group.set_result(None)
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
         finally:
             self._flusher = None
 
