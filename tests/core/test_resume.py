@@ -167,3 +167,38 @@ def test_max_turns_and_the_token_budget_carry_over_and_verify_runs_once(tmp_path
     capped = run(Engine(TurnPolicy(smol_template, script), smol_template, tight), tasks(SnapshotCounter.name, 1))[0]
     records, _, _ = kill_then_resume(tmp_path / "tight", smol_template, script, SnapshotCounter.name, kill_at=3, count=1, config=tight)
     assert comparable(records[0]) == comparable(capped) and capped["metrics"]["finish_reason"] in ("length", "budget")
+
+
+class ChatScript:
+    """A chat policy (hosted APIs: messages in, text out) answering by how many assistant messages it was sent."""
+
+    def __init__(self, texts: list[str], kill_at: int | None = None) -> None:
+        self.texts, self.kill_at, self.calls = texts, kill_at, 0
+
+    async def chat(self, request):
+        from gym_bridge.core.policy import ChatToolCall, ChatTurn
+
+        self.calls += 1
+        if self.calls == self.kill_at:
+            raise Killed()
+        turn = sum(1 for message in request.messages if message["role"] == "assistant")
+        text = self.texts[min(turn, len(self.texts) - 1)]
+        if text.startswith("add "):
+            return ChatTurn(text="", tool_calls=(ChatToolCall(name="add", arguments=f'{{"n": {text[4:]}}}'),), usage={"input_tokens": 3})
+        return ChatTurn(text=text, usage={"input_tokens": 3, "output_tokens": 2})
+
+
+def test_a_chat_policy_rollout_resumes_from_its_messages(tmp_path):
+    from gym_bridge.core.journal import RunFingerprint
+
+    texts = ["add 3", "add 4", "add 5", "the total is 12"]
+    rows = tasks(SnapshotCounter.name, 1)
+    baseline = run(Engine(ChatScript(texts), None, EngineConfig()), rows)[0]
+    fingerprint = RunFingerprint.of_run(model="chat", tasks=rows, settings={})
+    journal = RunJournal.prepare(tmp_path / "journal", fingerprint, resume=False)
+    with pytest.raises(Killed):
+        run(Engine(ChatScript(texts, kill_at=3), None, EngineConfig()), rows, journal)
+    policy = ChatScript(texts)
+    record = run(Engine(policy, None, EngineConfig()), rows, RunJournal.prepare(tmp_path / "journal", fingerprint, resume=True))[0]
+    assert baseline["reward"] == 1.0 and comparable(record) == comparable(baseline)
+    assert record["metrics"]["resumed_from_turn"] == 2 and policy.calls == 2
