@@ -135,7 +135,7 @@ def test_eval_killed_at_random_moments_resumes_every_rollout_exactly_once_withou
     check(result, repeats=2)
 
 
-@pytest.mark.slow  # about 90 s; by default: the 4-kill run above
+@pytest.mark.slow  # about 40 s; by default: the 4-kill run above
 def test_eval_killed_many_times_under_load(model_server, tmp_path):
     result = kill_and_resume(model_server, tmp_path, kills=20, repeats=6, seed=7)
     assert result["killed"] >= 15

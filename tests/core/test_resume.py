@@ -202,3 +202,10 @@ def test_a_chat_policy_rollout_resumes_from_its_messages(tmp_path):
     record = run(Engine(policy, None, EngineConfig()), rows, RunJournal.prepare(tmp_path / "journal", fingerprint, resume=True))[0]
     assert baseline["reward"] == 1.0 and comparable(record) == comparable(baseline)
     assert record["metrics"]["resumed_from_turn"] == 2 and policy.calls == 2
+
+
+def test_a_resume_kind_is_checked_when_the_environment_class_is_made():
+    with pytest.raises(TypeError, match="resume must be one of"):
+        type("Typo", (Environment,), {"resume": "snapshots"})
+    with pytest.raises(TypeError, match="does not define both snapshot\\(\\) and restore\\(\\)"):
+        type("NoHooks", (Environment,), {"resume": "snapshot", "snapshot": lambda self: {}})
