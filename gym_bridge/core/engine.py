@@ -158,7 +158,8 @@ class Engine:
                 resume.begin(env, trajectory)
             async with asyncio.timeout(self.config.deadline_s - (resume.spent_s if resume is not None else 0.0)):
                 if resume is not None and resume.restores:
-                    await call_step(env, "restore", (task, resume.snapshot), step="setup", timeout_s=timeout_s, what="restore()")
+                    state, session = resume.snapshot, env
+                    await resume.restore(lambda: call_step(session, "restore", (task, state), step="setup", timeout_s=timeout_s))
                 elif _overrides(env, "setup"):
                     await call_step(env, "setup", (task,), step="setup", timeout_s=timeout_s)
                 finish = await loop.run(ctx)

@@ -78,6 +78,13 @@ class RolloutResume:
         self._env, self._trajectory, self._started = env, trajectory, time.perf_counter()
         self._committed = len(self.replay)
 
+    async def restore(self, run: Callable[[], Awaitable[Any]]) -> None:
+        """Run the environment's `restore` (`run`); one that fails restarts the rollout from turn 0, saying why."""
+        try:
+            await run()
+        except RolloutError as error:
+            self._diverge(f"restore() failed: {error}")
+
     def wrap(self, policy: Policy | ChatPolicy) -> Policy | ChatPolicy:
         """`policy` with committed calls answered from the journal and live ones journaled."""
         if is_token_policy(policy):
@@ -87,9 +94,9 @@ class RolloutResume:
         return _ReplayingChatPolicy(self, policy)
 
     def restarted(self) -> RolloutResume:
-        """A fresh attempt from turn 0 after this one's replay diverged (the record says why)."""
+        """A fresh attempt from turn 0 after this one's replay diverged or its restore failed (the record says why)."""
         return RolloutResume(journal=self.journal, key=self.key, kind=self.kind, attempt=self.attempt,
-                             snapshot_version=self.snapshot_version, restart_reason=f"replay diverged: {self.diverged}")
+                             snapshot_version=self.snapshot_version, restart_reason=self.diverged)
 
     def metrics(self) -> dict[str, Any]:
         """What a record says about its resumption ({} for a rollout that ran once)."""

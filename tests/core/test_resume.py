@@ -69,6 +69,8 @@ class SnapshotCounter(Counter):
         return {"total": self.total}
 
     def restore(self, task, state):
+        if drift["value"]:
+            raise RuntimeError("the saved state no longer loads")
         self.total = state["total"]
 
 
@@ -127,7 +129,7 @@ def test_a_replay_that_differs_restarts_the_episode_and_the_record_says_why(tmp_
         drift["value"] = 0
     assert record["reward"] == 1.0 and record["failure_kind"] is None
     assert record["metrics"]["attempts"] == 2 and record["metrics"]["resumed_from_turn"] == 0
-    assert "replay diverged: replayed tool call 'add' of turn 1 returned another output" in record["metrics"]["resume_restarted"]
+    assert "replayed tool call 'add' of turn 1 returned another output" in record["metrics"]["resume_restarted"]
     assert policy.calls == 4  # all four turns generated again
 
 
@@ -209,3 +211,15 @@ def test_a_resume_kind_is_checked_when_the_environment_class_is_made():
         type("Typo", (Environment,), {"resume": "snapshots"})
     with pytest.raises(TypeError, match="does not define both snapshot\\(\\) and restore\\(\\)"):
         type("NoHooks", (Environment,), {"resume": "snapshot", "snapshot": lambda self: {}})
+
+
+def test_a_restore_that_fails_restarts_the_episode_from_turn_0(tmp_path, smol_template, script):
+    drift["value"] = 1
+    try:
+        records, policy, _ = kill_then_resume(tmp_path, smol_template, script, SnapshotCounter.name, kill_at=3, count=1)
+    finally:
+        drift["value"] = 0
+    record = records[0]
+    assert record["reward"] == 1.0 and record["metrics"]["resumed_from_turn"] == 0 and policy.calls == 4
+    assert record["metrics"]["resume_restarted"].startswith("restore() failed:")
+    assert "the saved state no longer loads" in record["metrics"]["resume_restarted"]
