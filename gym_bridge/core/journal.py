@@ -1,11 +1,9 @@
 """The durable per-turn journal of a run's rollouts in flight, so a killed run continues each episode from its last finished turn.
 
-Storage is an append-only log of checksummed frames (`<dir>/<segment>.log`), not a temp file renamed per rollout: a
-commit writes only the new turn (a rename scheme rewrites the whole episode at every turn), and the commits of every
-rollout in flight share one fsync (group commit), so a turn costs microseconds at hundreds of commits a second. A
-rollout waits for its commit's fsync before its next model call; a crash loses only frames whose fsync had not
-returned: at most the turn in flight of each rollout. Reading stops at a torn last frame (such a commit was never
-acknowledged); a damaged frame before the end, or a segment of another run, is refused with `JournalError`.
+An append-only log of checksummed frames, not a temp file renamed per rollout: a commit writes only its new turn, and
+the commits of all rollouts in flight share one fsync (group commit). A rollout waits for its commit's fsync before its
+next model call, so a crash loses at most the turn in flight of each rollout. A torn last frame (never acknowledged)
+is ignored; a damaged earlier frame or another run's journal is refused with `JournalError` naming the file.
 """
 
 from __future__ import annotations

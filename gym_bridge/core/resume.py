@@ -1,12 +1,9 @@
-"""Resuming one rollout from the journal: its committed turns replayed, its environment restored, then on as usual.
+"""Resuming one rollout from the journal: its loop runs again from turn 0 with committed model calls answered from the journal.
 
-A resumed rollout runs its agent loop again from turn 0, but each committed model call is answered from the journal
-(the call's prompt must equal the journal's, token for token), so the transcript, the budgets (turns, tokens) and the
-record come out as an uninterrupted run's. The environment comes back as its class declares (`Environment.resume`):
-`snapshot` restores the state saved at the last commit and takes committed tool outputs from the journal (no tool
-runs twice); `replay` runs the logged calls again in a fresh session and checks each output (a difference restarts
-the episode from turn 0 and the record says why); `restart` journals nothing and starts over. Live turns are
-journaled: the events of turn k are committed just before model call k+1.
+Each replayed call's prompt must equal the journal's, token for token, so transcript, budgets and record come out as an
+uninterrupted run's. The environment comes back as it declares (`Environment.resume`): `snapshot` restores the saved
+state and takes committed tool outputs from the journal; `replay` reruns the logged calls in a fresh session, checking
+each output (a difference restarts from turn 0, saying why); `restart` journals nothing. Turn k commits before call k+1.
 """
 
 from __future__ import annotations
