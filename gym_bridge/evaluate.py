@@ -19,6 +19,7 @@ from gym_bridge.core.bounded_call import call_environment, describe_error
 from gym_bridge.core.engine import Engine, call_step, ensure_ready, verify_output
 from gym_bridge.core.environment import Environment
 from gym_bridge.core.errors import DataError, UnknownEnvironmentError, classify
+from gym_bridge.core.journal import JOURNAL_BY_DEFAULT, RunFingerprint, RunJournal, journal_dir_for
 from gym_bridge.core.health import HealthSettings, ToolCallAlarm, tool_call_health
 from gym_bridge.core.metrics import summarize
 from gym_bridge.core.record import RolloutRecord
@@ -117,8 +118,13 @@ async def run_eval(
     resume: bool = False,
     on_record: Callable[[dict[str, Any]], None] | None = None,
     health: HealthSettings | None = None,
+    journal: bool | None = None,
 ) -> EvalResult:
     """Run every (task, repeat) not already in `output` and write records plus `.metrics.json`.
+
+    With `journal` (a local `Engine` only), rollouts commit each finished turn to `<output>.journal/`, and a run with
+    `resume` continues the episodes a killed run left in flight from their last finished turn (`gym_bridge.core.resume`).
+    None: `JOURNAL_BY_DEFAULT`, or on when resuming a run that left a journal.
 
     Tool-call health is watched as records arrive (`health`: when to warn, see `ToolCallAlarm`);
     the summary holds it under `tool_call_health` and the warnings raised under `alarms`.
@@ -129,17 +135,28 @@ async def run_eval(
     ensure_ready(resolve_tasks(tasks).values())  # a refused run (no sandbox, say) leaves `output` as it was
     with locked_output(output):
         skip = prepare_resume(output, tasks) if resume else set()
+        if journal is None:
+            journal = JOURNAL_BY_DEFAULT or (resume and journal_dir_for(output).exists())
+        run_journal = _prepare_journal(engine, tasks, output, resume=resume, finished=skip) if journal else None
         started, cpu_started = time.perf_counter(), time.process_time()
         this_run: list[dict[str, Any]] = []
         alarm = ToolCallAlarm(health or HealthSettings())
-        with RolloutWriter(output, append=resume) as writer:
-            async for record in engine.stream(tasks, repeats=num_repeats, skip=skip):
-                row = record.to_dict()
-                writer.write(row)
-                this_run.append(row)
-                alarm.observe(row)
-                if on_record is not None:
-                    on_record(row)
+        try:
+            with RolloutWriter(output, append=resume) as writer:
+                async for record in engine.stream(tasks, repeats=num_repeats, skip=skip):
+                    row = record.to_dict()
+                    writer.write(row)
+                    if run_journal is not None:
+                        run_journal.finish((record.task_index, record.repeat_index))
+                    this_run.append(row)
+                    alarm.observe(row)
+                    if on_record is not None:
+                        on_record(row)
+        finally:
+            if run_journal is not None:
+                await run_journal.close()
+                assert isinstance(engine, Engine)
+                engine.journal = None
         wall_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
         records = read_records(output)
         summary = summarize(records, wall_s=wall_s, this_run=this_run, num_repeats=num_repeats)
@@ -149,6 +166,17 @@ async def run_eval(
         metrics_path = metrics_path_for(output)
         metrics_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return EvalResult(summary=summary, output=output, metrics_path=metrics_path)
+
+
+def _prepare_journal(engine: Engine | RolloutSource, tasks: Sequence[Task], output: Path, *, resume: bool,
+                     finished: set[tuple[int, int]]) -> RunJournal | None:
+    """The run's journal beside `output`, set on `engine` (None for rollouts that do not run in this process: Ray)."""
+    if not isinstance(engine, Engine):
+        return None
+    journal = RunJournal.prepare(journal_dir_for(output), RunFingerprint.of_engine(engine.config, tasks), resume=resume,
+                                 finished=finished)
+    engine.journal = journal
+    return journal
 
 
 def record_environment(record: dict[str, Any], source: str) -> type[Environment]:

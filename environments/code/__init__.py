@@ -33,6 +33,7 @@ class CodeEnvironment(Environment):
     aliases = ("code_gen", "code_gen_simple_agent")
     description = "Write a Python program or function; reward 1 if it passes every unit test in a bubblewrap sandbox."
     example_data = Path(__file__).parent / "data" / "example.jsonl"
+    resume = "replay"  # no tools: the sandbox work directory exists only inside verify, which runs once at the end
     settings = (
         "unsafe_no_sandbox", "wall_time_s", "cpu_time_s", "memory_mb", "max_processes", "max_output_bytes",
         "max_concurrency", "python",

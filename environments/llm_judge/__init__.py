@@ -51,6 +51,7 @@ class LLMJudgeEnvironment(Environment):
     aliases = ("equivalence_llm_judge", "equivalence_llm_judge_simple_agent")
     description = "Answer a question in free form; reward 1 if an LLM judge finds the answer equivalent to the expected one in both orders."
     example_data = Path(__file__).parent / "data" / "example.jsonl"
+    resume = "replay"  # no tools; the judge runs once, in verify
     settings = ("judge", "judge_model", "judge_base_url", "judge_api", "judge_tokenizer", "judge_max_new_tokens",
                 "judge_request_timeout_s", "judge_max_retries", "response_extract_regex", "regex_timeout_s")
     verify_timeout_s: ClassVar[float] = 600.0

@@ -23,6 +23,7 @@ class MathEnvironment(Environment):
     aliases = ("math_with_judge", "math_with_judge_simple_agent")
     description = r"Solve a math problem and answer in \boxed{}; reward 1 if math-verify finds it equal to the expected answer."
     example_data = Path(__file__).parent / "data" / "example.jsonl"
+    resume = "replay"  # no tools: only its committed model calls are replayed
     check_timeout_s: ClassVar[float] = 10.0
 
     async def verify(self, task: Task, output: list[Item]) -> VerifyResult:

@@ -115,6 +115,7 @@ class ReasoningGymEnvironment(Environment):
     aliases = ("reasoning_gym_simple_agent",)
     description = "Procedural reasoning tasks from the reasoning-gym package; scored by the task's own scorer (partial credit allowed)."
     example_data = Path(__file__).parent / "data" / "example.jsonl"
+    resume = "replay"  # no tools: only its committed model calls are replayed
     row_schema = ReasoningGymRow
     check_timeout_s: ClassVar[float] = 20.0
     VALIDATION_SEED_OFFSET: ClassVar[int] = 1_000_003

@@ -25,6 +25,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gym_bridge.adapters.trl_async import AsyncRolloutWorker as AsyncRolloutWorker
+from gym_bridge.adapters.trl_async import AsyncWorkerSettings as AsyncWorkerSettings
 from gym_bridge.adapters.trl_options import RolloutOptions as RolloutOptions
 from gym_bridge.adapters.trl_backend import LOOP, BackendName, generation_context, on_ray, pick_backend, release_policy
 from gym_bridge.adapters.trl_dataset import REGISTRY, example_data_paths, key_from_prompt, load_dataset
@@ -47,7 +49,7 @@ if TYPE_CHECKING:
     from gym_bridge.scale.ray_runner import RayRollouts
 
 __all__ = [
-    "RolloutOptions", "TRLRollout", "env_reward", "example_data_paths", "load_dataset", "make_rollout",
+    "AsyncRolloutWorker", "AsyncWorkerSettings", "RolloutOptions", "TRLRollout", "env_reward", "example_data_paths", "load_dataset", "make_rollout",
     "reward_metrics", "rollout", "to_trl_batch",
 ]
 

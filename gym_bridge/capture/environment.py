@@ -29,6 +29,7 @@ from gym_bridge.core.agent_loop import RolloutContext, RolloutFailure
 from gym_bridge.core.deadline import HeldPolicy
 from gym_bridge.core.environment import Environment, RowProblem, VerifyResult, to_verify_result
 from gym_bridge.core.errors import UserError
+from gym_bridge.core.journal import ResumeKind
 from gym_bridge.core.items import Item
 from gym_bridge.core.policy import ChatPolicy, is_token_policy
 from gym_bridge.core.registry import module_paths_limited
@@ -200,6 +201,9 @@ class HarnessEnvironment(Environment):
     agent_loop: ClassVar[HarnessLoop] = HarnessLoop()
     settings: ClassVar[tuple[str, ...]] = ("harness_timeout_s", "tail_chars", "max_parallel_calls", "allow_row_commands", "harness_env_vars")
     tools_from_row = True  # the agent runs its own tools; a row's tool schemas are passed to it as they are
+    resume: ClassVar[ResumeKind] = "restart"
+    """An agent program's run cannot be picked up mid-way (its own loop and tools live in its process): a rollout in
+    flight when a run is killed starts again from turn 0."""
 
     session: SessionState | None = None
     outcome: AgentOutcome | None = None

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine, Sequence, TypeVar
 
 from gym_bridge.cli.common import EXIT_OK, EXIT_TOO_MANY_FAILED, _HelpFormatter, _json_object, _module_path_arguments, check_urls
 from gym_bridge.core.errors import GymBridgeError
+from gym_bridge.core.journal import JOURNAL_BY_DEFAULT
 from gym_bridge.cli.eval_engine import _apply_env_options, _base_urls, _build_engine, _ray_options, _ray_rollouts, _warn_admission
 from gym_bridge.view import cli as view_cli
 
@@ -61,8 +62,13 @@ def _eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--deadline-s", type=float, default=600.0, help="wall time per rollout")
     p.add_argument("--output", default=DEFAULT_OUTPUT, help="rollout records (JSONL; git ignores out/)")
     again = p.add_mutually_exclusive_group()
-    again.add_argument("--resume", action="store_true", help="keep finished rollouts in --output and run the rest")
+    again.add_argument("--resume", action="store_true", help="keep finished rollouts in --output and run the rest; episodes a "
+                       "killed run left in flight continue from their last finished turn (with --journal)")
     again.add_argument("--overwrite", action="store_true", help="replace the records an existing --output holds")
+    p.add_argument("--journal", action=argparse.BooleanOptionalAction, default=None,
+                   help="commit each finished turn of the rollouts in flight to OUTPUT.journal/, so --resume continues them "
+                        f"mid-episode (local engine; not yet with --ray). Default: {'on' if JOURNAL_BY_DEFAULT else 'off'}, "
+                        "except that --resume uses the journal a killed run left")
     p.add_argument("--max-failure-fraction", type=float, default=0.1,
                    help=f"exit with code {EXIT_TOO_MANY_FAILED} when more rollouts than this fraction failed")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -212,7 +218,7 @@ async def _eval_locked(args: argparse.Namespace) -> int:
     freeze_startup_objects()
     try:
         result = await run_eval(engine, tasks, output=args.output, num_repeats=args.num_repeats, resume=args.resume, on_record=on_record,
-                                health=view_cli.health_settings(args))
+                                health=view_cli.health_settings(args), journal=args.journal)
     finally:
         gc.unfreeze()
         if progress is not None:

@@ -23,9 +23,11 @@ from gym_bridge.core.deadline import RolloutDeadline, parks_calls
 from gym_bridge.core.environment import Environment, to_verify_result, VerifyResult
 from gym_bridge.core.errors import RolloutFailure, Step, classify
 from gym_bridge.core.items import Item
+from gym_bridge.core.journal import RunJournal
 from gym_bridge.core.policy import ChatPolicy, Policy, SamplingParams, is_token_policy
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import resolve_tasks
+from gym_bridge.core.resume import RolloutResume, resume_rollout
 from gym_bridge.core.task import Task
 from gym_bridge.core.template import ChatTemplate
 from gym_bridge.core.template_check import check_append_only, template_report
@@ -90,6 +92,9 @@ class Engine:
         self._global: asyncio.Semaphore | None = None
         self._per_env: dict[str, asyncio.Semaphore] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.journal: RunJournal | None = None
+        """Where rollouts commit their turns, so a killed run resumes them mid-episode (`gym_bridge.core.journal`);
+        None: nothing is journaled. `gym-bridge eval` sets it for the run."""
 
     def _check_template(self, template: ChatTemplate) -> None:
         template.profile  # picks parsers and turn style once; raises TemplateError for an unusable template
@@ -127,9 +132,16 @@ class Engine:
 
     async def _rollout(self, task: Task, repeat_index: int, env_class: type[Environment] | None,
                        sampling: SamplingParams) -> RolloutRecord:
-        started = time.perf_counter()
         if env_class is None:
             env_class = resolve_tasks([task])[task.env_name]
+        if self.journal is None:
+            return await self._attempt(task, repeat_index, env_class, sampling, None)
+        return await resume_rollout(self.journal, (task.index, repeat_index), env_class,
+                                    lambda plan: self._attempt(task, repeat_index, env_class, sampling, plan))
+
+    async def _attempt(self, task: Task, repeat_index: int, env_class: type[Environment], sampling: SamplingParams,
+                       resume: RolloutResume | None) -> RolloutRecord:
+        started = time.perf_counter()
         tools = task.tools if task.tools is not None else tuple(spec.schema for spec in env_class.tool_specs().values())
         trajectory = Trajectory(prompt_ids=[])
         finish = "failed"
@@ -138,20 +150,28 @@ class Engine:
         env: Environment | None = None
         transcript: Transcript | None = None
         timeout_s = env_class.tool_timeout_s
-        deadline = RolloutDeadline(deadline_s=self.config.deadline_s, generation_timeout_s=self.config.generation_timeout_s,
+        spent_s = resume.spent_s if resume is not None else 0.0  # what earlier attempts of this rollout used
+        deadline = RolloutDeadline(deadline_s=self.config.deadline_s - spent_s, generation_timeout_s=self.config.generation_timeout_s,
                                    parked=parks_calls(self.policy))
         try:
             session_id, limits = f"{task.index}-{repeat_index}", self.config.limits
-            transcript = self._start_transcript(task=task, tools=tools, trajectory=trajectory, session_id=session_id,
-                                                max_tokens=limits.max_completion_tokens)
+            start = self._start_transcript if resume is None else transcript_starter(resume.wrap(self.policy), self.template)
+            transcript = start(task=task, tools=tools, trajectory=trajectory, session_id=session_id,
+                               max_tokens=limits.max_completion_tokens)
             env = env_class()
             ctx = RolloutContext(
                 task=task, env=env, policy=self.policy, template=self.template, sampling=sampling, limits=limits,
                 trajectory=trajectory, session_id=session_id, tools=tools, transcript=transcript, deadline=deadline,
+                journal=resume,
             )
             loop: AgentLoop = getattr(env_class, "agent_loop", None) or ToolCallingLoop()
+            if resume is not None:
+                resume.begin(env, trajectory)
             async with deadline.running():
-                if _overrides(env, "setup"):
+                if resume is not None and resume.restores:
+                    state, session = resume.snapshot, env
+                    await resume.restore(lambda: call_step(session, "restore", (task, state), step="setup", timeout_s=timeout_s))
+                elif _overrides(env, "setup"):
                     await call_step(env, "setup", (task,), step="setup", timeout_s=timeout_s)
                 finish = await loop.run(ctx)
                 verify_result = await verify_output(env, task, trajectory.output)
