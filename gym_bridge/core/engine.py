@@ -119,22 +119,22 @@ class Engine:
         return self._global, per_env
 
     async def rollout(self, task: Task, repeat_index: int = 0, *, env_class: type[Environment] | None = None,
-                      sampling: SamplingParams | None = None) -> RolloutRecord:
-        """Run one rollout of `task` to a record, sampled with `sampling` (None: the config's).
-        Never raises for a failed rollout."""
+                      sampling: SamplingParams | None = None, journaled: bool = True) -> RolloutRecord:
+        """Run one rollout of `task` to a record, sampled with `sampling` (None: the config's); `journaled=False`: not
+        journaled even when the engine has a journal. Never raises for a failed rollout."""
         sampling = sampling or self.config.sampling
         global_slot, env_slot = self._semaphores(task.env_name)
         async with global_slot:
             if env_slot is None:
-                return await self._rollout(task, repeat_index, env_class, sampling)
+                return await self._rollout(task, repeat_index, env_class, sampling, journaled)
             async with env_slot:
-                return await self._rollout(task, repeat_index, env_class, sampling)
+                return await self._rollout(task, repeat_index, env_class, sampling, journaled)
 
     async def _rollout(self, task: Task, repeat_index: int, env_class: type[Environment] | None,
-                       sampling: SamplingParams) -> RolloutRecord:
+                       sampling: SamplingParams, journaled: bool = True) -> RolloutRecord:
         if env_class is None:
             env_class = resolve_tasks([task])[task.env_name]
-        if self.journal is None:
+        if self.journal is None or not journaled:
             return await self._attempt(task, repeat_index, env_class, sampling, None)
         return await resume_rollout(self.journal, (task.index, repeat_index), env_class,
                                     lambda plan: self._attempt(task, repeat_index, env_class, sampling, plan))

@@ -9,6 +9,7 @@ import asyncio
 import os
 import signal
 import threading
+import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -104,7 +105,7 @@ def test_a_killed_ray_worker_s_episodes_continue_on_another_worker(tmp_path):
     os.environ.setdefault("PYTHONPATH", os.getcwd())
     ray.init(address="local", num_cpus=2, object_store_memory=100 * 1024**2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"], "HF_HUB_OFFLINE": "1"}})
-    tasks, baseline_log, log = _tasks(6), tmp_path / "baseline.calls", tmp_path / "calls"
+    tasks, baseline_log, log = _tasks(8), tmp_path / "baseline.calls", tmp_path / "calls"
     try:
         clean = RayRollouts(TurnEngine(str(baseline_log), TURNS), RayOptions(num_workers=2), max_concurrency=8, report=lambda line: None)
         try:
@@ -115,14 +116,18 @@ def test_a_killed_ray_worker_s_episodes_continue_on_another_worker(tmp_path):
         rollouts = RayRollouts(TurnEngine(str(log), TURNS, delay_s=0.3), RayOptions(num_workers=2, worker_concurrency=4),
                                max_concurrency=8, report=lines.append)
         rollouts.start(tasks, group_size=2)
-        victims = wait_for_workers(rollouts)[:1]
+        victim = wait_for_workers(rollouts)[0]
 
-        def kill_once(row: dict) -> None:  # 0.5 s after the first record: mid-way through the next groups' episodes
-            while victims:
-                threading.Timer(0.5, os.kill, (victims.pop(), signal.SIGKILL)).start()
+        def kill_mid_episode() -> None:  # every rollout of the first wave (4 on each worker) on its 2nd or 3rd model call
+            deadline = time.monotonic() + 120
+            while sum(_calls(log).values()) < 18 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            os.kill(victim, signal.SIGKILL)
 
+        killer = threading.Thread(target=kill_mid_episode, daemon=True)
+        killer.start()
         try:
-            asyncio.run(run_eval(rollouts, tasks, output=tmp_path / "out.jsonl", num_repeats=2, journal=True, on_record=kill_once))
+            asyncio.run(run_eval(rollouts, tasks, output=tmp_path / "out.jsonl", num_repeats=2, journal=True))
         finally:
             rollouts.shutdown()
     finally:
@@ -130,7 +135,7 @@ def test_a_killed_ray_worker_s_episodes_continue_on_another_worker(tmp_path):
     expected = {(r["task_index"], r["repeat_index"]): r for r in read_records(tmp_path / "baseline.jsonl")}
     records = read_records(tmp_path / "out.jsonl")
     keys = [(r["task_index"], r["repeat_index"]) for r in records]
-    assert sorted(keys) == sorted(expected) and len(set(keys)) == len(keys) == 12  # every (task, repeat) exactly once
+    assert sorted(keys) == sorted(expected) and len(set(keys)) == len(keys) == 16  # every (task, repeat) exactly once
     assert all(_comparable(r) == _comparable(expected[(r["task_index"], r["repeat_index"])]) for r in records)
     assert any("running it again" in line for line in lines)  # the killed worker's groups were sent again
     resumed = [r for r in records if r["metrics"].get("resumed_from_turn")]
