@@ -234,6 +234,10 @@ class RunJournal:
         found = self._read(sorted(self.directory.glob("*.log")))
         self._states.update({key: state for key, state in found.items() if key in wanted})
 
+    def pending(self) -> list[RolloutKey]:
+        """The rollouts `prepare` found in flight that no process has restored yet, in order."""
+        return sorted(self._states)
+
     def has_state(self, key: RolloutKey) -> bool:
         """Whether `prepare` found committed turns of rollout `key` that no process has restored yet."""
         return key in self._states
