@@ -236,7 +236,8 @@ class AsyncRolloutWorker:
     @classmethod
     def for_trainer(cls, args: Any, *, tasks: Sequence[Task], tokenizer: Any, served_model: str, num_processes: int = 1,
                     max_turns: int = 8, max_completion_tokens: int | None = None, policy: Policy | None = None,
-                    records_path: str | Path | None = None, max_concurrency: int = 64, deadline_s: float = 600.0) -> AsyncRolloutWorker:
+                    records_path: str | Path | None = None, max_concurrency: int = 64, deadline_s: float = 600.0,
+                    journal_dir: str | Path | None = None) -> AsyncRolloutWorker:
         """A worker set from an `AsyncGRPOConfig`: `num_generations`, `max_staleness`, the batch that fixes
         `rows_per_version`, sampling (`temperature`, `top_p`, `top_k`, `max_completion_length` per model call) and
         `vllm_server_base_url` (a `RemotePolicy` on `served_model`, unless `policy` is given).
@@ -252,6 +253,7 @@ class AsyncRolloutWorker:
             limits=Limits(max_turns=max_turns, max_completion_tokens=max_completion_tokens or per_call * max_turns),
             max_concurrency=max_concurrency, deadline_s=deadline_s, model_name=served_model,
             records_path=None if records_path is None else str(records_path),
+            journal_dir=None if journal_dir is None else str(journal_dir),
         )
         if policy is None:
             policy = RemotePolicy(f"{str(args.vllm_server_base_url).rstrip('/')}/v1", model=served_model,
