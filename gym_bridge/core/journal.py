@@ -192,6 +192,9 @@ class RunJournal:
         """The commits buffered now, woken together once their group is durable."""
         self._flusher: asyncio.Task[None] | None = None
         self.commits = 0
+        self.shared = False
+        """Other processes commit to this directory (Ray workers): `finish` marks every rollout done, not only this
+        process's own."""
 
     @classmethod
     def prepare(cls, directory: str | Path, fingerprint: RunFingerprint, *, resume: bool,
@@ -302,7 +305,7 @@ class RunJournal:
     def finish(self, key: RolloutKey) -> None:
         """Rollout `key`'s record is written: drop its journal (a `done` frame, made durable with the next commits)."""
         self._states.pop(key, None)
-        if key in self._live:
+        if key in self._live or self.shared:
             self._live.discard(key)
             self._buffer += encode_frame({"k": "done", "r": list(key)})
             self._schedule()
@@ -326,7 +329,7 @@ class RunJournal:
         if complete:
             for path in self.directory.glob("*.log"):
                 path.unlink(missing_ok=True)
-        if complete or not self.in_flight:
+        if complete or (not self.in_flight and not self.shared):  # shared: its `done` frames speak for others' commits
             self.segment.unlink(missing_ok=True)
             try:
                 self.directory.rmdir()

@@ -403,6 +403,7 @@ class RayRollouts:
         self.journal = journal
         if journal is None:
             return
+        journal.shared = True  # the workers commit; the driver marks each rollout done once its record is written
         answers = self._ray.get([worker.handle.journal_visible.remote(str(journal.directory))
                                  for pool in self._pools.values() for worker in pool if not worker.lost])
         problems = sorted({answer for answer in answers if answer})

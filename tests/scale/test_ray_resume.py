@@ -98,7 +98,7 @@ def test_a_worker_that_does_not_see_the_journal_directory_is_refused(tmp_path):
 
 
 @pytest.mark.ray
-@pytest.mark.slow  # about 40 s with a local Ray cluster; by default: the in-process test above covers the mechanism
+@pytest.mark.slow  # about 90 s with a local Ray cluster; by default: the in-process test above covers the mechanism
 def test_a_killed_ray_worker_s_episodes_continue_on_another_worker(tmp_path):
     from gym_bridge.scale.ray_runner import RayOptions, RayRollouts, wait_for_workers
 
