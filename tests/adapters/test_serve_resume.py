@@ -87,3 +87,23 @@ def test_a_half_rollout_id_is_refused_naming_the_field(tmp_path):
     with app_in_thread(build_app(settings(tmp_path), policy=TurnChat())) as agent_url:
         answer = httpx.post(agent_url + "/run", json={**ROW, "_ng_rollout_index": None}, timeout=60)
     assert answer.status_code == 422 and answer.json()["field"] == "_ng_rollout_index"
+
+
+def test_a_retry_while_the_first_request_still_runs_is_refused_with_409(tmp_path):
+    import threading as threads
+
+    stuck = TurnChat(hang_at=2)
+    with app_in_thread(build_app(settings(tmp_path), policy=stuck)) as agent_url:
+        first = threads.Thread(target=_give_up, args=(agent_url,))
+        first.start()
+        assert stuck.started.wait(10)
+        answer = httpx.post(agent_url + "/run", json=ROW, timeout=60)
+        first.join(30)
+    assert answer.status_code == 409 and "running already" in answer.json()["detail"]
+
+
+def _give_up(agent_url: str) -> None:
+    try:
+        httpx.post(agent_url + "/run", json=ROW, timeout=httpx.Timeout(10.0, read=2.0))
+    except httpx.ReadTimeout:
+        pass
