@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, Callable, Iterable, Protocol, Sequence
 from gym_bridge.core.bounded_call import call_environment, describe_error
 from gym_bridge.core.engine import Engine, call_step, ensure_ready, verify_output
 from gym_bridge.core.environment import Environment
-from gym_bridge.core.errors import DataError, UnknownEnvironmentError, classify
+from gym_bridge.core.errors import DataError, UnknownEnvironmentError, UserError, classify
 from gym_bridge.core.journal import JOURNAL_BY_DEFAULT, RunFingerprint, RunJournal, journal_dir_for
 from gym_bridge.core.health import HealthSettings, ToolCallAlarm, tool_call_health
 from gym_bridge.core.metrics import summarize
@@ -122,7 +122,7 @@ async def run_eval(
 ) -> EvalResult:
     """Run every (task, repeat) not already in `output` and write records plus `.metrics.json`.
 
-    With `journal` (a local `Engine` only), rollouts commit each finished turn to `<output>.journal/`, and a run with
+    With `journal` (a local `Engine`, or Ray workers: `RayRollouts`), rollouts commit each finished turn to `<output>.journal/`, and a run with
     `resume` continues the episodes a killed run left in flight from their last finished turn (`gym_bridge.core.resume`).
     None: `JOURNAL_BY_DEFAULT`, or on when resuming a run that left a journal.
 
@@ -137,10 +137,11 @@ async def run_eval(
         skip = prepare_resume(output, tasks) if resume else set()
         if journal is None:
             journal = JOURNAL_BY_DEFAULT or (resume and journal_dir_for(output).exists())
-        run_journal = _prepare_journal(engine, tasks, output, resume=resume, finished=skip) if journal else None
+        run_journal = _prepare_journal(engine, tasks, output, resume=resume, finished=skip, repeats=num_repeats) if journal else None
         started, cpu_started = time.perf_counter(), time.process_time()
         this_run: list[dict[str, Any]] = []
         alarm = ToolCallAlarm(health or HealthSettings())
+        complete = False
         try:
             with RolloutWriter(output, append=resume) as writer:
                 async for record in engine.stream(tasks, repeats=num_repeats, skip=skip):
@@ -152,11 +153,11 @@ async def run_eval(
                     alarm.observe(row)
                     if on_record is not None:
                         on_record(row)
+            complete = True
         finally:
             if run_journal is not None:
-                await run_journal.close()
-                assert isinstance(engine, Engine)
-                engine.journal = None
+                await run_journal.close(complete=complete)
+                _detach_journal(engine)
         wall_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
         records = read_records(output)
         summary = summarize(records, wall_s=wall_s, this_run=this_run, num_repeats=num_repeats)
@@ -169,14 +170,28 @@ async def run_eval(
 
 
 def _prepare_journal(engine: Engine | RolloutSource, tasks: Sequence[Task], output: Path, *, resume: bool,
-                     finished: set[tuple[int, int]]) -> RunJournal | None:
-    """The run's journal beside `output`, set on `engine` (None for rollouts that do not run in this process: Ray)."""
-    if not isinstance(engine, Engine):
-        return None
-    journal = RunJournal.prepare(journal_dir_for(output), RunFingerprint.of_engine(engine.config, tasks), resume=resume,
-                                 finished=finished)
-    engine.journal = journal
+                     finished: set[tuple[int, int]], repeats: int) -> RunJournal:
+    """The run's journal beside `output`, set on `engine` (for Ray, the workers commit to it: `attach_journal`)."""
+    fingerprint_of, attach = getattr(engine, "journal_fingerprint", None), getattr(engine, "attach_journal", None)
+    if isinstance(engine, Engine):
+        fingerprint = RunFingerprint.of_engine(engine.config, tasks)
+    elif callable(fingerprint_of) and callable(attach):
+        fingerprint = fingerprint_of(tasks, group_size=repeats)
+    else:
+        raise UserError(f"--journal: {type(engine).__name__} runs rollouts that cannot be journaled; run without --journal")
+    journal = RunJournal.prepare(journal_dir_for(output), fingerprint, resume=resume, finished=finished)
+    if isinstance(engine, Engine):
+        engine.journal = journal
+    elif callable(attach):
+        attach(journal)
     return journal
+
+
+def _detach_journal(engine: Engine | RolloutSource) -> None:
+    if isinstance(engine, Engine):
+        engine.journal = None
+    else:
+        getattr(engine, "attach_journal")(None)
 
 
 def record_environment(record: dict[str, Any], source: str) -> type[Environment]:

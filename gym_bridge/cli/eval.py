@@ -67,7 +67,7 @@ def _eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     again.add_argument("--overwrite", action="store_true", help="replace the records an existing --output holds")
     p.add_argument("--journal", action=argparse.BooleanOptionalAction, default=None,
                    help="commit each finished turn of the rollouts in flight to OUTPUT.journal/, so --resume continues them "
-                        f"mid-episode (local engine; not yet with --ray). Default: {'on' if JOURNAL_BY_DEFAULT else 'off'}, "
+                        f"mid-episode (with --ray, a killed worker's episodes continue on another worker; the workers must see --output's directory). Default: {'on' if JOURNAL_BY_DEFAULT else 'off'}, "
                         "except that --resume uses the journal a killed run left")
     p.add_argument("--max-failure-fraction", type=float, default=0.1,
                    help=f"exit with code {EXIT_TOO_MANY_FAILED} when more rollouts than this fraction failed")

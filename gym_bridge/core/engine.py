@@ -23,7 +23,7 @@ from gym_bridge.core.deadline import RolloutDeadline, parks_calls
 from gym_bridge.core.environment import Environment, to_verify_result, VerifyResult
 from gym_bridge.core.errors import RolloutFailure, Step, classify
 from gym_bridge.core.items import Item
-from gym_bridge.core.journal import RunJournal
+from gym_bridge.core.journal import RolloutKey, RunJournal
 from gym_bridge.core.policy import ChatPolicy, Policy, SamplingParams, is_token_policy
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import resolve_tasks
@@ -119,24 +119,26 @@ class Engine:
         return self._global, per_env
 
     async def rollout(self, task: Task, repeat_index: int = 0, *, env_class: type[Environment] | None = None,
-                      sampling: SamplingParams | None = None) -> RolloutRecord:
-        """Run one rollout of `task` to a record, sampled with `sampling` (None: the config's).
+                      sampling: SamplingParams | None = None, journaled: bool = True,
+                      journal_key: RolloutKey | None = None) -> RolloutRecord:
+        """Run one rollout of `task` to a record, sampled with `sampling` (None: the config's); `journaled=False`: not
+        journaled even when the engine has a journal; `journal_key`: its key there (default `(task.index, repeat_index)`).
         Never raises for a failed rollout."""
         sampling = sampling or self.config.sampling
         global_slot, env_slot = self._semaphores(task.env_name)
         async with global_slot:
             if env_slot is None:
-                return await self._rollout(task, repeat_index, env_class, sampling)
+                return await self._rollout(task, repeat_index, env_class, sampling, journaled, journal_key)
             async with env_slot:
-                return await self._rollout(task, repeat_index, env_class, sampling)
+                return await self._rollout(task, repeat_index, env_class, sampling, journaled, journal_key)
 
     async def _rollout(self, task: Task, repeat_index: int, env_class: type[Environment] | None,
-                       sampling: SamplingParams) -> RolloutRecord:
+                       sampling: SamplingParams, journaled: bool = True, journal_key: RolloutKey | None = None) -> RolloutRecord:
         if env_class is None:
             env_class = resolve_tasks([task])[task.env_name]
-        if self.journal is None:
+        if self.journal is None or not journaled:
             return await self._attempt(task, repeat_index, env_class, sampling, None)
-        return await resume_rollout(self.journal, (task.index, repeat_index), env_class,
+        return await resume_rollout(self.journal, journal_key or (task.index, repeat_index), env_class,
                                     lambda plan: self._attempt(task, repeat_index, env_class, sampling, plan))
 
     async def _attempt(self, task: Task, repeat_index: int, env_class: type[Environment], sampling: SamplingParams,

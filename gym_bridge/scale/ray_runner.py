@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from gym_bridge.core.engine import Engine, ensure_ready
 from gym_bridge.core.environment import Environment
 from gym_bridge.core.errors import GymBridgeError, MissingDependencyError
+from gym_bridge.core.journal import RunFingerprint, RunJournal
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.task import Task
@@ -183,16 +184,37 @@ class RolloutWorker:
         from ray import cloudpickle
 
         self.engine: Engine = cloudpickle.loads(build_engine)()
+        self.journal: RunJournal | None = None
 
     def ready(self, samples: Sequence[Task]) -> dict[str, Any]:
         """Check that the environments of `samples` (one task of each) resolve and can run here
-        (`check_ready`); returns the worker's pid, node and model name."""
+        (`check_ready`); returns the worker's pid, node, model name and engine settings."""
         ensure_ready(resolve_tasks(samples).values())
-        return {"pid": os.getpid(), "model": self.engine.config.model_name, "node": socket.gethostname()}
+        return {"pid": os.getpid(), "model": self.engine.config.model_name, "node": socket.gethostname(), "config": self.engine.config}
 
-    async def run_group(self, task: Task, repeats: Sequence[int]) -> list[RolloutRecord]:
+    def journal_visible(self, directory: str) -> str | None:
+        """None when the driver's journal `directory` is there on this node, else why not (a node without the shared
+        file system)."""
+        if os.path.isdir(directory):
+            return None
+        return f"node {socket.gethostname()} does not see the journal directory {directory}"
+
+    async def run_group(self, task: Task, repeats: Sequence[int], journal: JournalSpec | None = None) -> list[RolloutRecord]:
+        """The records of `repeats` of `task`; with `journal`, each rollout commits its turns to this worker's segment of
+        it, and one sent again (`journal.resume`) continues from the turns any process committed."""
         env_class = resolve_tasks([task])[task.env_name]
+        self.engine.journal = self._join(journal)
+        if journal is not None and journal.resume:
+            assert self.engine.journal is not None
+            self.engine.journal.load([(task.index, repeat) for repeat in repeats])
         return list(await asyncio.gather(*(self.engine.rollout(task, repeat, env_class=env_class) for repeat in repeats)))
+
+    def _join(self, spec: JournalSpec | None) -> RunJournal | None:
+        if spec is None:
+            return None
+        if self.journal is None or str(self.journal.directory) != spec.directory:
+            self.journal = RunJournal.join(spec.directory, RunFingerprint.from_dict(spec.fingerprint))
+        return self.journal
 
     def replica_stats(self) -> dict[str, Any]:
         router = getattr(self.engine.policy, "router", None)
@@ -206,6 +228,17 @@ class RolloutWorker:
         aclose = getattr(self.engine.policy, "aclose", None)
         if aclose is not None:
             await aclose()
+
+
+@dataclass(frozen=True)
+class JournalSpec:
+    """What a worker needs to commit to the run's journal: its directory (on the driver's file system, which every
+    worker must see at the same path) and the run's fingerprint; `resume` when the group's rollouts may have turns
+    committed by an earlier process."""
+
+    directory: str
+    fingerprint: dict[str, Any]
+    resume: bool = False
 
 
 @dataclass
@@ -283,6 +316,10 @@ class RayRollouts:
         self._pools: dict[tuple[tuple[str, Any], ...], list[_Worker]] = {}
         self._pool_of_env: dict[str, tuple[tuple[str, Any], ...]] = {}
         self._worker_class: Any = None
+        self.engine_config: Any = None
+        """The workers' `EngineConfig`, as the first one reported it (what a journal's fingerprint holds)."""
+        self.journal: RunJournal | None = None
+        """The run's journal (`attach_journal`): workers commit to it, and a group sent again continues from it."""
 
     # -- start-up -----------------------------------------------------------------------------------
 
@@ -336,6 +373,7 @@ class RayRollouts:
             cause = getattr(error, "cause", None) or error
             raise GymBridgeError(f"Ray workers for {', '.join(env_names)} could not start: {cause}") from None
         self.model_name = infos[0]["model"]
+        self.engine_config = infos[0]["config"]
         nodes = sorted({info["node"] for info in infos})
         self.report(f"ray: {len(handles)} workers for {', '.join(env_names)} on {len(nodes)} node(s), resources {dict(options)}, "
                     f"{self.worker_concurrency} rollouts each")
@@ -352,6 +390,33 @@ class RayRollouts:
         problem = admission.check(self.plan, strict=self.options.strict_admission)
         if problem is not None:
             self.report(f"warning: {problem}")
+
+    def journal_fingerprint(self, tasks: Sequence[Task], *, group_size: int = 1) -> RunFingerprint:
+        """The fingerprint of a run of the workers' engine over `tasks` (starting the workers first when needed)."""
+        if not self._pools or any(task.env_name not in self._pool_of_env for task in tasks):
+            self.start(tasks, group_size=group_size)
+        return RunFingerprint.of_engine(self.engine_config, tasks)
+
+    def attach_journal(self, journal: RunJournal | None) -> None:
+        """Have the workers journal their rollouts into `journal`'s directory (None: stop). Raises GymBridgeError when a
+        worker's node does not see the directory: on several nodes it must be on a shared file system."""
+        self.journal = journal
+        if journal is None:
+            return
+        journal.shared = True  # the workers commit; the driver marks each rollout done once its record is written
+        answers = self._ray.get([worker.handle.journal_visible.remote(str(journal.directory))
+                                 for pool in self._pools.values() for worker in pool if not worker.lost])
+        problems = sorted({answer for answer in answers if answer})
+        if problems:
+            raise GymBridgeError(f"--journal with --ray: {'; '.join(problems)}. Put --output on a file system every node "
+                                 "mounts at the same path, or run without --journal")
+
+    def _journal_spec(self, group: _Group) -> JournalSpec | None:
+        journal = self.journal
+        if journal is None:
+            return None
+        resume = group.attempts > 0 or any(journal.has_state((group.task.index, repeat)) for repeat in group.repeats)
+        return JournalSpec(str(journal.directory), journal.fingerprint.to_dict(), resume)
 
     # -- running ------------------------------------------------------------------------------------
 
@@ -445,7 +510,7 @@ class RayRollouts:
                     break
                 continue
             worker.in_flight += size
-            reference = worker.handle.run_group.remote(group.task, group.repeats)
+            reference = worker.handle.run_group.remote(group.task, group.repeats, self._journal_spec(group))
             running[asyncio.wrap_future(reference.future())] = (group, worker)
         waiting.extend(reversed(blocked))
 
