@@ -36,7 +36,7 @@ from gym_bridge.core.batch import TrainingRow, to_training_row
 from gym_bridge.core.dialects.responses import item_text
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import Environment
-from gym_bridge.core.errors import DataError, GymBridgeError
+from gym_bridge.core.errors import ConfigError, DataError, SetupError, TokenPolicyRequiredError
 from gym_bridge.core.health import ToolCallAlarm
 from gym_bridge.core.parsers import get_reasoning_parser, get_tool_parser
 from gym_bridge.core.policy import SamplingParams
@@ -113,7 +113,7 @@ class TRLRollout:
         _check_token_ids(records)
         if state.batches == 0 and records and all(record.failed for record in records):
             first = records[0]
-            raise GymBridgeError(
+            raise SetupError(
                 f"every rollout of the first batch failed; the first as {first.failure_kind}: {first.failure_reason}"
             )
         state.batches += 1
@@ -152,7 +152,7 @@ class TRLRollout:
         _check_trainer(trainer)
         max_completion_length = options.max_completion_length or getattr(args, "max_completion_length", None)
         if not max_completion_length:
-            raise ValueError("set GRPOConfig(max_completion_length=...): gym_bridge enforces it over all turns of a rollout")
+            raise ConfigError("set GRPOConfig(max_completion_length=...): gym_bridge enforces it over all turns of a rollout")
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
         eos_token_ids = tuple(getattr(trainer, "eos_token_ids", None) or [tokenizer.eos_token_id])
         backend, policy = pick_backend(trainer, options)
@@ -321,7 +321,7 @@ def _check_token_ids(records: Sequence[RolloutRecord]) -> None:
     for record in records:
         for item in record.output:
             if item.get("generation_token_ids") == [] and item.get("type") == "message" and item_text(item):
-                raise GymBridgeError(
+                raise TokenPolicyRequiredError(
                     "the policy returned text without token ids; training needs a token-in/token-out policy "
                     "(TransformersPolicy, VLLMEnginePolicy, RemotePolicy)"
                 )
@@ -332,7 +332,7 @@ def _check_token_ids(records: Sequence[RolloutRecord]) -> None:
 
 def _check_trainer(trainer: Any) -> None:
     if getattr(trainer, "tools", None) or getattr(trainer, "environment_factories", None) is not None:
-        raise ValueError(
+        raise ConfigError(
             "GRPOTrainer got tools= (or environment_factory=) together with gym_bridge.trl.rollout; remove them: "
             "gym_bridge runs each task's environment and tools itself, and TRL would run its own tool loop on top"
         )

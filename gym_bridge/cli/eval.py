@@ -14,7 +14,7 @@ from collections import Counter, defaultdict, deque
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Sequence, TypeVar
 
 from gym_bridge.cli.common import EXIT_OK, EXIT_TOO_MANY_FAILED, _HelpFormatter, _json_object, _module_path_arguments, check_urls
-from gym_bridge.core.errors import GymBridgeError
+from gym_bridge.core.errors import ConfigError
 from gym_bridge.core.journal import JOURNAL_BY_DEFAULT
 from gym_bridge.cli.eval_engine import _apply_env_options, _base_urls, _build_engine, _ray_options, _ray_rollouts, _warn_admission
 from gym_bridge.view import cli as view_cli
@@ -155,7 +155,7 @@ def check_output_free(output: str, *, resume: bool, overwrite: bool) -> None:
     path = Path(output)
     if resume or overwrite or not path.is_file() or path.stat().st_size == 0:
         return
-    raise GymBridgeError(f"--output {output} already holds rollout records: pass --resume to keep them and run only the "
+    raise ConfigError(f"--output {output} already holds rollout records: pass --resume to keep them and run only the "
                          "missing rollouts, or --overwrite to replace them (or pick another --output)")
 
 

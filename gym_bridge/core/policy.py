@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, Sequence, TypeGuard, runtime_checkable
 
-from gym_bridge.core.errors import BackendError as BackendError
+from gym_bridge.core.errors import BackendAnswerError, BackendError as BackendError
 from gym_bridge.core.errors import ContextOverflowError as ContextOverflowError
 from gym_bridge.core.errors import TokenPolicyRequiredError as TokenPolicyRequiredError
 
@@ -181,11 +181,11 @@ class ScriptedPolicy:
     async def generate(self, request: GenerationRequest) -> Generation:
         key = request.session_id if request.session_id in self.script else ""
         if key not in self.script:
-            raise BackendError(f"ScriptedPolicy has no script for session {request.session_id!r}")
+            raise BackendAnswerError(f"ScriptedPolicy has no script for session {request.session_id!r}")
         position = self._cursor.get(request.session_id, 0)
         steps = self.script[key]
         if position >= len(steps):
-            raise BackendError(f"ScriptedPolicy ran out of steps for session {request.session_id!r}")
+            raise BackendAnswerError(f"ScriptedPolicy ran out of steps for session {request.session_id!r}")
         self._cursor[request.session_id] = position + 1
         if self.record_calls:
             self.calls.append(request)

@@ -15,7 +15,7 @@ from importlib.metadata import entry_points
 from typing import Any, Iterable
 
 from gym_bridge.core.environment import Environment
-from gym_bridge.core.errors import GymBridgeError, UnknownEnvironmentError
+from gym_bridge.core.errors import ConfigError, UnknownEnvironmentError
 from gym_bridge.core.task import Task, routing_field
 
 ENTRY_POINT_GROUP = "gym_bridge.environments"
@@ -180,7 +180,7 @@ def configure(name: str, **settings: Any) -> type[Environment]:
     allowed = {"tool_timeout_s", "verify_timeout_s", "ray_resources", *env_class.settings}
     unknown = sorted(set(settings) - allowed)
     if unknown:
-        raise GymBridgeError(f"environment {env_class.name!r} has no setting {', '.join(map(repr, unknown))}; its settings: {', '.join(sorted(allowed))}")
+        raise ConfigError(f"environment {env_class.name!r} has no setting {', '.join(map(repr, unknown))}; its settings: {', '.join(sorted(allowed))}")
     configured = type(env_class.__name__, (env_class,), {"__module__": env_class.__module__, **settings})
     return register(configured)
 

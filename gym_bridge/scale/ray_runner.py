@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from gym_bridge.core.engine import Engine, ensure_ready
 from gym_bridge.core.environment import Environment
-from gym_bridge.core.errors import GymBridgeError, MissingDependencyError
+from gym_bridge.core.errors import ConfigError, MissingExtraError, SetupError
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.task import Task
@@ -74,7 +74,7 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise MissingDependencyError(f"running rollouts on Ray needs Ray: {INSTALL_HINT}") from None
+        raise MissingExtraError(f"running rollouts on Ray needs Ray: {INSTALL_HINT}") from None
     return ray
 
 
@@ -94,7 +94,7 @@ def check_reachable(address: str, *, timeout_s: float) -> None:
     if address.startswith("ray://"):
         host, sep, port = address.removeprefix("ray://").rpartition(":")
     if not sep or not port.isdigit():
-        raise GymBridgeError(f"--ray takes the head's host:port (as `ray start --head` prints) or `auto`, got {address!r}")
+        raise ConfigError(f"--ray takes the head's host:port (as `ray start --head` prints) or `auto`, got {address!r}")
     deadline = time.monotonic() + timeout_s
     try:
         with socket.create_connection((host, int(port)), timeout=timeout_s) as connection:
@@ -104,12 +104,12 @@ def check_reachable(address: str, *, timeout_s: float) -> None:
             if answer is not None and answer[3:4] != bytes([_SETTINGS_FRAME]):
                 answer += _more(connection)
     except OSError as error:
-        raise GymBridgeError(f"cannot reach the Ray cluster at {address}: {error}; is `ray start --head` running there?") from None
+        raise SetupError(f"cannot reach the Ray cluster at {address}: {error}; is `ray start --head` running there?") from None
     if answer is None:
-        raise GymBridgeError(f"{address} accepts connections but gave no Ray answer within {timeout_s:g} s "
+        raise SetupError(f"{address} accepts connections but gave no Ray answer within {timeout_s:g} s "
                              f"(--ray-connect-timeout-s): it is not a Ray head; {_CHECKS}")
     if len(answer) < 9 or answer[3] != _SETTINGS_FRAME:
-        raise GymBridgeError(f"{address} answered, but not as a Ray head ({answer[:40]!r}...: not gRPC); {_CHECKS}")
+        raise SetupError(f"{address} answered, but not as a Ray head ({answer[:40]!r}...: not gRPC); {_CHECKS}")
 
 
 def _more(connection: socket.socket) -> bytes:
@@ -163,7 +163,7 @@ def connect(options: RayOptions) -> Any:
     try:
         ray.init(**kwargs)
     except ConnectionError as error:
-        raise GymBridgeError(f"cannot join the Ray cluster at {options.address}: {error}") from None
+        raise SetupError(f"cannot join the Ray cluster at {options.address}: {error}") from None
     return ray
 
 
@@ -235,7 +235,7 @@ def resources_of(env_class: type[Environment], *, default_num_cpus: float) -> di
     custom: dict[str, float] = {}
     for key, value in requested.items():
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-            raise GymBridgeError(f"environment {env_class.name!r}: ray_resources[{key!r}] must be a non-negative number, got {value!r}")
+            raise ConfigError(f"environment {env_class.name!r}: ray_resources[{key!r}] must be a non-negative number, got {value!r}")
         if key in RESOURCE_KEYS:
             options[key] = value
         else:
@@ -270,7 +270,7 @@ class RayRollouts:
         self.build_engine = build_engine
         self.options = options or RayOptions()
         if self.options.num_workers < 1 or self.options.max_retries < 0:
-            raise GymBridgeError("Ray options: num_workers must be at least 1 and max_retries non-negative")
+            raise ConfigError("Ray options: num_workers must be at least 1 and max_retries non-negative")
         self.max_concurrency = max_concurrency
         self.engine_limits = dict(engine_limits or {})
         """Per-worker bounds for the admission statement: `engine` (the engine's max_concurrency), `per_env`,
@@ -311,7 +311,7 @@ class RayRollouts:
                 continue
             room = placeable(options, cluster)
             if room < 1:
-                raise GymBridgeError(
+                raise SetupError(
                     f"no node of the Ray cluster has the resources {options} that environment(s) {', '.join(names)} ask for "
                     f"(cluster: {dict(cluster)}); add such a node or change ray_resources with --env-setting NAME.ray_resources=JSON"
                 )
@@ -334,7 +334,7 @@ class RayRollouts:
             for handle in handles:
                 self._ray.kill(handle)
             cause = getattr(error, "cause", None) or error
-            raise GymBridgeError(f"Ray workers for {', '.join(env_names)} could not start: {cause}") from None
+            raise SetupError(f"Ray workers for {', '.join(env_names)} could not start: {cause}") from None
         self.model_name = infos[0]["model"]
         nodes = sorted({info["node"] for info in infos})
         self.report(f"ray: {len(handles)} workers for {', '.join(env_names)} on {len(nodes)} node(s), resources {dict(options)}, "
