@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from gym_bridge._lazy import install_hint
 from gym_bridge.core.errors import ConfigError, MissingExtraError
 
 if TYPE_CHECKING:
@@ -20,7 +21,8 @@ if TYPE_CHECKING:
 
 PolicyKind = Literal["embedded", "transformers", "remote", "vllm", "chat"]
 POLICY_KINDS: tuple[PolicyKind, ...] = ("embedded", "transformers", "remote", "vllm", "chat")
-TRANSFORMERS_HINT = "pip install torch transformers (dependencies of gym-bridge itself)"
+TRANSFORMERS_HINT = install_hint("local")
+"""torch and transformers (the embedded model, `--backend transformers`) come with the `local` extra."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,8 @@ def _transformers(model: str | None, spec: PolicySpec) -> Policy:
     try:
         from gym_bridge.policies.transformers import TransformersPolicy
     except ImportError as error:
-        raise MissingExtraError(f"a transformers policy needs torch and transformers ({error}): {TRANSFORMERS_HINT}") from None
+        what = "the embedded model" if spec.kind == "embedded" else "a transformers policy"
+        raise MissingExtraError(f"{what} needs torch and transformers ({error}): {TRANSFORMERS_HINT}") from None
     settings = {"max_batch_size": spec.max_batch_size, "batch_wait_s": spec.batch_wait_s}
     options: dict[str, Any] = {key: value for key, value in settings.items() if value is not None}
     return TransformersPolicy.from_pretrained(model, device=spec.device, max_batch_tokens=spec.max_batch_tokens,
