@@ -16,7 +16,18 @@ from gym_bridge.core.answer import last_boxed, last_tagged
 from gym_bridge.core.agent_loop import AgentLoop, Limits, RolloutContext, RolloutFailure, ToolCallingLoop
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.environment import Environment, FailureKind, RowProblem, ToolError, Toolset, VerifyResult, schema_problems, tool
-from gym_bridge.core.errors import DataError, GymBridgeError, MissingDependencyError, RolloutError, TemplateError, UnknownEnvironmentError, UserError
+from gym_bridge.core.errors import (
+    ConfigError,
+    DataError,
+    GymBridgeError,
+    MissingDependencyError,
+    MissingExtraError,
+    RolloutError,
+    SetupError,
+    TemplateError,
+    UnknownEnvironmentError,
+    UserError,
+)
 from gym_bridge.core.helper_model import HelperModel
 from gym_bridge.core.dialects.responses import final_text, output_text
 from gym_bridge.core.items import TOKEN_FIELDS, Item
@@ -54,8 +65,8 @@ __all__ = [
     # policies
     "ChatPolicy", "Generation", "GenerationRequest", "Policy", "SamplingParams", "ScriptedChatPolicy", "ScriptedPolicy",
     # errors
-    "BackendError", "ContextOverflowError", "DataError", "GymBridgeError", "MissingDependencyError", "RolloutError", "TemplateError",
-    "UnknownEnvironmentError", "UserError",
+    "BackendError", "ConfigError", "ContextOverflowError", "DataError", "GymBridgeError", "MissingDependencyError", "MissingExtraError",
+    "RolloutError", "SetupError", "TemplateError", "UnknownEnvironmentError", "UserError",
 ]
 
 # Public too, but resolved on first use (so not in `__all__`: a star import stays light).

@@ -21,8 +21,8 @@ PUBLIC = {
     # policies
     "ChatPolicy", "Generation", "GenerationRequest", "Policy", "SamplingParams", "ScriptedChatPolicy", "ScriptedPolicy",
     # errors
-    "BackendError", "ContextOverflowError", "DataError", "GymBridgeError", "MissingDependencyError", "RolloutError", "TemplateError",
-    "UnknownEnvironmentError", "UserError",
+    "BackendError", "ConfigError", "ContextOverflowError", "DataError", "GymBridgeError", "MissingDependencyError", "MissingExtraError",
+    "RolloutError", "SetupError", "TemplateError", "UnknownEnvironmentError", "UserError",
 }
 LAZY = {"TransformersPolicy", "load_helper_model", "HarnessEnvironment", "trl", "verl", "nemo_rl"}
 """Public names resolved on first use (not in `__all__`, so a star import stays light)."""
