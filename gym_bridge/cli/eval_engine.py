@@ -235,7 +235,7 @@ class EvalEngineFactory:
             return thread.submit(asyncio.run, _build_engine(args)).result()
 
 
-def _ray_rollouts(args: argparse.Namespace, engine: Any, tasks: Sequence[Any]) -> Any:
+def _ray_rollouts(args: argparse.Namespace, engine: Any, tasks: Any) -> Any:
     """`eval --ray`: the rollouts of `engine`'s settings on Ray workers; their workers are started and
     checked here, and every hop's concurrency stated, before any rollout runs."""
     from gym_bridge.scale.ray_runner import RayRollouts

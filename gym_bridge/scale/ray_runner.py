@@ -30,7 +30,7 @@ from gym_bridge.core.engine import Engine, ensure_ready
 from gym_bridge.core.environment import Environment
 from gym_bridge.core.errors import ConfigError, MissingExtraError, SetupError
 from gym_bridge.core.record import RolloutRecord
-from gym_bridge.core.registry import resolve_tasks
+from gym_bridge.core.registry import TaskSet, resolve_tasks
 from gym_bridge.core.task import Task
 from gym_bridge.core.trajectory import Trajectory
 from gym_bridge.scale import admission
@@ -286,13 +286,14 @@ class RayRollouts:
 
     # -- start-up -----------------------------------------------------------------------------------
 
-    def start(self, tasks: Sequence[Task], *, group_size: int = 1) -> None:
+    def start(self, tasks: Sequence[Task] | TaskSet, *, group_size: int = 1) -> None:
         """Join the cluster and start the workers the environments need; each checks it can run them.
 
-        Raises GymBridgeError (nothing has run yet) when Ray is missing, the cluster cannot be reached,
+        Raises a UserError (nothing has run yet) when Ray is missing, the cluster cannot be reached,
         no node has the resources an environment asks for, or an environment refuses to run there.
         """
-        env_classes = resolve_tasks(tasks)
+        env_classes = tasks.env_classes if isinstance(tasks, TaskSet) else resolve_tasks(tasks)
+        tasks = list(tasks.tasks) if isinstance(tasks, TaskSet) else tasks
         samples = {task.env_name: task for task in tasks}
         self._ray = ray = connect(self.options)
         if self._worker_class is None:
@@ -355,9 +356,12 @@ class RayRollouts:
 
     # -- running ------------------------------------------------------------------------------------
 
-    async def stream(self, tasks: Sequence[Task], *, repeats: int = 1, skip: Iterable[tuple[int, int]] = ()) -> AsyncIterator[RolloutRecord]:
-        """Yield a record for each (task, repeat) not in `skip`, a group's records together as its group finishes."""
-        env_classes = resolve_tasks(tasks)
+    async def stream(self, tasks: Sequence[Task] | TaskSet, *, repeats: int = 1,
+                     skip: Iterable[tuple[int, int]] = ()) -> AsyncIterator[RolloutRecord]:
+        """Yield a record for each (task, repeat) not in `skip`, a group's records together as its group
+        finishes (a `TaskSet` is not routed again)."""
+        env_classes = tasks.env_classes if isinstance(tasks, TaskSet) else resolve_tasks(tasks)
+        tasks = list(tasks.tasks) if isinstance(tasks, TaskSet) else tasks
         done = set(skip)
         groups = [_Group(task, [r for r in range(repeats) if (task.index, r) not in done]) for task in tasks]
         groups = [group for group in groups if group.repeats]
