@@ -29,10 +29,10 @@ from gym_bridge.capture.environment import HarnessEnvironment, row_command
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import Environment
-from gym_bridge.core.errors import DataError, GymBridgeError, MissingDependencyError, UnknownEnvironmentError, UserError
+from gym_bridge.core.errors import BackendAnswerError, ConfigError, DataError, MissingExtraError, UnknownEnvironmentError, UserError
 from gym_bridge.core.items import TOKEN_FIELDS
 from gym_bridge.core.journal import RunFingerprint, RunJournal
-from gym_bridge.core.policy import BackendError, ChatPolicy, ChatRequest, ChatTurn, SamplingParams
+from gym_bridge.core.policy import ChatPolicy, ChatRequest, ChatTurn, SamplingParams
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import get_environment, resolve_tasks
 from gym_bridge.core.rollout_file import dump_line
@@ -80,7 +80,7 @@ class ModelServers:
 
     def __init__(self, settings: AgentServerSettings) -> None:
         if not settings.model_base_urls:
-            raise ValueError("give at least one model base URL (--model-base-url)")
+            raise ConfigError("give at least one model base URL (--model-base-url)")
         self.settings = settings
         self.model_name = settings.model
         """The served model's name (once asked from the server when not given)."""
@@ -100,7 +100,7 @@ class ModelServers:
                     if model is None:
                         models = await served_models(urls[0], api_key=settings.api_key, timeout_s=min(settings.request_timeout_s, 30.0))
                         if not models:
-                            raise BackendError(f"{urls[0]} serves no model")
+                            raise BackendAnswerError(f"{urls[0]} serves no model")
                         model = str(models[0]["id"])
                     self.model_name = model
                     self._policies = [
@@ -132,7 +132,7 @@ class AgentServer:
 
     def __init__(self, settings: AgentServerSettings, policy: ChatPolicy | None = None) -> None:
         if not settings.envs:
-            raise ValueError("serve at least one environment (--env NAME)")
+            raise ConfigError("serve at least one environment (--env NAME)")
         self.settings = settings
         self.env_classes: dict[str, type[Environment]] = {}
         for name in settings.envs:
@@ -470,7 +470,7 @@ def serve(settings: AgentServerSettings, *, host: str = "127.0.0.1", port: int =
     try:
         import uvicorn
     except ImportError:
-        raise MissingDependencyError("gym-bridge serve needs FastAPI and uvicorn: pip install 'gym-bridge[serve]'") from None
+        raise MissingExtraError("gym-bridge serve needs FastAPI and uvicorn: pip install 'gym-bridge[serve]'") from None
     from gym_bridge.request_limit import RequestLimit
     from gym_bridge.server import bind_socket
 
@@ -516,18 +516,18 @@ def from_nemo_gym_environ(environ: Mapping[str, str] | None = None) -> NemoGymLa
     environ = os.environ if environ is None else environ
     raw, name = environ.get("NEMO_GYM_CONFIG_DICT"), environ.get("NEMO_GYM_CONFIG_PATH")
     if not raw or not name:
-        raise GymBridgeError("NEMO_GYM_CONFIG_DICT and NEMO_GYM_CONFIG_PATH are not set: this entry point is started by NeMo Gym")
+        raise ConfigError("NEMO_GYM_CONFIG_DICT and NEMO_GYM_CONFIG_PATH are not set: this entry point is started by NeMo Gym")
     config = yaml.safe_load(raw)
     try:
         entry = next(iter(next(iter(config[name].values())).values()))
     except (KeyError, StopIteration, AttributeError, TypeError):
-        raise GymBridgeError(f"NeMo Gym's config has no server entry {name}.<server type>.<server name>") from None
+        raise ConfigError(f"NeMo Gym's config has no server entry {name}.<server type>.<server name>") from None
     urls = config.get("policy_base_url")
     urls = [urls] if isinstance(urls, str) else list(urls or [])
     if not urls:
-        raise GymBridgeError("NeMo Gym's config has no policy_base_url (NeMo RL sets it to its vLLM servers' URLs)")
+        raise ConfigError("NeMo Gym's config has no policy_base_url (NeMo RL sets it to its vLLM servers' URLs)")
     if entry.get("host") is None or entry.get("port") is None:
-        raise GymBridgeError(f"the server entry {name} has no host and port")
+        raise ConfigError(f"the server entry {name} has no host and port")
     envs = entry.get("envs") or [name]
     numbers = {key: cast(entry[key]) for key, cast in _SETTING_KEYS.items() if entry.get(key) is not None}
     settings = AgentServerSettings(envs=tuple(envs), model_base_urls=tuple(str(url) for url in urls),

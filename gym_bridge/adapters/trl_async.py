@@ -41,6 +41,7 @@ from gym_bridge.core.staleness import StalenessWindow
 from gym_bridge.core.task import Task
 from gym_bridge.core.template import ChatTemplate
 from gym_bridge.policies.versioned import VersionedPolicy
+from gym_bridge.core.errors import ConfigError
 
 __all__ = ["AsyncRolloutWorker", "AsyncWorkerSettings", "TrainingSegment", "group_advantages", "training_segments"]
 
@@ -75,9 +76,9 @@ class AsyncWorkerSettings:
 
     def __post_init__(self) -> None:
         if self.group_size < 1:
-            raise ValueError(f"group_size (num_generations) must be at least 1, got {self.group_size}")
+            raise ConfigError(f"group_size (num_generations) must be at least 1, got {self.group_size}")
         if self.group_size > (self.max_staleness + 1) * self.rows_per_version:
-            raise ValueError(f"a group of {self.group_size} rows never fits in (max_staleness + 1) * rows_per_version = "
+            raise ConfigError(f"a group of {self.group_size} rows never fits in (max_staleness + 1) * rows_per_version = "
                              f"{(self.max_staleness + 1) * self.rows_per_version} rows: set AsyncGRPOConfig(token_budget=0) (then a step "
                              "takes per_device_train_batch_size rows per rank), or raise max_staleness or the batch size")
 
@@ -150,7 +151,7 @@ class AsyncRolloutWorker:
     def __init__(self, tasks: Sequence[Task], policy: Policy, template: ChatTemplate, settings: AsyncWorkerSettings,
                  *, eos_token_ids: Sequence[int] | None = None) -> None:
         if not tasks:
-            raise ValueError("AsyncRolloutWorker needs at least one task")
+            raise ConfigError("AsyncRolloutWorker needs at least one task")
         self.settings = settings
         self._tasks = list(tasks)
         self._env_classes = resolve_tasks(self._tasks)  # every row routed before anything starts

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from gym_bridge.cli.common import EMBEDDED_MODEL_NAME, _load_average, check_hosts_resolve, check_urls, torch_threads
-from gym_bridge.core.errors import GymBridgeError, MissingDependencyError
+from gym_bridge.core.errors import ConfigError, MissingExtraError
 
 
 def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -43,11 +43,11 @@ def _serve_model(args: argparse.Namespace) -> int:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
-        raise MissingDependencyError("serve-model needs FastAPI and uvicorn: pip install 'gym-bridge[serve]'") from None
+        raise MissingExtraError("serve-model needs FastAPI and uvicorn: pip install 'gym-bridge[serve]'") from None
     from gym_bridge.server import bind_socket, serve
 
     if args.max_concurrency < 1:
-        raise GymBridgeError(f"--max-concurrency must be at least 1, got {args.max_concurrency}")
+        raise ConfigError(f"--max-concurrency must be at least 1, got {args.max_concurrency}")
     sock = bind_socket(args.host, args.port)  # a busy port fails now, not after the model has loaded
     from gym_bridge.policies.factory import PolicySpec, build_policy
     from gym_bridge.policies.transformers import TransformersPolicy, cpu_threads
@@ -103,7 +103,7 @@ def _agent_serve(args: argparse.Namespace) -> int:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
-        raise MissingDependencyError("gym-bridge serve needs FastAPI and uvicorn: pip install 'gym-bridge[serve]'") from None
+        raise MissingExtraError("gym-bridge serve needs FastAPI and uvicorn: pip install 'gym-bridge[serve]'") from None
     from gym_bridge.adapters.nemo_gym_server import serve, settings_from_args
 
     urls = [url.strip() for entry in args.model_base_url for url in entry.split(",") if url.strip()]

@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 from gym_bridge.core.engine import Engine, ensure_ready
 from gym_bridge.core.environment import Environment
-from gym_bridge.core.errors import GymBridgeError, MissingDependencyError
+from gym_bridge.core.errors import ConfigError, MissingExtraError, SetupError
 from gym_bridge.core.journal import RunFingerprint, RunJournal
 from gym_bridge.core.record import RolloutRecord
-from gym_bridge.core.registry import resolve_tasks
+from gym_bridge.core.registry import TaskSet, resolve_tasks
 from gym_bridge.core.task import Task
 from gym_bridge.core.trajectory import Trajectory
 from gym_bridge.scale import admission
@@ -75,7 +75,7 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise MissingDependencyError(f"running rollouts on Ray needs Ray: {INSTALL_HINT}") from None
+        raise MissingExtraError(f"running rollouts on Ray needs Ray: {INSTALL_HINT}") from None
     return ray
 
 
@@ -95,7 +95,7 @@ def check_reachable(address: str, *, timeout_s: float) -> None:
     if address.startswith("ray://"):
         host, sep, port = address.removeprefix("ray://").rpartition(":")
     if not sep or not port.isdigit():
-        raise GymBridgeError(f"--ray takes the head's host:port (as `ray start --head` prints) or `auto`, got {address!r}")
+        raise ConfigError(f"--ray takes the head's host:port (as `ray start --head` prints) or `auto`, got {address!r}")
     deadline = time.monotonic() + timeout_s
     try:
         with socket.create_connection((host, int(port)), timeout=timeout_s) as connection:
@@ -105,12 +105,12 @@ def check_reachable(address: str, *, timeout_s: float) -> None:
             if answer is not None and answer[3:4] != bytes([_SETTINGS_FRAME]):
                 answer += _more(connection)
     except OSError as error:
-        raise GymBridgeError(f"cannot reach the Ray cluster at {address}: {error}; is `ray start --head` running there?") from None
+        raise SetupError(f"cannot reach the Ray cluster at {address}: {error}; is `ray start --head` running there?") from None
     if answer is None:
-        raise GymBridgeError(f"{address} accepts connections but gave no Ray answer within {timeout_s:g} s "
+        raise SetupError(f"{address} accepts connections but gave no Ray answer within {timeout_s:g} s "
                              f"(--ray-connect-timeout-s): it is not a Ray head; {_CHECKS}")
     if len(answer) < 9 or answer[3] != _SETTINGS_FRAME:
-        raise GymBridgeError(f"{address} answered, but not as a Ray head ({answer[:40]!r}...: not gRPC); {_CHECKS}")
+        raise SetupError(f"{address} answered, but not as a Ray head ({answer[:40]!r}...: not gRPC); {_CHECKS}")
 
 
 def _more(connection: socket.socket) -> bytes:
@@ -164,7 +164,7 @@ def connect(options: RayOptions) -> Any:
     try:
         ray.init(**kwargs)
     except ConnectionError as error:
-        raise GymBridgeError(f"cannot join the Ray cluster at {options.address}: {error}") from None
+        raise SetupError(f"cannot join the Ray cluster at {options.address}: {error}") from None
     return ray
 
 
@@ -268,7 +268,7 @@ def resources_of(env_class: type[Environment], *, default_num_cpus: float) -> di
     custom: dict[str, float] = {}
     for key, value in requested.items():
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-            raise GymBridgeError(f"environment {env_class.name!r}: ray_resources[{key!r}] must be a non-negative number, got {value!r}")
+            raise ConfigError(f"environment {env_class.name!r}: ray_resources[{key!r}] must be a non-negative number, got {value!r}")
         if key in RESOURCE_KEYS:
             options[key] = value
         else:
@@ -303,7 +303,7 @@ class RayRollouts:
         self.build_engine = build_engine
         self.options = options or RayOptions()
         if self.options.num_workers < 1 or self.options.max_retries < 0:
-            raise GymBridgeError("Ray options: num_workers must be at least 1 and max_retries non-negative")
+            raise ConfigError("Ray options: num_workers must be at least 1 and max_retries non-negative")
         self.max_concurrency = max_concurrency
         self.engine_limits = dict(engine_limits or {})
         """Per-worker bounds for the admission statement: `engine` (the engine's max_concurrency), `per_env`,
@@ -323,13 +323,14 @@ class RayRollouts:
 
     # -- start-up -----------------------------------------------------------------------------------
 
-    def start(self, tasks: Sequence[Task], *, group_size: int = 1) -> None:
+    def start(self, tasks: Sequence[Task] | TaskSet, *, group_size: int = 1) -> None:
         """Join the cluster and start the workers the environments need; each checks it can run them.
 
-        Raises GymBridgeError (nothing has run yet) when Ray is missing, the cluster cannot be reached,
+        Raises a UserError (nothing has run yet) when Ray is missing, the cluster cannot be reached,
         no node has the resources an environment asks for, or an environment refuses to run there.
         """
-        env_classes = resolve_tasks(tasks)
+        env_classes = tasks.env_classes if isinstance(tasks, TaskSet) else resolve_tasks(tasks)
+        tasks = list(tasks.tasks) if isinstance(tasks, TaskSet) else tasks
         samples = {task.env_name: task for task in tasks}
         self._ray = ray = connect(self.options)
         if self._worker_class is None:
@@ -348,7 +349,7 @@ class RayRollouts:
                 continue
             room = placeable(options, cluster)
             if room < 1:
-                raise GymBridgeError(
+                raise SetupError(
                     f"no node of the Ray cluster has the resources {options} that environment(s) {', '.join(names)} ask for "
                     f"(cluster: {dict(cluster)}); add such a node or change ray_resources with --env-setting NAME.ray_resources=JSON"
                 )
@@ -371,7 +372,7 @@ class RayRollouts:
             for handle in handles:
                 self._ray.kill(handle)
             cause = getattr(error, "cause", None) or error
-            raise GymBridgeError(f"Ray workers for {', '.join(env_names)} could not start: {cause}") from None
+            raise SetupError(f"Ray workers for {', '.join(env_names)} could not start: {cause}") from None
         self.model_name = infos[0]["model"]
         self.engine_config = infos[0]["config"]
         nodes = sorted({info["node"] for info in infos})
@@ -408,7 +409,7 @@ class RayRollouts:
                                  for pool in self._pools.values() for worker in pool if not worker.lost])
         problems = sorted({answer for answer in answers if answer})
         if problems:
-            raise GymBridgeError(f"--journal with --ray: {'; '.join(problems)}. Put --output on a file system every node "
+            raise SetupError(f"--journal with --ray: {'; '.join(problems)}. Put --output on a file system every node "
                                  "mounts at the same path, or run without --journal")
 
     def _journal_spec(self, group: _Group) -> JournalSpec | None:
@@ -420,9 +421,12 @@ class RayRollouts:
 
     # -- running ------------------------------------------------------------------------------------
 
-    async def stream(self, tasks: Sequence[Task], *, repeats: int = 1, skip: Iterable[tuple[int, int]] = ()) -> AsyncIterator[RolloutRecord]:
-        """Yield a record for each (task, repeat) not in `skip`, a group's records together as its group finishes."""
-        env_classes = resolve_tasks(tasks)
+    async def stream(self, tasks: Sequence[Task] | TaskSet, *, repeats: int = 1,
+                     skip: Iterable[tuple[int, int]] = ()) -> AsyncIterator[RolloutRecord]:
+        """Yield a record for each (task, repeat) not in `skip`, a group's records together as its group
+        finishes (a `TaskSet` is not routed again)."""
+        env_classes = tasks.env_classes if isinstance(tasks, TaskSet) else resolve_tasks(tasks)
+        tasks = list(tasks.tasks) if isinstance(tasks, TaskSet) else tasks
         done = set(skip)
         groups = [_Group(task, [r for r in range(repeats) if (task.index, r) not in done]) for task in tasks]
         groups = [group for group in groups if group.repeats]
