@@ -15,11 +15,14 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gym_bridge.capture.assembly import CapturedCall
 from gym_bridge.capture.session import SessionState
+from gym_bridge.core.conversation import Message
+from gym_bridge.core.dialects.chat import MessageIn
 from gym_bridge.core.items import TOKEN_FIELDS, function_call_output_item, user_message_item
 from gym_bridge.core.policy import BackendError, CallTokens, ChatPolicy, ChatRequest, ChatTurn
 
@@ -53,23 +56,18 @@ class ChatCaptureSession(SessionState):
                 raise self._backend_failed(BackendError(NO_TOKENS))
             return self._answer(messages, turn, turn.tokens)
 
-    def _chat_message(self, message: Any) -> dict[str, Any]:  # one of `ChatBody.messages`
-        """A request message in chat-completions shape; an answered assistant message gets its call's token ids back."""
-        out: dict[str, Any] = {"role": message.role, "content": message.text()}
-        if message.role == "tool":
-            out["tool_call_id"] = message.tool_call_id or ""
-        if message.role == "assistant":
-            calls = [{"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": call.function.arguments}}
-                     for call in message.tool_calls or []]
-            if calls:
-                out["tool_calls"] = calls
+    def _chat_message(self, message: MessageIn) -> Message:
+        """A request message in the conversation's form; an answered assistant message gets its call's token ids back."""
+        out = message.to_message()
+        if out["role"] == "assistant":
             tokens = self._tokens.get(_answer_key(out))
             if tokens is not None:
-                out.update(zip(TOKEN_FIELDS, (list(tokens.prompt_token_ids), list(tokens.generation_token_ids),
-                                              list(tokens.generation_log_probs))))
+                out["prompt_token_ids"] = list(tokens.prompt_token_ids)
+                out["generation_token_ids"] = list(tokens.generation_token_ids)
+                out["generation_log_probs"] = list(tokens.generation_log_probs)
         return out
 
-    def _input_items(self, messages: list[dict[str, Any]]) -> None:
+    def _input_items(self, messages: Sequence[Message]) -> None:
         """Tool outputs and user messages that extend the last answered conversation become input items."""
         seen = self._seen
         if not seen or [_plain(m) for m in messages[: len(seen)]] != seen:
@@ -80,7 +78,7 @@ class ChatCaptureSession(SessionState):
             elif message["role"] == "user":
                 self.output.append(user_message_item(message["content"], item_id=self._item_id("msg")))
 
-    def _answer(self, messages: list[dict[str, Any]], turn: ChatTurn, tokens: CallTokens) -> dict[str, Any]:
+    def _answer(self, messages: Sequence[Message], turn: ChatTurn, tokens: CallTokens) -> dict[str, Any]:
         previous = self.calls[-1] if self.calls else None
         prompt = list(tokens.prompt_token_ids)
         if previous is not None and prompt[: len(previous.prompt_ids) + len(previous.completion_ids)] == previous.prompt_ids + previous.completion_ids:
@@ -109,12 +107,12 @@ class ChatCaptureSession(SessionState):
 
 
 
-def _answer_key(message: dict[str, Any]) -> str:
+def _answer_key(message: Mapping[str, Any]) -> str:
     """What identifies an assistant message the session answered: its text and its call ids."""
     return json.dumps([message.get("content") or "", [call["id"] for call in message.get("tool_calls") or []]])
 
 
-def _plain(message: dict[str, Any]) -> dict[str, Any]:
+def _plain(message: Mapping[str, Any]) -> dict[str, Any]:
     """A message without token fields or reasoning (what a harness may or may not send back)."""
     plain = {key: value for key, value in message.items() if key not in TOKEN_FIELDS and key != "reasoning_content"}
     return {**plain, "content": plain.get("content") or ""}

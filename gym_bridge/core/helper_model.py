@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Sequence, cast
 
-from gym_bridge.core.items import ChatMessage
+from gym_bridge.core.conversation import Message
 from gym_bridge.core.policy import ChatPolicy, ChatRequest, GenerationRequest, Policy, SamplingParams, is_token_policy
 from gym_bridge.core.template import ChatTemplate
 
@@ -30,7 +30,7 @@ class HelperModel:
         if is_token_policy(self.policy) and self.template is None:
             raise ValueError("a token-in/token-out policy needs the ChatTemplate to render its prompts")
 
-    async def complete(self, messages: Sequence[ChatMessage], *, max_new_tokens: int | None = None, session_id: str = "") -> str:
+    async def complete(self, messages: Sequence[Message], *, max_new_tokens: int | None = None, session_id: str = "") -> str:
         """The model's reply to `messages` (`system`/`user`/`assistant` chat messages), stripped.
 
         Raises the policy's `BackendError` / `ContextOverflowError`.

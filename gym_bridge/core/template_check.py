@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
 from gym_bridge.core.errors import TemplateError
-from gym_bridge.core.items import ChatMessage
+from gym_bridge.core.conversation import TemplateMessage
 from gym_bridge.core.parsers.call import ParsedCall
 from gym_bridge.core.template import ChatTemplate
 from gym_bridge.core.template_profile import PROBE_ANSWER, PROBE_REASONING, PROBE_TOOLS, ProbeTurn, canonical_turn, strip_end
@@ -89,7 +89,7 @@ def _call(word: str) -> ParsedCall:
     return ParsedCall(name="lookup", arguments=f'{{"word": "{word}"}}')
 
 
-def _shapes(reasoning: str) -> dict[str, tuple[list[ChatMessage], list[_Step]]]:
+def _shapes(reasoning: str) -> dict[str, tuple[list[TemplateMessage], list[_Step]]]:
     system = {"role": "system", "content": "Be brief."}
     user = {"role": "user", "content": "What is a?"}
     call_a = _Step(turn=ProbeTurn(reasoning=reasoning, calls=(_call("a"),)))
@@ -118,7 +118,7 @@ def _difference(streamed: str, full: str) -> str:
             f"vs streamed={streamed[max(0, at - 40):at + 40]!r}")
 
 
-def _run_shape(template: ChatTemplate, shape: str, messages: list[ChatMessage], steps: Sequence[_Step]) -> ShapeResult:
+def _run_shape(template: ChatTemplate, shape: str, messages: list[TemplateMessage], steps: Sequence[_Step]) -> ShapeResult:
     """Stream the shape and compare each model call's prompt with the whole rendering.
     Raises TemplateError when the template cannot render the shape."""
     profile, tools = template.profile, list(PROBE_TOOLS)

@@ -17,8 +17,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol, Sequence
 
 from gym_bridge.core.bounded_call import call_bounded
+from gym_bridge.core.conversation import AssistantMessage, Message, assistant_message, tool_call, tool_message
+from gym_bridge.core.dialects.template_view import task_template_messages
 from gym_bridge.core.errors import RolloutFailure
-from gym_bridge.core.items import POLICY_VERSION_FIELD, TOKEN_FIELDS, ChatMessage, Item, function_call_item, message_item, reasoning_item, user_message_item
+from gym_bridge.core.items import POLICY_VERSION_FIELD, TOKEN_FIELDS, Item, function_call_item, message_item, reasoning_item, user_message_item
 from gym_bridge.core.parsers.call import ParsedCall, ParsedTurn
 from gym_bridge.core.policy import CallTokens, ChatPolicy, ChatRequest, ChatTurn, Generation, GenerationRequest, Policy, SamplingParams, is_token_policy
 from gym_bridge.core.task import Task
@@ -113,7 +115,7 @@ class TokenTranscript(_Conversation):
         self.policy, self.template = policy, template
         self._last_token: int | None = None
         """The end-of-turn token the model sampled last, whose closing the next delta must not repeat."""
-        trajectory.prompt_ids = template.prompt_ids(task.messages, tools or None)
+        trajectory.prompt_ids = template.prompt_ids(task_template_messages(task.messages), tools or None)
 
     async def generate(self, sampling: SamplingParams) -> tuple[Generation, ParsedTurn]:
         trajectory, template = self.trajectory, self.template
@@ -178,7 +180,7 @@ class MessageTranscript(_Conversation):
                  trajectory: Trajectory, session_id: str, max_tokens: int) -> None:
         super().__init__(trajectory=trajectory, session_id=session_id, tools=tools, max_tokens=max_tokens)
         self.policy = policy
-        self.messages: list[ChatMessage] = list(task.messages)
+        self.messages: list[Message] = list(task.messages)
 
     async def generate(self, sampling: SamplingParams) -> tuple[Generation, ParsedTurn]:
         """One call of the chat policy: items and an assistant message, plus the call's tokens when
@@ -192,15 +194,9 @@ class MessageTranscript(_Conversation):
         else:
             self._append_call_tokens(tokens)
         parsed, items = self.add_turn(_parsed_chat_turn(turn), lambda item_id, call: item_id)
-        message: ChatMessage = {"role": "assistant", "content": parsed.content}
-        if parsed.calls:
-            message["tool_calls"] = [{"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
-                                     for call in parsed.calls]
+        message = assistant_message(parsed.content, [tool_call(call.call_id or "", call.name, call.arguments) for call in parsed.calls])
         if tokens is not None:
-            fields = dict(zip(TOKEN_FIELDS, (list(tokens.prompt_token_ids), list(tokens.generation_token_ids), list(tokens.generation_log_probs))))
-            last: Any = items[-1]
-            last.update(fields)
-            message.update(fields)
+            _carry_tokens(message, items[-1], tokens)
         self.trajectory.output.extend(items)
         self.messages.append(message)
         generation = Generation(token_ids=list(tokens.generation_token_ids) if tokens else [],
@@ -228,7 +224,7 @@ class MessageTranscript(_Conversation):
         trajectory.append_model(list(tokens.generation_token_ids), list(tokens.generation_log_probs))
 
     async def append_tool_outputs(self, outputs: Sequence[ToolOutput]) -> bool:
-        self.messages.extend({"role": "tool", "tool_call_id": out.call_id, "name": out.name, "content": out.content} for out in outputs)
+        self.messages.extend(tool_message(out.call_id, out.content, name=out.name) for out in outputs)
         return True
 
     async def append_user_message(self, content: str) -> bool:
@@ -266,6 +262,16 @@ def transcript_starter(policy: Policy | ChatPolicy, template: ChatTemplate | Non
         return MessageTranscript(chat_policy, task=task, tools=tools, trajectory=trajectory, session_id=session_id,
                                  max_tokens=max_tokens)
     return start_messages
+
+
+def _carry_tokens(message: AssistantMessage, last_item: Item, tokens: CallTokens) -> None:
+    """Put a chat call's token ids on its assistant message (sent back, so the server keeps the prefix
+    exact) and on its last item (the record's)."""
+    message["prompt_token_ids"] = list(tokens.prompt_token_ids)
+    message["generation_token_ids"] = list(tokens.generation_token_ids)
+    message["generation_log_probs"] = list(tokens.generation_log_probs)
+    last: Any = last_item
+    last.update(zip(TOKEN_FIELDS, (message["prompt_token_ids"], message["generation_token_ids"], message["generation_log_probs"])))
 
 
 def _parsed_chat_turn(turn: ChatTurn) -> ParsedTurn:

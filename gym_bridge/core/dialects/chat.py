@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
+from gym_bridge.core.conversation import Message, assistant_message, tool_call
 from gym_bridge.core.errors import UserError
 from gym_bridge.core.items import TOKEN_FIELDS
 from gym_bridge.core.policy import LogprobsMode, SamplingParams
@@ -153,6 +154,24 @@ class MessageIn(BaseModel):
         if self.content is None:
             return ""
         return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+    def to_message(self) -> Message:
+        """This request message in the conversation's form (`developer` is `system`; arguments as sent,
+        an object as its JSON text); token fields are not carried."""
+        if self.role in ("system", "developer"):
+            return {"role": "system", "content": self.text()}
+        if self.role == "user":
+            return {"role": "user", "content": self.text()}
+        if self.role == "tool":
+            return {"role": "tool", "tool_call_id": self.tool_call_id or "", "content": self.text()}
+        calls = [tool_call(call.id, call.function.name, _arguments_text(call.function.arguments)) for call in self.tool_calls or []]
+        return assistant_message(self.text(), calls)
+
+
+def _arguments_text(arguments: str | dict[str, Any] | None) -> str:
+    if arguments is None:
+        return ""
+    return arguments if isinstance(arguments, str) else json.dumps(arguments)
 
 
 class StreamOptions(BaseModel):
