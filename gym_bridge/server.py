@@ -30,14 +30,15 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
 import pydantic
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, StrictInt
 
 from gym_bridge.core.dialects.chat import MAX_CHOICES, ApiError, ChatBody, MessageIn, SamplingBody, ToolIn, from_chat_tool
+from gym_bridge.core.dialects.completions import CompletionBody, completion_logprobs
 from gym_bridge.core.dialects.template_view import template_messages
 from gym_bridge.disconnect import ClientDisconnected, unless_disconnected
 from gym_bridge.core.errors import GymBridgeError
@@ -65,14 +66,6 @@ def _busy(limit: int) -> dict[str, Any]:
 
 
 # -- request bodies ---------------------------------------------------------------------------
-
-
-class CompletionBody(SamplingBody):
-    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
-    max_tokens: Annotated[int, Field(ge=1)] = 16
-    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    echo: bool = False
-    suffix: str | None = None
 
 
 class TokenizeBody(BaseModel):
@@ -212,7 +205,8 @@ async def completions(request: Request) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": index, "text": text, "logprobs": None, "finish_reason": generation.finish_reason,
                                   "stop_reason": stop_reason, "logprobs_mode": sampling.logprobs_mode}
         if body.logprobs is not None:
-            choice["logprobs"] = _completion_logprobs(generation, as_ids=body.return_tokens_as_token_ids, state=state)
+            choice["logprobs"] = completion_logprobs(_token_strings(generation.token_ids, as_ids=body.return_tokens_as_token_ids, state=state),
+                                                     generation.logprobs)
         if body.return_token_ids:
             choice["prompt_token_ids"] = list(prompt_ids)
             choice["token_ids"] = list(generation.token_ids)
@@ -418,20 +412,6 @@ def _token_strings(ids: list[int], *, as_ids: bool, state: ServerState) -> list[
     if as_ids:
         return [f"token_id:{token}" for token in ids]
     return [state.policy.tokenizer.decode([token], skip_special_tokens=False) for token in ids]
-
-
-def _completion_logprobs(generation: Generation, *, as_ids: bool, state: ServerState) -> dict[str, Any]:
-    tokens = _token_strings(generation.token_ids, as_ids=as_ids, state=state)
-    offsets, position = [], 0
-    for token in tokens:
-        offsets.append(position)
-        position += len(token)
-    return {
-        "text_offset": offsets,
-        "token_logprobs": list(generation.logprobs),
-        "tokens": tokens,
-        "top_logprobs": [{token: logprob} for token, logprob in zip(tokens, generation.logprobs)],
-    }
 
 
 def _chat_logprobs(generation: Generation, *, as_ids: bool, state: ServerState) -> list[dict[str, Any]]:

@@ -3,7 +3,8 @@
 Owns the pydantic models of a `/v1/chat/completions` body (`ChatBody`, with `MessageIn`,
 `ToolIn`), which serve-model and the capture endpoint both validate against; tool schemas
 between the Responses form and the chat form (`to_chat_tool`, `from_chat_tool`); chat messages
-as the chat-completions API is sent them (`to_openai_messages`); a chat completion as the
+as the chat-completions API is sent them (`to_openai_messages`); a chat policy's request and the
+turn in its answer (`chat_request`, `chat_turn_from_completion`); a chat completion as the
 `chat.completion.chunk` objects of a streamed answer (`completion_chunks`); and `ApiError`, an
 error answer in OpenAI's shape. No web framework: the servers turn `ApiError` into their own responses.
 """
@@ -19,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 from gym_bridge.core.conversation import Message, assistant_message, tool_call
 from gym_bridge.core.errors import UserError
 from gym_bridge.core.items import TOKEN_FIELDS
-from gym_bridge.core.policy import LogprobsMode, SamplingParams
+from gym_bridge.core.policy import BackendError, CallTokens, ChatRequest, ChatToolCall, ChatTurn, LogprobsMode, SamplingParams
 
 MAX_CHOICES = 64
 """The most choices one request may ask for (prompts x n)."""
@@ -250,6 +251,68 @@ def to_openai_messages(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, 
         else:
             out.append({"role": role, "content": message.get("content", "")})
     return out
+
+
+# -- the client side: a request for a chat policy's turn, and the turn in the answer -----------
+
+
+def chat_request(request: ChatRequest, *, model: str) -> dict[str, Any]:
+    """The chat-completions request for one turn (sampling as given; the client adds its extras)."""
+    sampling = request.sampling
+    params: dict[str, Any] = {
+        "model": model,
+        "messages": to_openai_messages(request.messages),
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "max_completion_tokens": sampling.max_new_tokens,
+    }
+    if request.tools:
+        params["tools"] = [to_chat_tool(schema) for schema in request.tools]
+    if sampling.stop:
+        params["stop"] = list(sampling.stop)
+    if sampling.seed is not None:
+        params["seed"] = sampling.seed
+    return params
+
+
+def chat_turn_from_completion(completion: dict[str, Any]) -> ChatTurn:
+    """A chat-completions answer as a `ChatTurn`; raises `BackendError` when it has no choice."""
+    choices = completion.get("choices") or []
+    if not choices or not isinstance(choices[0].get("message"), dict):
+        raise BackendError(f"chat completion has no message: {json.dumps(completion)[:200]}")
+    choice = choices[0]
+    message = choice["message"]
+    calls = tuple(
+        ChatToolCall(name=call["function"]["name"], arguments=call["function"].get("arguments") or "{}")
+        for call in message.get("tool_calls") or [] if call.get("function")
+    )
+    reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
+    usage = completion.get("usage") or {}
+    return ChatTurn(
+        text=message.get("content") or "",
+        reasoning=reasoning if isinstance(reasoning, str) else "",
+        tool_calls=calls,
+        finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
+        usage={"input_tokens": int(usage.get("prompt_tokens") or 0), "output_tokens": int(usage.get("completion_tokens") or 0)},
+        tokens=call_tokens(message),
+    )
+
+
+def call_tokens(message: Mapping[str, Any]) -> CallTokens | None:
+    """The token fields NeMo RL's server puts on an answer's message, or None when there are none.
+
+    Raises `BackendError` when they are there but malformed (missing one, lengths that disagree).
+    """
+    present = [field for field in TOKEN_FIELDS if message.get(field) is not None]
+    if not present:
+        return None
+    if len(present) != len(TOKEN_FIELDS):
+        raise BackendError(f"the message carries {present} but not all of {list(TOKEN_FIELDS)}")
+    prompt, generation, logprobs = (message[field] for field in TOKEN_FIELDS)
+    if not all(isinstance(value, list) for value in (prompt, generation, logprobs)) or len(generation) != len(logprobs):
+        raise BackendError(f"malformed token fields: {len(generation)} generation ids and {len(logprobs)} log-probs")
+    return CallTokens(prompt_token_ids=[int(t) for t in prompt], generation_token_ids=[int(t) for t in generation],
+                      generation_log_probs=[float(v) for v in logprobs])
 
 
 def completion_chunks(completion: Mapping[str, Any], *, include_usage: bool) -> list[dict[str, Any]]:

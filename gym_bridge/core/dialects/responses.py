@@ -5,16 +5,18 @@ Trajectories and task inputs are Responses items (`message`, `reasoning`, `funct
 template work on. This module reads items (`item_text`; a trajectory's answer: `final_text`,
 `output_text`), turns a Responses `input` into the conversation (`to_messages`, the one
 converter: task inputs and `/v1/responses` requests alike, call ids kept) and the conversation
-back into Responses input items (`from_chat_messages`, what the Responses API is sent).
+back into Responses input items (`from_chat_messages`), and a chat policy's Responses API request
+and the turn in its answer (`responses_request`, `chat_turn_from_response`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from gym_bridge.core.conversation import Message, tool_call, tool_calls_of
 from gym_bridge.core.dialects.chat import ApiError, tool_call_arguments
+from gym_bridge.core.policy import ChatRequest, ChatToolCall, ChatTurn
 
 
 
@@ -154,3 +156,51 @@ def to_responses_tool(schema: Mapping[str, Any]) -> dict[str, Any]:
     """A function schema (`name`, `description`, `parameters`) as a Responses `tools` entry."""
     return {"type": "function", "name": schema["name"], "description": schema.get("description", ""),
             "parameters": schema.get("parameters") or {"type": "object", "properties": {}}}
+
+
+def responses_request(request: ChatRequest, *, model: str) -> dict[str, Any]:
+    """The Responses API request for one turn (no stop strings or seed: the API has none; nothing stored)."""
+    sampling = request.sampling
+    params: dict[str, Any] = {
+        "model": model,
+        "input": from_chat_messages(request.messages),
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "max_output_tokens": sampling.max_new_tokens,
+        "store": False,
+    }
+    if request.tools:
+        params["tools"] = [to_responses_tool(schema) for schema in request.tools]
+    return params
+
+
+def chat_turn_from_response(response: dict[str, Any], *, stop: tuple[str, ...] = ()) -> ChatTurn:
+    """A Responses answer as a `ChatTurn`: output text, reasoning summaries and `function_call` items.
+
+    Stop strings, which the Responses API lacks, cut the text after the first one.
+    """
+    texts: list[str] = []
+    reasoning: list[str] = []
+    calls: list[ChatToolCall] = []
+    for item in response.get("output") or []:
+        kind = item.get("type")
+        if kind == "message":
+            texts.extend(part.get("text") or "" for part in item.get("content") or [] if part.get("type") == "output_text")
+        elif kind == "reasoning":
+            reasoning.extend(part.get("text") or "" for part in item.get("summary") or [])
+            reasoning.extend(part.get("text") or "" for part in item.get("content") or [] if part.get("type") == "reasoning_text")
+        elif kind == "function_call":
+            calls.append(ChatToolCall(name=item.get("name", ""), arguments=item.get("arguments") or "{}"))
+    text = "".join(texts)
+    finish_reason: Literal["stop", "length"] = "stop"
+    details = response.get("incomplete_details") or {}
+    if response.get("status") == "incomplete" and details.get("reason") == "max_output_tokens":
+        finish_reason = "length"
+    cuts = [text.find(s) + len(s) for s in stop if s in text]
+    if cuts:
+        text, finish_reason, calls = text[: min(cuts)], "stop", []
+    usage = response.get("usage") or {}
+    return ChatTurn(
+        text=text, reasoning="\n".join(r for r in reasoning if r), tool_calls=tuple(calls), finish_reason=finish_reason,
+        usage={"input_tokens": int(usage.get("input_tokens") or 0), "output_tokens": int(usage.get("output_tokens") or 0)},
+    )
