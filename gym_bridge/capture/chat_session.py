@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import json
 import secrets
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gym_bridge.capture.assembly import CapturedCall
 from gym_bridge.capture.session import SessionState
-from gym_bridge.core.conversation import Message
-from gym_bridge.core.dialects.chat import MessageIn
+from gym_bridge.core.conversation import Message, assistant_message, tool_call
+from gym_bridge.core.dialects.chat import MessageIn, answer_choice, chat_completion
 from gym_bridge.core.items import TOKEN_FIELDS, function_call_output_item, user_message_item
 from gym_bridge.core.policy import BackendError, CallTokens, ChatPolicy, ChatRequest, ChatTurn
 
@@ -86,25 +85,16 @@ class ChatCaptureSession(SessionState):
         self.calls.append(CapturedCall(prompt_ids=prompt, completion_ids=list(tokens.generation_token_ids),
                                        logprobs=list(tokens.generation_log_probs)))
         self.last_finish_reason = turn.finish_reason
-        message: dict[str, Any] = {"role": "assistant", "content": turn.text}
-        if turn.tool_calls:
-            message["content"] = turn.text or None
-            message["tool_calls"] = [{"id": f"call_{self.label or 'capture'}_{len(self.calls)}x{n}", "type": "function",
-                                      "function": {"name": call.name, "arguments": call.arguments}}
-                                     for n, call in enumerate(turn.tool_calls)]
-        if turn.reasoning:
-            message["reasoning_content"] = turn.reasoning
+        calls = [tool_call(f"call_{self.label or 'capture'}_{len(self.calls)}x{n}", call.name, call.arguments)
+                 for n, call in enumerate(turn.tool_calls)]
+        message = assistant_message((turn.text or None) if calls else turn.text, calls, reasoning=turn.reasoning)
         self._tokens[_answer_key(message)] = tokens
-        self._append_turn(message, reasoning=message.get("reasoning_content") or "", prompt_ids=tokens.prompt_token_ids,
-                          completion_ids=tokens.generation_token_ids, logprobs=tokens.generation_log_probs)
+        self._append_turn(message, prompt_ids=tokens.prompt_token_ids, completion_ids=tokens.generation_token_ids,
+                          logprobs=tokens.generation_log_probs)
         self._seen = [_plain(m) for m in messages] + [_plain(message)]
-        finish = "tool_calls" if turn.tool_calls and turn.finish_reason == "stop" else turn.finish_reason
-        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(tokens.generation_token_ids),
-                 "total_tokens": len(prompt) + len(tokens.generation_token_ids)}
-        return {"id": f"chatcmpl-{secrets.token_hex(12)}", "object": "chat.completion", "created": int(time.time()),
-                "model": self.model_name, "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
-                "usage": usage}
-
+        choice = answer_choice(0, message, turn.finish_reason)
+        return chat_completion([choice], model=self.model_name, prompt_tokens=len(prompt),
+                               completion_tokens=len(tokens.generation_token_ids), completion_id=f"chatcmpl-{secrets.token_hex(12)}")
 
 
 def _answer_key(message: Mapping[str, Any]) -> str:

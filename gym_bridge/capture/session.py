@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -29,14 +28,14 @@ import pydantic
 from gym_bridge.capture.assembly import CapturedCall
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.bounded_call import call_bounded
-from gym_bridge.core.dialects.chat import ApiError, ChatBody, MessageIn, from_chat_tool
+from gym_bridge.core.conversation import AssistantMessage
+from gym_bridge.core.dialects.chat import ApiError, ChatBody, MessageIn, answer_choice, chat_completion, from_chat_tool
 from gym_bridge.core.dialects.responses_api import ResponsesBody, check_stateless, to_chat_body, to_response
 from gym_bridge.core.dialects.template_view import template_messages
 from gym_bridge.core.items import TOKEN_FIELDS, Item, function_call_item, function_call_output_item, message_item, reasoning_item, user_message_item
-from gym_bridge.core.parsers.call import ParsedTurn
 from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest, Policy, SamplingParams
 from gym_bridge.core.template import ChatTemplate
-from gym_bridge.core.transcript import OFF_LOOP_TOKENIZE_CHARS, TOKENIZE_TIMEOUT_S
+from gym_bridge.core.transcript import OFF_LOOP_TOKENIZE_CHARS, TOKENIZE_TIMEOUT_S, answer_message, read_turn
 
 _Body = TypeVar("_Body", bound=pydantic.BaseModel)
 _Answer = TypeVar("_Answer")
@@ -221,11 +220,12 @@ class SessionState:
         self._items += 1
         return f"{prefix}_{self.label or 'capture'}_{self._items}"
 
-    def _append_turn(self, message: dict[str, Any], *, reasoning: str, prompt_ids: Sequence[int], completion_ids: Sequence[int],
+    def _append_turn(self, message: AssistantMessage, *, prompt_ids: Sequence[int], completion_ids: Sequence[int],
                      logprobs: Sequence[float]) -> None:
         """The Responses items of one answered call (reasoning, message, function calls), the last one
         carrying the call's token fields."""
         items: list[Any] = []
+        reasoning = message.get("reasoning_content")
         if reasoning:
             items.append(reasoning_item(reasoning, item_id=self._item_id("rs")))
         calls = message.get("tool_calls") or []
@@ -336,37 +336,18 @@ class CaptureSession(SessionState):
     def _answer(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                 prompt_ids: list[int], generation: Generation) -> dict[str, Any]:
         ids = generation.token_ids
-        last_token = ids[-1] if ids and ids[-1] in self.template.eos_token_ids else None
-        text = self.template.tokenizer.decode(ids[:-1] if last_token is not None else ids, skip_special_tokens=False)
-        parsed = self.template.parse(text, prompt_ids=prompt_ids, tools=tools or ())
-        if not tools and parsed.calls:  # no tools offered: a call-shaped text is plain content
-            parsed = ParsedTurn(reasoning=parsed.reasoning, content=parsed.content or text)
-        message = self._message(parsed)
+        parsed, text, last_token = read_turn(self.template, ids, text=None, prompt_ids=prompt_ids, tools=tools or ())
+        number = len(self.calls)
+        message = answer_message(parsed, text, tools_offered=bool(tools),
+                                 call_id=lambda n, call: self.template.call_id(f"{number}x{n}", written=call.call_id))
         self.last_finish_reason = generation.finish_reason
         self.calls.append(CapturedCall(prompt_ids=list(prompt_ids), completion_ids=list(ids), logprobs=list(generation.logprobs)))
-        self._append_turn(message, reasoning=parsed.reasoning, prompt_ids=prompt_ids, completion_ids=generation.token_ids,
-                          logprobs=generation.logprobs)
+        self._append_turn(message, prompt_ids=prompt_ids, completion_ids=generation.token_ids, logprobs=generation.logprobs)
         echoed = template_messages([MessageIn.model_validate(message)], tool_format=self.template.tool_format)
         self._context = _Context(messages=messages + echoed, tools=tools, ids=list(prompt_ids) + list(ids), last_token=last_token)
-        finish = "tool_calls" if message.get("tool_calls") and generation.finish_reason == "stop" else generation.finish_reason
-        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids), "total_tokens": len(prompt_ids) + len(ids)}
-        return {"id": f"chatcmpl-{secrets.token_hex(12)}", "object": "chat.completion", "created": int(time.time()),
-                "model": self.model_name, "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
-                "usage": usage}
-
-    def _message(self, parsed: ParsedTurn) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
-        good = [call for call in parsed.calls if call.error is None]
-        if good:
-            message["content"] = parsed.content or None
-            message["tool_calls"] = [
-                {"id": self.template.call_id(f"{len(self.calls)}x{n}", written=call.call_id), "type": "function",
-                 "function": {"name": call.name, "arguments": call.arguments}}
-                for n, call in enumerate(good)
-            ]
-        if parsed.reasoning:
-            message["reasoning_content"] = parsed.reasoning
-        return message
+        choice = answer_choice(0, message, generation.finish_reason)
+        return chat_completion([choice], model=self.model_name, prompt_tokens=len(prompt_ids), completion_tokens=len(ids),
+                               completion_id=f"chatcmpl-{secrets.token_hex(12)}")
 
     def _input_items(self, new: list[dict[str, Any]]) -> None:
         for message in new:

@@ -123,13 +123,8 @@ class TokenTranscript(_Conversation):
         generation = await self.policy.generate(GenerationRequest(prompt_ids=prompt_ids, sampling=sampling, session_id=self.session_id))
         trajectory.append_model(generation.token_ids, generation.logprobs)
         ids = generation.token_ids
-        self._last_token = ids[-1] if ids and ids[-1] in template.eos_token_ids else None
-        text = generation.text
-        if text is None:
-            text = template.decode(ids[:-1] if self._last_token is not None else ids)
-        elif self._last_token is not None:
-            text = text.removesuffix(template.closing_text(self._last_token))
-        parsed, items = self.add_turn(template.parse(text, prompt_ids=prompt_ids, tools=self.tools), self._call_id)
+        turn, _, self._last_token = read_turn(template, ids, text=generation.text, prompt_ids=prompt_ids, tools=self.tools)
+        parsed, items = self.add_turn(turn, self._call_id)
         last: Any = items[-1]
         last["prompt_token_ids"] = prompt_ids
         last["generation_token_ids"] = list(ids)
@@ -231,6 +226,32 @@ class MessageTranscript(_Conversation):
         self.messages.append({"role": "user", "content": content})
         self.add_user_item(content)
         return True
+
+
+def read_turn(template: ChatTemplate, ids: Sequence[int], *, text: str | None, prompt_ids: Sequence[int],
+              tools: Sequence[dict[str, Any]]) -> tuple[ParsedTurn, str, int | None]:
+    """A sampled turn read with the model family's parsers: the parsed turn, its text (`text` as the
+    backend decoded it, else decoded here; without the end-of-turn token either way), and the
+    end-of-turn token it ended on (None when it did not end on one)."""
+    last_token = ids[-1] if ids and ids[-1] in template.eos_token_ids else None
+    if text is None:
+        text = template.decode(ids[:-1] if last_token is not None else ids)
+    elif last_token is not None:
+        text = text.removesuffix(template.closing_text(last_token))
+    return template.parse(text, prompt_ids=prompt_ids, tools=tools), text, last_token
+
+
+def answer_message(parsed: ParsedTurn, text: str, *, tools_offered: bool, call_id: Callable[[int, ParsedCall], str]) -> AssistantMessage:
+    """The assistant message a chat server answers for a sampled turn (`text`, read by `read_turn` into
+    `parsed`), the one rule of serve-model and the capture endpoint: content and reasoning apart, and
+    each call named `call_id(n, call)`. With no tools offered, call-shaped text is content; a turn
+    whose calls do not all parse is answered as written (as vLLM's tool parsers do)."""
+    if not tools_offered and parsed.calls:
+        return assistant_message(parsed.content or text, reasoning=parsed.reasoning)
+    if any(call.error is not None for call in parsed.calls):
+        return assistant_message(text)
+    calls = [tool_call(call_id(n, call), call.name, call.arguments) for n, call in enumerate(parsed.calls)]
+    return assistant_message((parsed.content or None) if calls else parsed.content, calls, reasoning=parsed.reasoning)
 
 
 class StartTranscript(Protocol):

@@ -12,12 +12,13 @@ error answer in OpenAI's shape. No web framework: the servers turn `ApiError` in
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from gym_bridge.core.conversation import Message, assistant_message, tool_call
+from gym_bridge.core.conversation import AssistantMessage, FinishReason, Message, assistant_message, tool_call
 from gym_bridge.core.errors import UserError
 from gym_bridge.core.items import TOKEN_FIELDS
 from gym_bridge.core.policy import BackendError, CallTokens, ChatRequest, ChatToolCall, ChatTurn, LogprobsMode, SamplingParams
@@ -313,6 +314,24 @@ def call_tokens(message: Mapping[str, Any]) -> CallTokens | None:
         raise BackendError(f"malformed token fields: {len(generation)} generation ids and {len(logprobs)} log-probs")
     return CallTokens(prompt_token_ids=[int(t) for t in prompt], generation_token_ids=[int(t) for t in generation],
                       generation_log_probs=[float(v) for v in logprobs])
+
+
+# -- the server side: a chat.completion answer ------------------------------------------------
+
+
+def answer_choice(index: int, message: AssistantMessage, finish_reason: FinishReason) -> dict[str, Any]:
+    """One choice of a `chat.completion`: finish reason `tool_calls` when the message calls tools and the
+    turn ended on its own (`length` stays `length`)."""
+    finish = "tool_calls" if message.get("tool_calls") and finish_reason == "stop" else finish_reason
+    return {"index": index, "message": message, "logprobs": None, "finish_reason": finish}
+
+
+def chat_completion(choices: list[dict[str, Any]], *, model: str, prompt_tokens: int, completion_tokens: int,
+                    completion_id: str) -> dict[str, Any]:
+    """A `chat.completion` answer with its usage (`completion_id`: `chatcmpl-...`)."""
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+    return {"id": completion_id, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": choices, "usage": usage}
 
 
 def completion_chunks(completion: Mapping[str, Any], *, include_usage: bool) -> list[dict[str, Any]]:
