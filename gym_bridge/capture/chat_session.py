@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gym_bridge.capture.assembly import CapturedCall
-from gym_bridge.capture.session import SessionState
-from gym_bridge.core.conversation import Message, assistant_message, tool_call
+from gym_bridge.capture.session import _Session
+from gym_bridge.core.conversation import Message, appended, assistant_message, tool_call
 from gym_bridge.core.dialects.chat import MessageIn, answer_choice, chat_completion
 from gym_bridge.core.items import TOKEN_FIELDS, function_call_output_item, user_message_item
+from gym_bridge.core.trajectory import extends
 from gym_bridge.core.policy import BackendError, CallTokens, ChatPolicy, ChatRequest, ChatTurn
 
 
@@ -32,7 +33,7 @@ NO_TOKENS = ("the chat policy answered without token ids; a harness behind a cha
 
 
 @dataclass(kw_only=True)
-class ChatCaptureSession(SessionState):
+class ChatCaptureSession(_Session):
     """Serves one rollout's calls from a chat policy with token ids; mutated only by `chat_completions` (`responses` goes through it)."""
 
     policy: ChatPolicy
@@ -40,6 +41,10 @@ class ChatCaptureSession(SessionState):
     """The token ids of every answered assistant message, by `_answer_key`."""
     _seen: list[dict[str, Any]] = field(default_factory=list)
     """The last request's messages and the answer (to tell which messages a request adds)."""
+
+    async def responses(self, data: Any) -> dict[str, Any]:
+        """The answer to one `/v1/responses` body (served as the chat-completions call it means)."""
+        return await self._responses(data, self.chat_completions)
 
     async def chat_completions(self, data: Any) -> dict[str, Any]:
         """The answer to one request body, as OpenAI's API gives it; raises ApiError for a 4xx/5xx."""
@@ -69,7 +74,7 @@ class ChatCaptureSession(SessionState):
     def _input_items(self, messages: Sequence[Message]) -> None:
         """Tool outputs and user messages that extend the last answered conversation become input items."""
         seen = self._seen
-        if not seen or [_plain(m) for m in messages[: len(seen)]] != seen:
+        if not seen or appended(seen, [_plain(m) for m in messages]) is None:
             return
         for message in messages[len(seen):]:
             if message["role"] == "tool":
@@ -80,7 +85,7 @@ class ChatCaptureSession(SessionState):
     def _answer(self, messages: Sequence[Message], turn: ChatTurn, tokens: CallTokens) -> dict[str, Any]:
         previous = self.calls[-1] if self.calls else None
         prompt = list(tokens.prompt_token_ids)
-        if previous is not None and prompt[: len(previous.prompt_ids) + len(previous.completion_ids)] == previous.prompt_ids + previous.completion_ids:
+        if previous is not None and extends(previous.prompt_ids + previous.completion_ids, prompt):
             self.token_in_calls += 1
         self.calls.append(CapturedCall(prompt_ids=prompt, completion_ids=list(tokens.generation_token_ids),
                                        logprobs=list(tokens.generation_log_probs)))

@@ -21,14 +21,14 @@ import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import pydantic
 
 from gym_bridge.capture.assembly import CapturedCall
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.bounded_call import call_bounded
-from gym_bridge.core.conversation import AssistantMessage
+from gym_bridge.core.conversation import AssistantMessage, appended
 from gym_bridge.core.dialects.chat import ApiError, ChatBody, MessageIn, answer_choice, chat_completion, from_chat_tool
 from gym_bridge.core.dialects.responses_api import ResponsesBody, check_stateless, to_chat_body, to_response
 from gym_bridge.core.dialects.template_view import template_messages
@@ -71,10 +71,42 @@ class _Context:
     last_token: int | None
 
 
+class SessionState(Protocol):
+    """A capture session as the endpoint and the harness loop use it, whatever its policy kind
+    (`CaptureSession` for a token policy, `ChatCaptureSession` for a chat policy with token ids)."""
+
+    model_name: str
+    token: str
+    """The session's key: in the URL path and accepted as the API key."""
+    calls: list[CapturedCall]
+    output: list[Item]
+    errors: list[EndpointError]
+    stop: SessionStop | None
+    stopped: asyncio.Event
+    last_finish_reason: str
+    token_in_calls: int
+
+    @property
+    def final_answer(self) -> str | None: ...
+
+    def fail(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None) -> ApiError: ...
+
+    async def chat_completions(self, data: Any) -> dict[str, Any]:
+        """The answer to one `/v1/chat/completions` body, as OpenAI's API gives it (not streamed:
+        the server streams it); raises ApiError for a 4xx/5xx."""
+        ...
+
+    async def responses(self, data: Any) -> dict[str, Any]:
+        """The answer to one `/v1/responses` body as a Responses `response` object."""
+        ...
+
+    async def close(self) -> None: ...
+
+
 @dataclass(kw_only=True)
-class SessionState:
-    """What every capture session keeps and answers with, whatever its policy kind: the calls,
-    their items, the errors it answered and why it stopped."""
+class _Session:
+    """What both capture sessions keep and how they admit and answer calls, whatever their policy kind:
+    the calls, their items, the errors they answered and why they stopped."""
 
     sampling: SamplingParams
     limits: Limits
@@ -237,21 +269,17 @@ class SessionState:
         items[-1].update(zip(TOKEN_FIELDS, (list(prompt_ids), list(completion_ids), list(logprobs))))
         self.output.extend(items)
 
-    async def chat_completions(self, data: Any) -> dict[str, Any]:
-        """The answer to one `/v1/chat/completions` body, as OpenAI's API gives it (not streamed:
-        the server streams it); raises ApiError for a 4xx/5xx."""
-        raise NotImplementedError
-
-    async def responses(self, data: Any) -> dict[str, Any]:
+    async def _responses(self, data: Any, chat_completions: Callable[[Any], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
         """The answer to one `/v1/responses` body as a Responses `response` object: the request is
-        served as the chat-completions call it means, so capture and token-in are the chat path's."""
+        served as the chat-completions call it means (by `chat_completions`), so capture and token-in
+        are the chat path's."""
         body = self._validated(ResponsesBody, data)
         try:
             check_stateless(body)
             chat = to_chat_body(body)
         except ApiError as error:
             raise self.fail(error.status, error.message, code=error.code) from None
-        return to_response(await self.chat_completions(chat), request=body)
+        return to_response(await chat_completions(chat), request=body)
 
     def _validated(self, model: type[_Body], data: Any) -> _Body:
         """`data` as a `model` request body; a recorded 400 naming the fields that are wrong."""
@@ -291,12 +319,16 @@ def _problems(error: pydantic.ValidationError) -> str:
 
 
 @dataclass(kw_only=True)
-class CaptureSession(SessionState):
+class CaptureSession(_Session):
     """Serves one rollout's calls from a token policy; mutated only by `chat_completions` (`responses` goes through it)."""
 
     policy: Policy
     template: ChatTemplate
     _context: _Context | None = None
+
+    async def responses(self, data: Any) -> dict[str, Any]:
+        """The answer to one `/v1/responses` body (served as the chat-completions call it means)."""
+        return await self._responses(data, self.chat_completions)
 
     async def chat_completions(self, data: Any) -> dict[str, Any]:
         """The answer to one request body, as OpenAI's API gives it; raises ApiError for a 4xx/5xx."""
@@ -317,14 +349,13 @@ class CaptureSession(SessionState):
         """The previous ids plus the rendered new messages when the request extends the last answer; else a whole render.
         A long request is tokenized in a worker thread, so the other rollouts' calls go on meanwhile."""
         context, template = self._context, self.template
-        if context is not None and tools == context.tools and messages[: len(context.messages)] == context.messages:
-            new = messages[len(context.messages):]
-            if new and all(message["role"] in ("tool", "user") for message in new):
-                closing = template.closing_text(context.last_token)
-                delta = await _tokenized(lambda: template.encode(template.delta_text(new, closing_sampled=closing)), new)
-                self.token_in_calls += 1
-                self._input_items(new)
-                return context.ids + delta
+        new = appended(context.messages, messages) if context is not None and tools == context.tools else None
+        if context is not None and new and all(message["role"] in ("tool", "user") for message in new):
+            closing = template.closing_text(context.last_token)
+            delta = await _tokenized(lambda: template.encode(template.delta_text(new, closing_sampled=closing)), new)
+            self.token_in_calls += 1
+            self._input_items(new)
+            return context.ids + delta
         try:
             ids: list[int] = await _tokenized(lambda: template.prompt_ids(messages, tools), messages)
         except TimeoutError:

@@ -10,7 +10,10 @@ sees every field. Each wire format converts to and from this form at its own edg
 
 from __future__ import annotations
 
-from typing import Any, Literal, NotRequired, TypedDict
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, NotRequired, TypedDict, TypeVar
+
+_M = TypeVar("_M", bound=Mapping[str, Any])
 
 JsonObject = dict[str, Any]
 """A JSON object as decoded (tool arguments, tool schemas): its values are any JSON."""
@@ -98,3 +101,12 @@ def tool_calls_of(message: Message) -> list[ToolCall]:
     if message["role"] != "assistant":
         return []
     return message.get("tool_calls") or []
+
+
+def appended(previous: Sequence[Mapping[str, Any]], messages: Sequence[_M]) -> list[_M] | None:
+    """The messages after `previous` when `messages` start with every one of them (the conversation
+    was extended, not rewritten), else None: the message-level form of the prefix rule whose token
+    form is `gym_bridge.core.trajectory.extends`."""
+    if len(messages) < len(previous) or any(a != b for a, b in zip(messages, previous)):
+        return None
+    return list(messages[len(previous):])

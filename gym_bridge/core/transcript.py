@@ -26,7 +26,7 @@ from gym_bridge.core.policy import CallTokens, ChatPolicy, ChatRequest, ChatTurn
 from gym_bridge.core.task import Task
 from gym_bridge.core.template import ChatTemplate, ToolOutput
 from gym_bridge.core.toolcall import parse_turn
-from gym_bridge.core.trajectory import TokenView, Trajectory
+from gym_bridge.core.trajectory import TokenView, Trajectory, extends, first_difference
 
 OFF_LOOP_TOKENIZE_CHARS = 8192
 """Environment messages at least this long are tokenized in a worker thread, off the event loop."""
@@ -207,8 +207,8 @@ class MessageTranscript(_Conversation):
             trajectory.prompt_ids = prompt
         else:
             seen = trajectory.context_ids()
-            if not trajectory.prompt_ids or prompt[: len(seen)] != seen:
-                at = next((i for i, (a, b) in enumerate(zip(prompt, seen)) if a != b), min(len(prompt), len(seen)))
+            if not trajectory.prompt_ids or not extends(seen, prompt):
+                at = first_difference(seen, prompt)
                 raise RolloutFailure(
                     "infra",
                     f"the model server's prompt token ids for call {trajectory.model_calls + 1} do not start with the "
