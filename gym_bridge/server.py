@@ -2,7 +2,8 @@
 
 It speaks the part of vLLM's server that gym_bridge and its users need — `/v1/models`,
 `/health`, `/v1/completions` (token-id prompts, `return_token_ids`, log-probs), `/v1/chat/completions`
-(tools in, `tool_calls` out, the same token fields) and `/tokenize` / `/detokenize` — so environments
+(tools in, `tool_calls` out as the model family's parser reads them and the capture endpoint answers them,
+the same token fields) and `/tokenize` / `/detokenize` — so environments
 can be developed against a laptop CPU and the remote policy can be tested over real HTTP. Every
 request goes through the one policy, which batches concurrent requests into one `generate`.
 Malformed requests (deeply nested JSON included) get a 400 with a message in vLLM's error shape,
