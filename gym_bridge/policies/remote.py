@@ -43,8 +43,7 @@ import aiohttp
 import orjson
 from yarl import URL
 
-from gym_bridge.core.dialects.completions import UnusableAnswer as _RetryableAnswer
-from gym_bridge.core.dialects.completions import parse_completion, preview, request_fields
+from gym_bridge.core.dialects.completions import MalformedAnswerError, parse_completion, preview, request_fields
 from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest, SamplingParams
 from gym_bridge.policies.router import ReplicaRouter
 
@@ -62,6 +61,14 @@ KEEPALIVE_S = 4.0
 """Idle pooled connections are closed after this long: below uvicorn's 5 s default (vLLM's server),
 so the client never reuses a connection the server is closing."""
 _JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+class _RetryableAnswer(Exception):
+    """The server answered, but with something to retry (5xx, 429, a malformed body)."""
+
+    def __init__(self, reason: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(reason)
+        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True)
@@ -430,11 +437,12 @@ class RemotePolicy:
             except orjson.JSONDecodeError:
                 raise _RetryableAnswer(f"answer is not JSON: {preview(body)}") from None
             generation = parse_completion(data, request=request, vocab_size=self.vocab_size)
-        except (_RetryableAnswer, BackendError) as error:
+        except (_RetryableAnswer, MalformedAnswerError) as error:
             self.router.finished(server, ok=False, down=True)
-            if isinstance(error, BackendError):
-                raise BackendError(f"{self.base_urls[server]}: {error}") from None
-            raise
+            raise _RetryableAnswer(str(error)) from None
+        except BackendError as error:
+            self.router.finished(server, ok=False, down=True)
+            raise BackendError(f"{self.base_urls[server]}: {error}") from None
         self.router.finished(server, ok=True)
         return generation
 

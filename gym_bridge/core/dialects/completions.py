@@ -21,12 +21,9 @@ from gym_bridge.core.policy import BackendError, Generation, GenerationRequest, 
 _TOKEN_ID_PREFIX = "token_id:"
 
 
-class UnusableAnswer(Exception):
-    """The server answered, but with something to retry (5xx, 429, a malformed body): the client retries it."""
-
-    def __init__(self, reason: str, *, retry_after_s: float | None = None) -> None:
-        super().__init__(reason)
-        self.retry_after_s = retry_after_s
+class MalformedAnswerError(BackendError):
+    """An HTTP 200 answer a rollout cannot use (no token ids, ids outside the vocabulary, log-probs
+    missing, a finish reason that is neither `stop` nor `length`); the client retries it elsewhere."""
 
 
 def request_fields(sampling: SamplingParams, *, model: str) -> dict[str, Any]:
@@ -59,15 +56,15 @@ def request_fields(sampling: SamplingParams, *, model: str) -> dict[str, Any]:
 def parse_completion(data: Any, *, request: GenerationRequest, vocab_size: int | None = None) -> Generation:
     """The `Generation` in a `/v1/completions` answer.
 
-    Raises `UnusableAnswer` for a malformed answer (ids outside `[0, vocab_size)` included) and
+    Raises `MalformedAnswerError` for a malformed answer (ids outside `[0, vocab_size)` included) and
     `BackendError` when the server answered for another prompt than the one sent (a proxy or server
     that rewrites prompts).
     """
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
-        raise UnusableAnswer(f"answer has no choices: {preview(data)}")
+        raise MalformedAnswerError(f"answer has no choices: {preview(data)}")
     choice = data["choices"][0]
     if not isinstance(choice, dict):
-        raise UnusableAnswer(f"choice is not an object: {preview(choice)}")
+        raise MalformedAnswerError(f"choice is not an object: {preview(choice)}")
     logprobs = choice.get("logprobs")
     if not isinstance(logprobs, dict):
         logprobs = {}
@@ -77,34 +74,34 @@ def parse_completion(data: Any, *, request: GenerationRequest, vocab_size: int |
     if token_ids is None:
         token_ids = listed_ids
     if token_ids is None:
-        raise UnusableAnswer(
+        raise MalformedAnswerError(
             "answer has no token ids: the server needs `return_token_ids` (vLLM >= 0.10.2) or "
             "`return_tokens_as_token_ids` with log-probs"
         )
     if not isinstance(token_ids, list) or not all(type(token) is int for token in token_ids):
-        raise UnusableAnswer(f"token_ids is not a list of integers: {preview(token_ids)}")
+        raise MalformedAnswerError(f"token_ids is not a list of integers: {preview(token_ids)}")
     if listed_ids is not None and listed_ids is not token_ids and listed_ids != token_ids:
-        raise UnusableAnswer("token_ids and the log-prob tokens disagree")
+        raise MalformedAnswerError("token_ids and the log-prob tokens disagree")
     if vocab_size is not None and token_ids and (min(token_ids) < 0 or max(token_ids) >= vocab_size):
         outside = sorted({token for token in token_ids if not 0 <= token < vocab_size})
-        raise UnusableAnswer(f"token ids outside the tokenizer's vocabulary [0, {vocab_size}): {preview(outside)} "
+        raise MalformedAnswerError(f"token ids outside the tokenizer's vocabulary [0, {vocab_size}): {preview(outside)} "
                                "(does this server serve another model than the tokenizer's?)")
     if not isinstance(token_logprobs, list) or len(token_logprobs) != len(token_ids):
-        raise UnusableAnswer(
+        raise MalformedAnswerError(
             f"answer has {len(token_ids)} token ids but log-probs {preview(token_logprobs)}; log-probs must be on"
         )
     if not all(type(value) is float for value in token_logprobs):  # orjson gives floats; ints only for integral values
         if not all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in token_logprobs):
-            raise UnusableAnswer(f"log-probs are not all numbers: {preview(token_logprobs)}")
+            raise MalformedAnswerError(f"log-probs are not all numbers: {preview(token_logprobs)}")
         token_logprobs = [float(value) for value in token_logprobs]
     finish_reason = choice.get("finish_reason")
     if finish_reason not in ("stop", "length"):
-        raise UnusableAnswer(f"finish_reason {finish_reason!r} is neither 'stop' nor 'length'")
+        raise MalformedAnswerError(f"finish_reason {finish_reason!r} is neither 'stop' nor 'length'")
     if len(token_ids) > request.sampling.max_new_tokens:
-        raise UnusableAnswer(f"{len(token_ids)} tokens returned for max_tokens={request.sampling.max_new_tokens}")
+        raise MalformedAnswerError(f"{len(token_ids)} tokens returned for max_tokens={request.sampling.max_new_tokens}")
     text = choice.get("text")
     if text is not None and not isinstance(text, str):
-        raise UnusableAnswer(f"text is not a string: {preview(text)}")
+        raise MalformedAnswerError(f"text is not a string: {preview(text)}")
     prompt_ids = choice.get("prompt_token_ids")
     if prompt_ids is not None and prompt_ids != _as_list(request.prompt_ids):
         raise BackendError("the server generated for other prompt ids than those sent (does a proxy rewrite prompts?)")
