@@ -227,3 +227,19 @@ def test_responses_output_items_go_back_as_the_one_assistant_message_they_came_f
     back = to_messages([{"role": "user", "content": "add"}, *items, *outputs])
     assert back[1] == {"role": "assistant", "content": "Let me add.", "tool_calls": message["tool_calls"]}
     assert back[2] == {"role": "tool", "tool_call_id": "call_1", "content": "1"} and len(back) == 3
+
+
+def test_a_tasks_calls_reach_the_template_with_their_ids_and_arguments_as_objects():
+    from gym_bridge.core.dialects.template_view import task_template_messages
+
+    messages = to_messages([{"role": "user", "content": "Weather?"},
+                            function_call_item("get_weather", '{"city": "Paris"}', call_id="call_1", item_id="fc_1"),
+                            function_call_output_item('{"t": 21}', call_id="call_1")])
+    assert task_template_messages(messages) == [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"t": 21}'},
+    ]
+    plain = to_messages("hi")
+    assert task_template_messages(plain) is plain  # no call: the messages as they are, nothing copied

@@ -60,6 +60,7 @@ def task_template_messages(messages: Sequence[Message]) -> Sequence[Message] | l
     for message in messages:
         entry: TemplateMessage = dict(message)
         if message["role"] == "assistant" and message.get("tool_calls"):
+            entry["content"] = message["content"] or ""  # as a task's calls always reached the template
             entry["tool_calls"] = [{"id": call["id"], "type": "function", "function": {
                 "name": call["function"]["name"], "arguments": tool_call_arguments(call["function"]["arguments"])}}
                 for call in message["tool_calls"]]
