@@ -38,7 +38,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, StrictInt
 
-from gym_bridge.core.conversation import AssistantMessage
+from gym_bridge.core.conversation import AssistantMessage, TemplateMessage
 from gym_bridge.core.dialects.chat import MAX_CHOICES, ApiError, ChatBody, MessageIn, SamplingBody, ToolIn, answer_choice, chat_completion, from_chat_tool
 from gym_bridge.core.dialects.completions import CompletionBody, completion_logprobs
 from gym_bridge.core.dialects.template_view import template_messages
@@ -441,7 +441,7 @@ def required_prefix(body: ChatBody) -> list[int] | None:
     return None
 
 
-def splice_prefix(template: ChatTemplate, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+def splice_prefix(template: ChatTemplate, messages: list[TemplateMessage], tools: list[dict[str, Any]] | None,
                   prompt_ids: list[int], prefix: list[int]) -> list[int]:
     """`prefix` (the exact ids of the conversation up to the last assistant message, its end-of-turn
     token aside) followed by the rendered prompt from that message's end-of-turn token on.

@@ -28,7 +28,7 @@ import pydantic
 from gym_bridge.capture.assembly import CapturedCall
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.bounded_call import call_bounded
-from gym_bridge.core.conversation import AssistantMessage, appended
+from gym_bridge.core.conversation import AssistantMessage, TemplateMessage, appended
 from gym_bridge.core.dialects.chat import ApiError, ChatBody, MessageIn, answer_choice, chat_completion, from_chat_tool
 from gym_bridge.core.dialects.responses_api import ResponsesBody, check_stateless, to_chat_body, to_response
 from gym_bridge.core.dialects.template_view import template_messages
@@ -65,7 +65,7 @@ class EndpointError:
 class _Context:
     """What the next call may extend: the conversation as rendered, and its exact ids."""
 
-    messages: list[dict[str, Any]]
+    messages: list[TemplateMessage]
     tools: list[dict[str, Any]] | None
     ids: list[int]
     last_token: int | None
@@ -304,7 +304,7 @@ class _Session:
         return body
 
 
-async def _tokenized(render: Callable[[], list[int]], messages: list[dict[str, Any]]) -> list[int]:
+async def _tokenized(render: Callable[[], list[int]], messages: list[TemplateMessage]) -> list[int]:
     """`render()`, in a worker thread when `messages` hold `OFF_LOOP_TOKENIZE_CHARS` characters or more
     (as the engine tokenizes long tool outputs): a megabyte stalled every rollout's calls for seconds."""
     size = sum(len(content) for message in messages if isinstance(content := message.get("content"), str))
@@ -345,7 +345,7 @@ class CaptureSession(_Session):
             generation = await self._sampled(sampling, self.policy.generate(request))
             return self._answer(messages, tools, prompt_ids, generation)
 
-    async def _prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    async def _prompt_ids(self, messages: list[TemplateMessage], tools: list[dict[str, Any]] | None) -> list[int]:
         """The previous ids plus the rendered new messages when the request extends the last answer; else a whole render.
         A long request is tokenized in a worker thread, so the other rollouts' calls go on meanwhile."""
         context, template = self._context, self.template
@@ -364,7 +364,7 @@ class CaptureSession(_Session):
             raise self.fail(400, f"the chat template cannot render these messages: {type(error).__name__}: {error}") from None
         return ids
 
-    def _answer(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+    def _answer(self, messages: list[TemplateMessage], tools: list[dict[str, Any]] | None,
                 prompt_ids: list[int], generation: Generation) -> dict[str, Any]:
         ids = generation.token_ids
         parsed, text, last_token = read_turn(self.template, ids, text=None, prompt_ids=prompt_ids, tools=tools or ())

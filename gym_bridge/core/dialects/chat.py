@@ -234,23 +234,27 @@ def tool_call_arguments(arguments: str | dict[str, Any] | None) -> dict[str, Any
     return parsed
 
 
-def to_openai_messages(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def to_openai_messages(messages: Iterable[Message]) -> list[dict[str, Any]]:
     """Chat messages as the chat-completions API accepts them: tool messages keep only their id,
     an assistant message with tool calls has content None when empty, and the token fields
     NeMo RL's server reads stay on the assistant messages that carry them."""
     out: list[dict[str, Any]] = []
     for message in messages:
-        role = message["role"]
-        if role == "tool":
+        if message["role"] == "tool":
             out.append({"role": "tool", "tool_call_id": message.get("tool_call_id", ""), "content": message.get("content", "")})
-        elif role == "assistant":
+        elif message["role"] == "assistant":
             entry: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
             if message.get("tool_calls"):
-                entry.update(content=message.get("content") or None, tool_calls=message["tool_calls"])
-            entry.update({field: message[field] for field in TOKEN_FIELDS if field in message})
+                entry.update(content=message.get("content") or None, tool_calls=message.get("tool_calls"))
+            if "prompt_token_ids" in message:
+                entry["prompt_token_ids"] = message["prompt_token_ids"]
+            if "generation_token_ids" in message:
+                entry["generation_token_ids"] = message["generation_token_ids"]
+            if "generation_log_probs" in message:
+                entry["generation_log_probs"] = message["generation_log_probs"]
             out.append(entry)
         else:
-            out.append({"role": role, "content": message.get("content", "")})
+            out.append({"role": message["role"], "content": message.get("content", "")})
     return out
 
 
