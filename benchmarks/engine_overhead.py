@@ -25,6 +25,10 @@ After loading, the objects alive are frozen out of garbage collection, as `gym-b
 (`freeze_startup_objects`); `--no-gc-freeze` measures the collector as it is inside a trainer's
 process, where the records of a run also stay alive. The process is pinned to one CPU core. Run: `.venv/bin/python benchmarks/engine_overhead.py`
 (about a minute). The last line printed is JSON.
+
+`--journal-ab N`: only the five-call case, N runs with the resume journal off and N with it on (each rollout commits
+its turns to a journal on disk, fsynced, as `gym-bridge eval` does by default), interleaved off/on so both see the
+same machine load; prints the medians, their min-max and the median slowdown of the runs paired in time.
 """
 
 from __future__ import annotations
@@ -33,14 +37,18 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
+import tempfile
 import time
 from dataclasses import replace
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from gym_bridge import Engine, EngineConfig, Generation, Limits, ScriptedPolicy, get_environment, load_tasks  # noqa: E402
 from gym_bridge.core.engine import freeze_startup_objects  # noqa: E402
+from gym_bridge.core.journal import RunFingerprint, RunJournal  # noqa: E402
 from gym_bridge.core.template import ChatTemplate  # noqa: E402
 from gym_bridge.policies.embedded import load_embedded_tokenizer  # noqa: E402
 
@@ -70,7 +78,14 @@ def distinct(tasks, count, start: int = 0):
 
 
 async def _stream(engine: Engine, tasks) -> list:
-    return [record async for record in engine.stream(tasks)]
+    if engine.journal is None:
+        return [record async for record in engine.stream(tasks)]
+    records = []
+    async for record in engine.stream(tasks):  # as `gym-bridge eval`: the record is kept, then its journal dropped
+        records.append(record)
+        engine.journal.finish((record.task_index, record.repeat_index))
+    await engine.journal.close()
+    return records
 
 
 def timed_run(engine: Engine, tasks) -> tuple[float, float, list]:
@@ -101,15 +116,22 @@ class Bench:
     def engine(self, script) -> Engine:
         return Engine(ScriptedPolicy({"": script}, record_calls=False), self.template, self.config)
 
-    def run(self, case: str, count: int, *, prompts: str = "distinct") -> tuple[float, float, list]:
-        """One timed run of `count` rollouts of `case` ("single" or "multi") with distinct or cached prompts."""
+    def run(self, case: str, count: int, *, prompts: str = "distinct", journal_dir: Path | None = None) -> tuple[float, float, list]:
+        """One timed run of `count` rollouts of `case` ("single" or "multi") with distinct or cached prompts; with
+        `journal_dir`, the rollouts journal their turns there (the journal is prepared inside the timed run)."""
         tasks, script = (self.weather, self.single_script) if case == "single" else (self.multi_step, self.multi_script)
         if prompts == "distinct":
             rows = distinct(tasks, count, self.requests)
             self.requests += count
         else:
             rows = replicate(tasks, count)
-        return timed_run(self.engine(script), rows)
+        engine = self.engine(script)
+        if journal_dir is None:
+            return timed_run(engine, rows)
+        wall, cpu = time.perf_counter(), time.process_time()
+        engine.journal = RunJournal.prepare(journal_dir, RunFingerprint.of_engine(self.config, rows), resume=False)
+        _, _, records = timed_run(engine, rows)
+        return time.perf_counter() - wall, time.process_time() - cpu, records
 
 
 def check(records, case: str) -> None:
@@ -118,6 +140,53 @@ def check(records, case: str) -> None:
         raise SystemExit(f"{len(failures)} rollouts failed, first: {failures[0]}")
     if case == "multi":
         assert all(r.tool_calls == 5 and r.turns == 6 for r in records), "five-call rollouts did not make five calls"
+
+
+def journal_ab(bench: Bench, *, runs: int, rollouts: int) -> dict[str, object]:
+    """The five-call case with the journal off and on, interleaved (off, on, off, on, ...); wall seconds per run."""
+    off: list[float] = []
+    on: list[float] = []
+    cpu: dict[str, list[float]] = {"off": [], "on": []}
+    with tempfile.TemporaryDirectory(prefix="journal-ab-", dir=os.environ.get("JOURNAL_AB_DIR")) as temp:
+        for position in range(runs):
+            bench.template._prompt_cache.clear()
+            wall_s, cpu_s, records = bench.run("multi", rollouts)
+            check(records, "multi")
+            off.append(wall_s)
+            cpu["off"].append(cpu_s)
+            bench.template._prompt_cache.clear()
+            wall_s, cpu_s, records = bench.run("multi", rollouts, journal_dir=Path(temp) / f"run{position}")
+            cpu["on"].append(cpu_s)
+            check(records, "multi")
+            if (Path(temp) / f"run{position}").exists():
+                raise SystemExit("the journal of a finished run was not removed")
+            on.append(wall_s)
+    paired = sorted(b / a - 1 for a, b in zip(off, on))
+    return {
+        "journal_off_rollouts_per_s": round(rollouts / statistics.median(off), 1),
+        "journal_off_rollouts_per_s_min_max": [round(rollouts / max(off), 1), round(rollouts / min(off), 1)],
+        "journal_on_rollouts_per_s": round(rollouts / statistics.median(on), 1),
+        "journal_on_rollouts_per_s_min_max": [round(rollouts / max(on), 1), round(rollouts / min(on), 1)],
+        "journal_slowdown_median_pct": round(100 * statistics.median(paired), 1),
+        "journal_slowdown_min_max_pct": [round(100 * paired[0], 1), round(100 * paired[-1], 1)],
+        "journal_cpu_us_per_rollout_off_on": [round(statistics.median(cpu["off"]) / rollouts * 1e6, 1),
+                                               round(statistics.median(cpu["on"]) / rollouts * 1e6, 1)],
+        "journal_cpu_overhead_median_pct": round(100 * (statistics.median(cpu["on"]) / statistics.median(cpu["off"]) - 1), 1),
+        "journal_commits_per_rollout": 5,
+        "runs_per_arm": runs,
+        "rollouts": rollouts,
+        "journal_dir_filesystem": _filesystem(os.environ.get("JOURNAL_AB_DIR") or tempfile.gettempdir()),
+    }
+
+
+def _filesystem(path: str) -> str:
+    """The filesystem type holding `path` (from /proc/mounts; '' where unknown)."""
+    try:
+        mounts = [line.split() for line in Path("/proc/mounts").read_text().splitlines()]
+    except OSError:
+        return ""
+    best = max((m for m in mounts if os.path.realpath(path).startswith(m[1])), key=lambda m: len(m[1]), default=None)
+    return f"{best[2]} on {best[1]}" if best else ""
 
 
 def main() -> None:
@@ -129,6 +198,8 @@ def main() -> None:
     parser.add_argument("--no-gc-freeze", action="store_true",
                         help="leave the garbage collector as it is (as inside a trainer) instead of freezing the "
                              "objects alive after loading, as `gym-bridge eval` does")
+    parser.add_argument("--journal-ab", type=int, default=0, metavar="N",
+                        help="only the five-call case: N runs with the resume journal off and N on, interleaved")
     args = parser.parse_args()
     if not args.all_cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
@@ -138,6 +209,12 @@ def main() -> None:
         bench.run(case, 200, prompts="distinct")
     if not args.no_gc_freeze:
         freeze_startup_objects()
+    if args.journal_ab:
+        result_ab = journal_ab(bench, runs=args.journal_ab, rollouts=args.rollouts)
+        result_ab["gc_freeze"] = not args.no_gc_freeze
+        result_ab["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
+        print(json.dumps(result_ab))
+        return
 
     result: dict[str, float] = {}
     per_rollout: dict[str, float] = {}

@@ -13,11 +13,12 @@ from gym_bridge._lazy import lazy_names
 
 if TYPE_CHECKING:  # the names, for type checkers and linters; at run time `__getattr__` imports them
     from gym_bridge.adapters.trl import (  # noqa: F401
-        RolloutOptions, TRLRollout, env_reward, example_data_paths, load_dataset, make_rollout, reward_metrics, rollout, to_trl_batch,
+        AsyncRolloutWorker, AsyncWorkerSettings, RolloutOptions, TRLRollout, env_reward, example_data_paths, load_dataset, make_rollout,
+        reward_metrics, rollout, to_trl_batch,
     )
 
 __all__ = [
-    "RolloutOptions", "TRLRollout", "env_reward", "example_data_paths", "load_dataset", "make_rollout",
+    "AsyncRolloutWorker", "AsyncWorkerSettings", "RolloutOptions", "TRLRollout", "env_reward", "example_data_paths", "load_dataset", "make_rollout",
     "reward_metrics", "rollout", "to_trl_batch",
 ]
 _ADAPTER = "gym_bridge.adapters.trl"

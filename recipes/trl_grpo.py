@@ -17,6 +17,10 @@ The YAML config has five parts:
   dataset    options of gym_bridge.trl.load_dataset (num_rows, seed, limit)
   grpo       GRPOConfig fields, `report_to`, `use_vllm` and `vllm_mode` included
   gym_bridge gym_bridge.trl.make_rollout options (max_turns, deadline_s, ...), plus `records_dir`
+             and `generation_server` ({base_url, model}: generate with that OpenAI-compatible server
+             while TRL trains its own copy, `grpo.use_vllm: false`; no weights reach the server, so
+             after the first step the rollouts come from the initial policy: off-policy, for a trainer
+             that cannot sync weights, e.g. TRL's server mode on a CPU)
              (default `rollouts`, under grpo.output_dir; null: none): every rollout record as
              JSONL, one file per rank, in a new `run-N` folder per run, each record with the
              training step it was generated at (`metrics.train_step`)
@@ -144,6 +148,32 @@ def run_directory(records_root: Path) -> Path:
     return path
 
 
+def check_world_size(expected: str | None) -> None:
+    """Stop unless this launch's process group has `expected` processes (GYM_BRIDGE_WORLD_SIZE, set by
+    slurm/trl_grpo.sbatch): an accelerate config that is not distributed starts every process as a training
+    of its own (world size 1, all writing one output_dir) without an error. Prints this rank's place."""
+    import torch.distributed as dist
+
+    distributed = dist.is_available() and dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    print(f"gym_bridge: rank {rank} of {world}", flush=True)
+    if expected is not None and world != int(expected):
+        raise SystemExit(f"gym_bridge: world size {world}, expected {expected} (GYM_BRIDGE_WORLD_SIZE): the processes "
+                         "are not one distributed job; check the accelerate config's distributed_type and the launch")
+
+
+def frozen_server_policy(server: dict[str, Any], *, use_vllm: bool) -> Any:
+    """The remote policy of `gym_bridge.generation_server` ({base_url, model}); TRL's own vLLM must be off,
+    as its server mode would generate and push weights too. Prints that the server's weights stay frozen."""
+    from gym_bridge.policies.factory import PolicySpec, build_policy
+
+    if use_vllm or not isinstance(server, dict) or not server.get("base_url"):
+        raise SystemExit("gym_bridge.generation_server needs {base_url: URL, model: NAME} and grpo.use_vllm: false")
+    print(f"gym_bridge: generation from {server['base_url']}; no weights are sent there, so its rollouts stay those "
+          "of the initial policy (off-policy after the first step)", flush=True)
+    return build_policy(PolicySpec(kind="remote", model=server.get("model"), base_urls=(str(server["base_url"]),)))
+
+
 def _claim_run(records_root: Path) -> str:
     """Create `records_root/run-N` for the first N above those taken; returns its name."""
     records_root.mkdir(parents=True, exist_ok=True)
@@ -250,6 +280,7 @@ def main() -> None:
     rollout_options = dict(config.get("gym_bridge") or {})
     records_dir = rollout_options.pop("records_dir", "rollouts")
     _ = grpo_args.device  # sets up the launch's process group, through which the ranks agree on run_dir
+    check_world_size(os.environ.get("GYM_BRIDGE_WORLD_SIZE"))
     run_dir = run_directory(output_dir / (records_dir or "runs"))
     writer = None
     trainer: Any = None
@@ -265,6 +296,9 @@ def main() -> None:
                 writer.write(with_train_step(record.to_dict(), step))
 
         rollout_options["on_records"] = write_records
+    server = rollout_options.pop("generation_server", None)
+    if server is not None:
+        rollout_options["policy"] = frozen_server_policy(server, use_vllm=bool(grpo_args.use_vllm))
     rollout = gym_bridge.trl.make_rollout(**rollout_options)
 
     peft_config = None

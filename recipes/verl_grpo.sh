@@ -9,6 +9,7 @@
 #
 # Multi-node: slurm/verl_grpo.sbatch starts a Ray cluster and runs this script on its head node
 # (NNODES, GPUS_PER_NODE). Needs `pip install 'gym-bridge[verl]' vllm` on every node.
+# verl 0.9.1 has no CPU path: GPUS_PER_NODE=0 (or no GPU found) converts the data, then refuses.
 set -euo pipefail
 
 MODEL=${MODEL:-Qwen/Qwen2.5-1.5B-Instruct}
@@ -16,7 +17,6 @@ DATA=${DATA:-"environments/weather/data/example.jsonl environments/multi_step/da
 OUT=${OUT:-out/verl_grpo}
 NNODES=${NNODES:-1}
 GPUS_PER_NODE=${GPUS_PER_NODE:-$( (nvidia-smi -L 2>/dev/null || true) | wc -l)}
-(( GPUS_PER_NODE > 0 )) || GPUS_PER_NODE=1
 GROUP_SIZE=${GROUP_SIZE:-8}                  # rollouts per task (GRPO group)
 BATCH_TASKS=${BATCH_TASKS:-32}               # tasks per step (data.train_batch_size)
 MAX_PROMPT=${MAX_PROMPT:-1024}               # rollout.prompt_length: longer prompts are masked context overflows
@@ -70,8 +70,15 @@ ARGS=(
     trainer.save_freq=-1
     trainer.total_epochs=1
     trainer.default_local_dir="$OUT/checkpoints"
+    hydra.run.dir="$OUT/hydra"                 # not ./outputs/DATE in the checkout
 )
 
+if (( GPUS_PER_NODE < 1 )) && [[ -z "${DRY_RUN:-}" ]]; then
+    # verl's resource pools place every actor, rollout and reference worker on GPUs: on CPU nodes main_ppo
+    # waits for its TransferQueue actors, then stops with "Total available GPUs 0 is less than total desired GPUs".
+    echo "refused: verl 0.9.1 trains on GPUs only and GPUS_PER_NODE=$GPUS_PER_NODE (data ready in $OUT/train.parquet)" >&2
+    exit 2
+fi
 if [[ -n "${DRY_RUN:-}" ]]; then
     printf '%s\n' python -m verl.trainer.main_ppo "${ARGS[@]}" "$@"
     exit 0

@@ -58,3 +58,22 @@ class SegfaultsInSetup(Environment):
 
     def verify(self, task, output):
         return 1.0
+
+
+class RaisesOneInEight(Environment):
+    """Raises in the setup of its first rollout and every eighth after it (a process-wide count, reset by tests):
+    the flaky environment of the async training tests, whose failures must never stop training. Reward: the parity
+    of the final answer's length, so the rewards of a group of sampled answers differ and the policy gets a gradient."""
+
+    name = "raises_one_in_eight"
+    setups = 0
+
+    def setup(self, task):
+        type(self).setups += 1
+        if type(self).setups % 8 == 1:
+            raise RuntimeError("flaky environment: the sandbox went away")
+
+    def verify(self, task, output):
+        from gym_bridge import final_text
+
+        return float(len(final_text(output)) % 2)

@@ -78,6 +78,7 @@ class ArithmeticEnvironment(Environment):
     name = "arithmetic"
     description = r"Short integer arithmetic answered in \boxed{}; 1 if right, format_reward for another boxed integer."
     example_data = Path(__file__).parent / "data" / "example.jsonl"
+    resume = "replay"  # no tools: only its committed model calls are replayed
     row_schema = ArithmeticRow
     settings = ("format_reward",)
     format_reward: ClassVar[float] = 0.1

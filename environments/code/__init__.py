@@ -17,7 +17,7 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from gym_bridge import Environment, GymBridgeError, Item, Task, VerifyResult, final_text
+from gym_bridge import Environment, Item, SetupError, Task, VerifyResult, final_text
 
 from environments.code.generate import prepare_code_rows
 from environments.code.sandbox import Sandbox, SandboxLimits, SandboxResult, default_python, probe
@@ -33,6 +33,7 @@ class CodeEnvironment(Environment):
     aliases = ("code_gen", "code_gen_simple_agent")
     description = "Write a Python program or function; reward 1 if it passes every unit test in a bubblewrap sandbox."
     example_data = Path(__file__).parent / "data" / "example.jsonl"
+    resume = "replay"  # no tools: the sandbox work directory exists only inside verify, which runs once at the end
     settings = (
         "unsafe_no_sandbox", "wall_time_s", "cpu_time_s", "memory_mb", "max_processes", "max_output_bytes",
         "max_concurrency", "python",
@@ -57,7 +58,7 @@ class CodeEnvironment(Environment):
             return
         reason = probe(cls.python or default_python())
         if reason is not None:
-            raise GymBridgeError(f"environment {cls.name!r} refuses to run untrusted code without a sandbox: {reason}; {UNSAFE_HINT}")
+            raise SetupError(f"environment {cls.name!r} refuses to run untrusted code without a sandbox: {reason}; {UNSAFE_HINT}")
 
     @classmethod
     def sandbox(cls) -> Sandbox:

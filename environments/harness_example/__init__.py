@@ -19,6 +19,7 @@ class HarnessExampleEnvironment(HarnessEnvironment):
     example_data = Path(__file__).parent / "data" / "example.jsonl"
     command = (sys.executable, str(Path(__file__).with_name("agent.py")))
     harness_timeout_s = 120.0
+    resume = "restart"  # the agent program's own loop and tools cannot be picked up mid-run (HarnessEnvironment's kind)
 
     def score(self, task: Task, answer: str) -> VerifyResult:
         expected = str(task.get("expected_answer", ""))

@@ -70,6 +70,7 @@ class InstructionFollowingEnvironment(Environment):
     aliases = ("instruction_following_simple_agent",)
     description = "Follow verifiable instructions (IFEval ids); reward 1 if all are followed (binary) or the share followed (fraction)."
     example_data = Path(__file__).parent / "data" / "example.jsonl"
+    resume = "replay"  # no tools: only its committed model calls are replayed
 
     @classmethod
     def validate_row(cls, row: dict[str, Any]) -> list[RowProblem]:

@@ -151,6 +151,7 @@ class MCQAEnvironment(Environment):
     aliases = ("mcqa_simple_agent",)
     description = r"Multiple choice: answer with a letter (in \boxed{} or after 'Answer:'); reward 1 for the expected letter."
     example_data = Path(__file__).parent / "data" / "example.jsonl"
+    resume = "replay"  # no tools: only its committed model calls are replayed
     row_schema = MCQARow
 
     @classmethod

@@ -20,6 +20,7 @@ class MultiStepEnvironment(Environment):
     aliases = ("example_multi_step", "example_multi_step_simple_agent")
     description = "Look up a value per synonym, then submit all values in order; reward 1 for an exact match."
     example_data = Path(__file__).parent / "data" / "example.jsonl"
+    resume = "replay"  # pure tools: replayed outputs always match
     inline_sync_tools = True  # the tools are quick pure functions
 
     @tool

@@ -46,6 +46,7 @@ class NemoGymRemoteEnvironment(Environment):
     name = "nemo_gym_remote"
     description = "Any NeMo Gym resources server over HTTP (seed_session, tool routes, verify); the row's tools, the server's reward."
     example_data = Path(__file__).parent / "data" / "example.jsonl"
+    resume = "replay"  # a fresh server session (seed_session) gets the logged calls again; each output is checked
     tools_from_row = True
     settings = ("base_url", "request_timeout_s", "max_retries", "session_protocol", "max_connections", "max_response_bytes")
     tool_timeout_s: ClassVar[float] = 120.0

@@ -70,6 +70,7 @@ class UserSimEnvironment(Environment):
     name = "user_sim"
     description = "Talk with a simulated user to learn a request's details, then submit it; reward 1 if the submission matches."
     example_data = Path(__file__).parent / "data" / "example.jsonl"
+    resume = "replay"  # tool calls and user replies replayed in a fresh session and checked (a sampled `policy` user may differ: then turn 0)
     inline_sync_tools = True  # submit_request only records its arguments
     agent_loop = UserSimulationLoop()
     settings = ("simulator", "user", "user_model", "user_base_url", "user_api", "user_tokenizer", "user_request_timeout_s",

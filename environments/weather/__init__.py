@@ -16,6 +16,7 @@ class WeatherEnvironment(Environment):
     aliases = ("example_single_tool_call", "example_single_tool_call_simple_agent")
     description = "Answer a weather question by calling get_weather; reward 1 for calling it."
     example_data = Path(__file__).parent / "data" / "example.jsonl"
+    resume = "replay"  # a pure tool: replayed outputs always match
     inline_sync_tools = True  # the tools are quick pure functions
 
     @tool

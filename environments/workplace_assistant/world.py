@@ -209,6 +209,13 @@ def open_world(seed: int | None, csv_folder: str | None = None) -> sqlite3.Conne
     return connection
 
 
+def open_bytes(data: bytes) -> sqlite3.Connection:
+    """A private database holding `data` (what `sqlite3.Connection.serialize` returned: a session's snapshot)."""
+    connection = _new_connection()
+    connection.deserialize(data)
+    return connection
+
+
 def next_id(connection: sqlite3.Connection, table: str) -> str:
     """A new 8-digit id for `table`; ids are never reused, even after a delete."""
     number = int(connection.execute("SELECT value FROM meta WHERE key = ?", (f"next_{table}",)).fetchone()[0])

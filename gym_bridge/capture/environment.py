@@ -29,7 +29,8 @@ from gym_bridge.core.agent_loop import RolloutContext, RolloutFailure
 from gym_bridge.core.record import LoopFinish
 from gym_bridge.core.deadline import HeldPolicy
 from gym_bridge.core.environment import Environment, RowProblem, VerifyResult, to_verify_result
-from gym_bridge.core.errors import UserError
+from gym_bridge.core.errors import ConfigError
+from gym_bridge.core.journal import ResumeKind
 from gym_bridge.core.items import Item
 from gym_bridge.core.policy import ChatPolicy, is_token_policy
 from gym_bridge.core.registry import module_paths_limited
@@ -205,6 +206,9 @@ class HarnessEnvironment(Environment):
     agent_loop: ClassVar[HarnessLoop] = HarnessLoop()
     settings: ClassVar[tuple[str, ...]] = ("harness_timeout_s", "tail_chars", "max_parallel_calls", "allow_row_commands", "harness_env_vars")
     tools_from_row = True  # the agent runs its own tools; a row's tool schemas are passed to it as they are
+    resume: ClassVar[ResumeKind] = "restart"
+    """An agent program's run cannot be picked up mid-way (its own loop and tools live in its process): a rollout in
+    flight when a run is killed starts again from turn 0."""
 
     session: SessionState | None = None
     outcome: AgentOutcome | None = None
@@ -262,11 +266,11 @@ class HarnessEnvironment(Environment):
         """Refuse malformed `allow_row_commands` / `harness_env_vars` settings before any rollout."""
         super().check_ready()
         if not isinstance(cls.allow_row_commands, bool):
-            raise UserError(f"{cls.name}.allow_row_commands must be true or false, got {cls.allow_row_commands!r}")
+            raise ConfigError(f"{cls.name}.allow_row_commands must be true or false, got {cls.allow_row_commands!r}")
         names = cls.harness_env_vars
         if isinstance(names, str) or not isinstance(names, (list, tuple)) or not all(
                 isinstance(name, str) and name and "=" not in name for name in names):
-            raise UserError(f"{cls.name}.harness_env_vars must be a list of variable names, e.g. [\"MY_TOKEN\"], got {names!r}")
+            raise ConfigError(f"{cls.name}.harness_env_vars must be a list of variable names, e.g. [\"MY_TOKEN\"], got {names!r}")
 
     @property
     def final_answer(self) -> str:

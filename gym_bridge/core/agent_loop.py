@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from gym_bridge.core.bounded_call import call_bounded, call_environment
 from gym_bridge.core.deadline import RolloutDeadline
@@ -29,6 +29,9 @@ from gym_bridge.core.template import ChatTemplate, ToolOutput
 from gym_bridge.core.trajectory import Trajectory
 from gym_bridge.core.transcript import OFF_LOOP_TOKENIZE_CHARS as OFF_LOOP_TOKENIZE_CHARS
 from gym_bridge.core.transcript import TOKENIZE_TIMEOUT_S, Transcript
+
+if TYPE_CHECKING:
+    from gym_bridge.core.resume import RolloutResume
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,8 @@ class RolloutContext:
     """The rollout's deadline, which model calls go through (`Engine` passes it; None: no bound here)."""
     _tool_names: frozenset[str] | None = None
     """The names of `tools`, once a call needs them."""
+    journal: RolloutResume | None = None
+    """Where tool outputs and user messages are journaled (or, resuming, replayed from); None: not journaled."""
 
     @property
     def budget_left(self) -> int:
@@ -143,18 +148,23 @@ class RolloutContext:
         """
         call_id = call_id or call.call_id or ""
         self.trajectory.tool_calls += 1
+        if self.journal is None:
+            content = await self._tool_content(call)
+        else:
+            content = await self.journal.tool_output(call, self._tool_content)
+        self.trajectory.output.append(function_call_output_item(content, call_id=call_id))
+        return ToolOutput(name=call.name, content=content, call_id=call_id)
+
+    async def _tool_content(self, call: ParsedCall) -> str:
         spec = type(self.env).tool_specs().get(call.name)
         offered = self._tool_names
         if offered is None:
             offered = self._tool_names = frozenset(schema["name"] for schema in self.tools)
         if call.error:
-            content = json.dumps({"error": f"malformed tool call: {call.error}"})
-        elif call.name not in offered or (spec is None and not type(self.env).tools_from_row):
-            content = json.dumps({"error": f"unknown tool {call.name!r}; available tools: {sorted(offered)}"})
-        else:
-            content = await self._run_tool(call.name, call.arguments, spec)
-        self.trajectory.output.append(function_call_output_item(content, call_id=call_id))
-        return ToolOutput(name=call.name, content=content, call_id=call_id)
+            return json.dumps({"error": f"malformed tool call: {call.error}"})
+        if call.name not in offered or (spec is None and not type(self.env).tools_from_row):
+            return json.dumps({"error": f"unknown tool {call.name!r}; available tools: {sorted(offered)}"})
+        return await self._run_tool(call.name, call.arguments, spec)
 
     async def _run_tool(self, name: str, arguments: str, spec: ToolSpec | None) -> str:
         """The tool's output as the model reads it (`Environment.call_tool`'s text, or its JSON, cut at
@@ -201,6 +211,8 @@ class RolloutContext:
     async def append_user_message_async(self, content: str) -> bool:
         """Append a user message (simulated users, game observations) to the transcript and, as a
         `message` item with role `user`, to the output; False (nothing appended) if it does not fit."""
+        if self.journal is not None:
+            self.journal.user_message(content)
         return await self.transcript.append_user_message(content)
 
 

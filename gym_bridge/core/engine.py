@@ -23,9 +23,11 @@ from gym_bridge.core.deadline import RolloutDeadline, parks_calls
 from gym_bridge.core.environment import Environment, to_verify_result, VerifyResult
 from gym_bridge.core.errors import RolloutFailure, Step, classify
 from gym_bridge.core.items import Item
+from gym_bridge.core.journal import RolloutKey, RunJournal
 from gym_bridge.core.policy import ChatPolicy, Policy, SamplingParams, is_token_policy
 from gym_bridge.core.record import RolloutFinish, RolloutRecord
-from gym_bridge.core.registry import resolve_tasks
+from gym_bridge.core.registry import TaskSet, resolve_tasks
+from gym_bridge.core.resume import RolloutResume, resume_rollout
 from gym_bridge.core.task import Task
 from gym_bridge.core.template import ChatTemplate
 from gym_bridge.core.template_check import TemplateCheck, check_append_only, template_report
@@ -90,6 +92,9 @@ class Engine:
         self._global: asyncio.Semaphore | None = None
         self._per_env: dict[str, asyncio.Semaphore] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.journal: RunJournal | None = None
+        """Where rollouts commit their turns, so a killed run resumes them mid-episode (`gym_bridge.core.journal`);
+        None: nothing is journaled. `gym-bridge eval` sets it for the run."""
 
     def _check_template(self, template: ChatTemplate) -> None:
         template.profile  # picks parsers and turn style once; raises TemplateError for an unusable template
@@ -114,22 +119,31 @@ class Engine:
         return self._global, per_env
 
     async def rollout(self, task: Task, repeat_index: int = 0, *, env_class: type[Environment] | None = None,
-                      sampling: SamplingParams | None = None) -> RolloutRecord:
-        """Run one rollout of `task` to a record, sampled with `sampling` (None: the config's).
+                      sampling: SamplingParams | None = None, journaled: bool = True,
+                      journal_key: RolloutKey | None = None) -> RolloutRecord:
+        """Run one rollout of `task` to a record, sampled with `sampling` (None: the config's); `journaled=False`: not
+        journaled even when the engine has a journal; `journal_key`: its key there (default `(task.index, repeat_index)`).
         Never raises for a failed rollout."""
         sampling = sampling or self.config.sampling
         global_slot, env_slot = self._semaphores(task.env_name)
         async with global_slot:
             if env_slot is None:
-                return await self._rollout(task, repeat_index, env_class, sampling)
+                return await self._rollout(task, repeat_index, env_class, sampling, journaled, journal_key)
             async with env_slot:
-                return await self._rollout(task, repeat_index, env_class, sampling)
+                return await self._rollout(task, repeat_index, env_class, sampling, journaled, journal_key)
 
     async def _rollout(self, task: Task, repeat_index: int, env_class: type[Environment] | None,
-                       sampling: SamplingParams) -> RolloutRecord:
-        started = time.perf_counter()
+                       sampling: SamplingParams, journaled: bool = True, journal_key: RolloutKey | None = None) -> RolloutRecord:
         if env_class is None:
             env_class = resolve_tasks([task])[task.env_name]
+        if self.journal is None or not journaled:
+            return await self._attempt(task, repeat_index, env_class, sampling, None)
+        return await resume_rollout(self.journal, journal_key or (task.index, repeat_index), env_class,
+                                    lambda plan: self._attempt(task, repeat_index, env_class, sampling, plan))
+
+    async def _attempt(self, task: Task, repeat_index: int, env_class: type[Environment], sampling: SamplingParams,
+                       resume: RolloutResume | None) -> RolloutRecord:
+        started = time.perf_counter()
         tools = task.tools if task.tools is not None else tuple(spec.schema for spec in env_class.tool_specs().values())
         trajectory = Trajectory(prompt_ids=[])
         finish: RolloutFinish = "failed"
@@ -138,20 +152,28 @@ class Engine:
         env: Environment | None = None
         transcript: Transcript | None = None
         timeout_s = env_class.tool_timeout_s
-        deadline = RolloutDeadline(deadline_s=self.config.deadline_s, generation_timeout_s=self.config.generation_timeout_s,
+        spent_s = resume.spent_s if resume is not None else 0.0  # what earlier attempts of this rollout used
+        deadline = RolloutDeadline(deadline_s=self.config.deadline_s - spent_s, generation_timeout_s=self.config.generation_timeout_s,
                                    parked=parks_calls(self.policy))
         try:
             session_id, limits = f"{task.index}-{repeat_index}", self.config.limits
-            transcript = self._start_transcript(task=task, tools=tools, trajectory=trajectory, session_id=session_id,
-                                                max_tokens=limits.max_completion_tokens)
+            start = self._start_transcript if resume is None else transcript_starter(resume.wrap(self.policy), self.template)
+            transcript = start(task=task, tools=tools, trajectory=trajectory, session_id=session_id,
+                               max_tokens=limits.max_completion_tokens)
             env = env_class()
             ctx = RolloutContext(
                 task=task, env=env, policy=self.policy, template=self.template, sampling=sampling, limits=limits,
                 trajectory=trajectory, session_id=session_id, tools=tools, transcript=transcript, deadline=deadline,
+                journal=resume,
             )
             loop: AgentLoop = getattr(env_class, "agent_loop", None) or ToolCallingLoop()
+            if resume is not None:
+                resume.begin(env, trajectory)
             async with deadline.running():
-                if _overrides(env, "setup"):
+                if resume is not None and resume.restores:
+                    state, session = resume.snapshot, env
+                    await resume.restore(lambda: call_step(session, "restore", (task, state), step="setup", timeout_s=timeout_s))
+                elif _overrides(env, "setup"):
                     await call_step(env, "setup", (task,), step="setup", timeout_s=timeout_s)
                 finish = await loop.run(ctx)
                 verify_result = await verify_output(env, task, trajectory.output)
@@ -193,18 +215,18 @@ class Engine:
         )
 
     async def stream(
-        self, tasks: Sequence[Task], *, repeats: int = 1, skip: Iterable[tuple[int, int]] = ()
+        self, tasks: Sequence[Task] | TaskSet, *, repeats: int = 1, skip: Iterable[tuple[int, int]] = ()
     ) -> AsyncIterator[RolloutRecord]:
         """Yield a record for each (task, repeat) not in `skip`, as each finishes.
 
-        Routing and tool schemas are checked for all tasks before the first rollout starts.
+        Routing and tool schemas are checked for all tasks before the first rollout starts (not
+        again for a `TaskSet`: its run checked them).
         """
-        env_classes = resolve_tasks(tasks)
-        ensure_ready(env_classes.values())
+        ready = ready_tasks(tasks)
         done = set(skip)
         pending = {
-            asyncio.ensure_future(self.rollout(task, repeat, env_class=env_classes[task.env_name]))
-            for task in tasks for repeat in range(repeats) if (task.index, repeat) not in done
+            asyncio.ensure_future(self.rollout(task, repeat, env_class=ready.env_classes[task.env_name]))
+            for task in ready.tasks for repeat in range(repeats) if (task.index, repeat) not in done
         }
         try:
             for next_done in asyncio.as_completed(pending):
@@ -213,14 +235,14 @@ class Engine:
             for future in pending:
                 future.cancel()
 
-    async def run_groups(self, tasks: Sequence[Task], *, group_size: int, sampling: SamplingParams | None = None) -> list[list[RolloutRecord]]:
+    async def run_groups(self, tasks: Sequence[Task] | TaskSet, *, group_size: int,
+                         sampling: SamplingParams | None = None) -> list[list[RolloutRecord]]:
         """All `group_size` repeats of each task, grouped and in task order, sampled with `sampling` (None: the config's)."""
-        env_classes = resolve_tasks(tasks)
-        ensure_ready(env_classes.values())
+        ready = ready_tasks(tasks)
         groups = [
-            asyncio.gather(*(self.rollout(task, repeat, env_class=env_classes[task.env_name], sampling=sampling)
+            asyncio.gather(*(self.rollout(task, repeat, env_class=ready.env_classes[task.env_name], sampling=sampling)
                              for repeat in range(group_size)))
-            for task in tasks
+            for task in ready.tasks
         ]
         return [list(group) for group in await asyncio.gather(*groups)]
 
@@ -243,6 +265,17 @@ async def verify_output(env: Environment, task: Task, output: list[Item]) -> Ver
         return to_verify_result(result)
     except (TypeError, ValueError) as error:
         raise RolloutFailure("verifier", str(error)) from None
+
+
+def ready_tasks(tasks: Iterable[Task] | TaskSet) -> TaskSet:
+    """`tasks` routed and checked (`resolve_tasks`) with each environment ready (`ensure_ready`): what a
+    run does once before its first rollout. A `TaskSet` is returned as it is: its run checked it."""
+    if isinstance(tasks, TaskSet):
+        return tasks
+    checked = tuple(tasks)
+    env_classes = resolve_tasks(checked)
+    ensure_ready(env_classes.values())
+    return TaskSet(checked, env_classes)
 
 
 def ensure_ready(env_classes: Iterable[type[Environment]]) -> None:

@@ -24,6 +24,7 @@ from gym_bridge.core.errors import FAILURE_KINDS as FAILURE_KINDS
 from gym_bridge.core.errors import FailureKind as FailureKind
 from gym_bridge.core.errors import RolloutError
 from gym_bridge.core.items import Item
+from gym_bridge.core.journal import ResumeKind
 from gym_bridge.core.task import Task
 
 
@@ -220,6 +221,15 @@ def _include_toolsets(env_class: type[Environment]) -> None:
                 setattr(env_class, key, value)
 
 
+def _check_resume(env_class: type[Environment]) -> None:
+    """Raise TypeError for an unknown resume kind, or `snapshot` without both hooks."""
+    kind = env_class.resume
+    if kind not in typing.get_args(ResumeKind):
+        raise TypeError(f"{env_class.__name__}.resume must be one of {typing.get_args(ResumeKind)}, got {kind!r}")
+    if kind == "snapshot" and (env_class.snapshot is Environment.snapshot or env_class.restore is Environment.restore):
+        raise TypeError(f"{env_class.__name__} declares resume = 'snapshot' but does not define both snapshot() and restore()")
+
+
 def _validation_problems(error: pydantic.ValidationError) -> str:
     return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in error.errors())
 
@@ -263,12 +273,20 @@ class Environment:
     `validate_row`, hence by `gym-bridge data validate`. None: any row is accepted."""
     toolsets: ClassVar[tuple[type[Toolset], ...]] = ()
     """Toolset classes whose `@tool` methods (and helpers) this environment includes."""
+    resume: ClassVar[ResumeKind] = "restart"
+    """How a session comes back when a killed run resumes a rollout mid-episode (`gym_bridge.core.resume`):
+    `snapshot` (`snapshot()` at each turn boundary, `restore(task, state)` instead of `setup`; for state changed only
+    by tools), `replay` (the logged tool calls run again in a fresh session, each output checked; for deterministic
+    tools), `restart` (from turn 0; the default)."""
+    snapshot_version: ClassVar[int] = 1
+    """Version of what `snapshot` returns; a journal saved under another version restarts its rollouts from turn 0."""
 
     _tool_specs: ClassVar[dict[str, ToolSpec] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         _include_toolsets(cls)
+        _check_resume(cls)
 
     @classmethod
     def tool_specs(cls) -> dict[str, ToolSpec]:
@@ -339,6 +357,14 @@ class Environment:
 
     def close(self) -> Any:
         """Release the session's resources (may be async). Called even when the rollout failed."""
+
+    def snapshot(self) -> Any:
+        """The session's state as JSON-able data, taken at a turn boundary (only with `resume = "snapshot"`)."""
+        raise NotImplementedError(f"environment {self.name!r} declares no snapshot")
+
+    def restore(self, task: Task, state: Any) -> Any:
+        """Make this new session the one `snapshot` saw, instead of `setup(task)` (only with `resume = "snapshot"`; may be async)."""
+        raise NotImplementedError(f"environment {self.name!r} declares no restore")
 
     def call_row_tool(self, tool_name: str, /, **arguments: Any) -> Any:
         """Run a tool the row declares (only with `tools_from_row`); may be async. Returns what a

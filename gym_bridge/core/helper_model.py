@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence, cast
 
 from gym_bridge.core.conversation import Message
+from gym_bridge.core.errors import ConfigError
 from gym_bridge.core.policy import ChatPolicy, ChatRequest, GenerationRequest, Policy, SamplingParams, is_token_policy
 from gym_bridge.core.template import ChatTemplate
 
@@ -33,7 +34,7 @@ class HelperModel:
     async def complete(self, messages: Sequence[Mapping[str, str]], *, max_new_tokens: int | None = None, session_id: str = "") -> str:
         """The model's reply to `messages` (`system`/`user`/`assistant` chat messages: `role` and `content`), stripped.
 
-        Raises the policy's `BackendError` / `ContextOverflowError`, and ValueError for another role.
+        Raises the policy's `BackendError` / `ContextOverflowError`, and ConfigError (a ValueError) for another role.
         """
         conversation = [_text_message(message) for message in messages]
         sampling = self.sampling
@@ -60,4 +61,4 @@ def _text_message(message: Mapping[str, str]) -> Message:
         return {"role": "user", "content": content}
     if role == "assistant":
         return {"role": "assistant", "content": content}
-    raise ValueError(f"a helper model is asked with system, user and assistant messages, not {role!r}")
+    raise ConfigError(f"a helper model is asked with system, user and assistant messages, not {role!r}")

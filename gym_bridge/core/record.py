@@ -52,6 +52,9 @@ class RolloutRecord:
     """`module:Class` of the environment class, so `gym-bridge verify` finds environments named by module path."""
     policy_versions: tuple[int, ...] = ()
     """The policy version of each model call that reported one (`Generation.policy_version`), in call order."""
+    resume: dict[str, Any] | None = None
+    """For a rollout a killed run left in flight and a later run finished: `attempts`, `resumed_from_turn` and, when
+    its journaled turns could not be used, `resume_restarted` (why); they go into `metrics`."""
 
     @property
     def task_index(self) -> int:
@@ -102,6 +105,7 @@ class RolloutRecord:
                 "unparsed_tool_calls": self.unparsed_tool_calls,
                 "verify": self.verify_metrics,
                 **self.version_metrics(),
+                **(self.resume or {}),
             },
         }
 

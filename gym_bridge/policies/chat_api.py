@@ -24,8 +24,9 @@ from typing import Any, Literal
 
 from gym_bridge.core.dialects.chat import chat_request, chat_turn_from_completion
 from gym_bridge.core.dialects.responses import chat_turn_from_response, responses_request
-from gym_bridge.core.policy import BackendError, ChatRequest, ChatTurn, ContextOverflowError, SamplingParams
-from gym_bridge.policies.remote import CONTEXT_OVERFLOW_PATTERN
+from gym_bridge.core.policy import ChatRequest, ChatTurn, ContextOverflowError, SamplingParams
+from gym_bridge.policies.remote import CONTEXT_OVERFLOW_PATTERN, RequestTimeoutError
+from gym_bridge.core.errors import BackendAnswerError, MissingExtraError
 
 ChatApi = Literal["chat", "responses"]
 
@@ -60,9 +61,8 @@ class ChatAPIPolicy:
         try:
             import openai  # noqa: F401
         except ImportError:  # pragma: no cover - openai is a dependency
-            from gym_bridge.core.errors import MissingDependencyError
 
-            raise MissingDependencyError("ChatAPIPolicy needs the openai package: pip install openai") from None
+            raise MissingExtraError("ChatAPIPolicy needs the openai package: pip install openai") from None
         self.model = model
         self.base_url = base_url
         self.api: ChatApi = api
@@ -101,16 +101,16 @@ class ChatAPIPolicy:
                     return await self._chat_completions(request)
                 return await self._responses(request)
         except TimeoutError:
-            raise BackendError(f"{self.api} API call did not finish within {self.max_call_s:g} s") from None
+            raise RequestTimeoutError(f"{self.api} API call did not finish within {self.max_call_s:g} s") from None
         except openai.BadRequestError as error:
             message = _message(error)
             if getattr(error, "code", None) == "context_length_exceeded" or CONTEXT_OVERFLOW_PATTERN.search(message):
                 raise ContextOverflowError(message) from None
-            raise BackendError(f"{self.api} API rejected the request (400): {message}") from None
+            raise BackendAnswerError(f"{self.api} API rejected the request (400): {message}") from None
         except openai.APIStatusError as error:
-            raise BackendError(f"{self.api} API answered HTTP {error.status_code}: {_message(error)}") from None
+            raise BackendAnswerError(f"{self.api} API answered HTTP {error.status_code}: {_message(error)}") from None
         except openai.APIError as error:  # connection errors, timeouts, undecodable answers
-            raise BackendError(f"{self.api} API: {type(error).__name__}: {error}") from None
+            raise BackendAnswerError(f"{self.api} API: {type(error).__name__}: {error}") from None
 
     async def _chat_completions(self, request: ChatRequest) -> ChatTurn:
         sampling = request.sampling
@@ -124,7 +124,7 @@ class ChatAPIPolicy:
         completion = await self._openai().chat.completions.create(**params)
         turn = chat_turn_from_completion(_as_dict(completion))
         if self.token_ids and turn.tokens is None:
-            raise BackendError(
+            raise BackendAnswerError(
                 f"{self.base_url} answered without prompt_token_ids/generation_token_ids/generation_log_probs on the message; "
                 "training over chat completions needs NeMo RL's server (expose_http_server) or gym-bridge serve-model"
             )
@@ -161,7 +161,7 @@ def _as_dict(answer: Any) -> dict[str, Any]:
         answer = answer.model_dump()
     if isinstance(answer, dict):
         return answer
-    raise BackendError(f"the API answered {type(answer).__name__}, not a JSON object")
+    raise BackendAnswerError(f"the API answered {type(answer).__name__}, not a JSON object")
 
 
 def _message(error: Any) -> str:

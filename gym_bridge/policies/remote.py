@@ -46,6 +46,7 @@ from yarl import URL
 from gym_bridge.core.dialects.completions import MalformedAnswerError, parse_completion, preview, request_fields
 from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest, SamplingParams
 from gym_bridge.policies.router import ReplicaRouter
+from gym_bridge.core.errors import BackendAnswerError
 
 if TYPE_CHECKING:
     import httpx
@@ -192,12 +193,12 @@ async def served_models(base_url: str, *, api_key: str | None = None, timeout_s:
         unreachable.refused = error.refused
         raise unreachable from None
     if answer.status != 200:
-        raise BackendError(f"{url} answered {answer.status}: {error_message(answer)}")
+        raise BackendAnswerError(f"{url} answered {answer.status}: {error_message(answer)}")
     try:
         data = orjson.loads(answer.body)["data"]
         return [entry for entry in data if isinstance(entry, dict) and "id" in entry]
     except (orjson.JSONDecodeError, KeyError, TypeError):
-        raise BackendError(f"{url} answered something other than a model list: {preview(answer.body)}") from None
+        raise BackendAnswerError(f"{url} answered something other than a model list: {preview(answer.body)}") from None
 
 
 async def served_token_ids(base_url: str, text: str, *, model: str, api_key: str | None = None, timeout_s: float = 10.0) -> list[int] | None:
@@ -372,7 +373,7 @@ class RemotePolicy:
             generation.metrics.update(latency_s=time.perf_counter() - started, attempts=float(attempt + 1), server=float(server))
             return generation
         elapsed_s = time.perf_counter() - started
-        raise BackendError(
+        raise BackendAnswerError(
             f"{len(failures)} attempts failed in {elapsed_s:.1f} s (request timeout {self.request_timeout_s:g} s, "
             f"max_retries {self.max_retries}); last: {failures[-1]}"
         )
@@ -426,7 +427,7 @@ class RemotePolicy:
         url = self.base_urls[server] + "/completions"
         if status == 400 and CONTEXT_OVERFLOW_PATTERN.search(message):
             raise ContextOverflowError(f"{url}: {message}")
-        raise BackendError(f"{url} answered HTTP {status}: {message}")
+        raise BackendAnswerError(f"{url} answered HTTP {status}: {message}")
 
     def _usable(self, server: int, body: bytes, request: GenerationRequest) -> Generation:
         """The generation in a server's HTTP 200 answer. One that cannot be used counts as the server's
@@ -442,7 +443,7 @@ class RemotePolicy:
             raise _RetryableAnswer(str(error)) from None
         except BackendError as error:
             self.router.finished(server, ok=False, down=True)
-            raise BackendError(f"{self.base_urls[server]}: {error}") from None
+            raise BackendAnswerError(f"{self.base_urls[server]}: {error}") from None
         self.router.finished(server, ok=True)
         return generation
 

@@ -146,3 +146,15 @@ def test_a_harness_agents_parked_calls_are_not_the_rollouts(smol_template, turn)
     engine = Engine(policy, smol_template, EngineConfig(template_check="off", deadline_s=0.5))
     record = asyncio.run(engine.rollout(task, env_class=OneCall))
     assert (record.failure_kind, record.reward) == (None, 1.0), record.failure_reason
+
+
+def test_the_async_workers_versioned_policy_is_parked_like_verls(smol_template, turn):
+    # TRL's async trainer pauses generation ("keep") around every weight sync: the worker's policy wrapper
+    # declares it, so a 0.8 s pause across two calls does not fail a rollout with a 0.5 s deadline
+    from gym_bridge.policies.versioned import VersionedPolicy
+
+    inner = Unparked({"": [turn(CALL % 0.1), turn("done")]})
+    inner.parked_s = 0.4
+    record, elapsed_s = rollout(VersionedPolicy(inner, lambda: 3), smol_template, deadline_s=0.5)
+    assert (record.failure_kind, record.finish_reason, record.reward) == (None, "answer", 1.0)
+    assert record.policy_versions == (3, 3) and elapsed_s > 0.8

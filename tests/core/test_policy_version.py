@@ -50,3 +50,16 @@ def test_a_backend_without_versions_writes_none(smol_template, turn):
     assert all("policy_version" not in item for item in row["response"]["output"])
     assert not policy_versions(row).known
     assert "policy versions" not in format_rollout(0, row, Decoder(None, "none"))
+
+
+def test_the_html_report_carries_the_versions_line(smol_template, turn, tmp_path):
+    import json
+
+    from gym_bridge.view.report import build_data
+
+    versioned = [dataclasses.replace(turn("All done."), policy_version=2)]
+    row = with_consumed_version(_record(smol_template, {"": versioned}).to_dict(), 3)
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    [detail] = build_data([str(path)])["details"].values()
+    assert detail["versions"] == "policy versions per call: 2 (oldest 2, newest 2)   consumed at version 3   staleness 1"

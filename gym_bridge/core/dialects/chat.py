@@ -19,9 +19,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from gym_bridge.core.conversation import AssistantMessage, FinishReason, Message, assistant_message, tool_call
-from gym_bridge.core.errors import UserError
+from gym_bridge.core.errors import BackendAnswerError, ErrorAnswer
 from gym_bridge.core.items import TOKEN_FIELDS
-from gym_bridge.core.policy import BackendError, CallTokens, ChatRequest, ChatToolCall, ChatTurn, LogprobsMode, SamplingParams
+from gym_bridge.core.policy import CallTokens, ChatRequest, ChatToolCall, ChatTurn, LogprobsMode, SamplingParams
 
 MAX_CHOICES = 64
 """The most choices one request may ask for (prompts x n)."""
@@ -32,7 +32,7 @@ LOGPROBS_MODES: dict[str, LogprobsMode] = {"raw": "raw", "raw_logprobs": "raw", 
 """vLLM's `logprobs_mode` names and the policy mode each means."""
 
 
-class ApiError(UserError):
+class ApiError(ErrorAnswer):
     """An error answer: HTTP status, message, and the OpenAI error type."""
 
     def __init__(self, status: int, message: str, kind: str = "BadRequestError", *, code: str | None = None) -> None:
@@ -284,7 +284,7 @@ def chat_turn_from_completion(completion: dict[str, Any]) -> ChatTurn:
     """A chat-completions answer as a `ChatTurn`; raises `BackendError` when it has no choice."""
     choices = completion.get("choices") or []
     if not choices or not isinstance(choices[0].get("message"), dict):
-        raise BackendError(f"chat completion has no message: {json.dumps(completion)[:200]}")
+        raise BackendAnswerError(f"chat completion has no message: {json.dumps(completion)[:200]}")
     choice = choices[0]
     message = choice["message"]
     calls = tuple(
@@ -312,10 +312,10 @@ def call_tokens(message: Mapping[str, Any]) -> CallTokens | None:
     if not present:
         return None
     if len(present) != len(TOKEN_FIELDS):
-        raise BackendError(f"the message carries {present} but not all of {list(TOKEN_FIELDS)}")
+        raise BackendAnswerError(f"the message carries {present} but not all of {list(TOKEN_FIELDS)}")
     prompt, generation, logprobs = (message[field] for field in TOKEN_FIELDS)
     if not all(isinstance(value, list) for value in (prompt, generation, logprobs)) or len(generation) != len(logprobs):
-        raise BackendError(f"malformed token fields: {len(generation)} generation ids and {len(logprobs)} log-probs")
+        raise BackendAnswerError(f"malformed token fields: {len(generation)} generation ids and {len(logprobs)} log-probs")
     return CallTokens(prompt_token_ids=[int(t) for t in prompt], generation_token_ids=[int(t) for t in generation],
                       generation_log_probs=[float(v) for v in logprobs])
 

@@ -16,6 +16,7 @@ import orjson
 from pydantic import Field, StrictInt
 
 from gym_bridge.core.dialects.chat import SamplingBody
+from gym_bridge.core.errors import BackendAnswerError
 from gym_bridge.core.policy import BackendError, Generation, GenerationRequest, SamplingParams
 
 _TOKEN_ID_PREFIX = "token_id:"
@@ -104,10 +105,10 @@ def parse_completion(data: Any, *, request: GenerationRequest, vocab_size: int |
         raise MalformedAnswerError(f"text is not a string: {preview(text)}")
     prompt_ids = choice.get("prompt_token_ids")
     if prompt_ids is not None and prompt_ids != _as_list(request.prompt_ids):
-        raise BackendError("the server generated for other prompt ids than those sent (does a proxy rewrite prompts?)")
+        raise BackendAnswerError("the server generated for other prompt ids than those sent (does a proxy rewrite prompts?)")
     mode = choice.get("logprobs_mode")
     if mode is not None and mode != request.sampling.logprobs_mode:
-        raise BackendError(f"asked for {request.sampling.logprobs_mode} log-probs, the server returned {mode} ones")
+        raise BackendAnswerError(f"asked for {request.sampling.logprobs_mode} log-probs, the server returned {mode} ones")
     return Generation(token_ids=token_ids, logprobs=token_logprobs, finish_reason=finish_reason, text=text)
 
 

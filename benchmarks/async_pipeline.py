@@ -1,0 +1,370 @@
+"""SIMULATION: synchronous vs asynchronous RL end to end on a simulated cluster, gym_bridge's worker against TRL's own.
+
+    .venv/bin/python benchmarks/async_pipeline.py [--rows 128] [--repeats 3] [--modes sync,async,trl]
+
+Nothing here is a GPU. The "model server" is a stub over HTTP on loopback (aiohttp) that takes `token_latency_s`
+per generated token (an asyncio sleep, so concurrent requests overlap as on a batching GPU server), answers a
+tool call until the episode has made its number of tool calls, then an answer, and honours `/pause?mode=keep`
+and `/resume`. The "trainer" takes `batch` rows per optimizer step, sleeps `step_s` (its compute), then syncs:
+pause (keep), `sync_s`, resume, version + 1. It drops a row older than `max_staleness` versions, as
+AsyncGRPOTrainer does. Episodes have a long-tailed number of turns (Pareto, capped). Modes, run A/B interleaved:
+- `sync`: generate a batch (gym_bridge's engine), train, sync, repeat (nothing overlaps);
+- `async`: gym_bridge's AsyncRolloutWorker (staleness by admission) feeding the trainer while it steps;
+- `trl`: TRL 1.16's own `_AsyncRolloutLoop` (in a thread of this process instead of its spawned child) on the
+  same stub: it re-renders messages each turn, stamps a group's version at dispatch, caps work in flight at
+  `max_inflight_tasks` (its default, max_staleness x batch).
+Per mode: wall time per `rows` trained rows, the trainer's and the generator's idle shares, rows discarded for
+staleness, the largest staleness seen, and how many long episodes (>= `long_turns`) made it into training.
+Medians over repeats with [min, max]. The JSON summary is the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import queue
+import random
+import re
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from aiohttp import web  # noqa: E402
+
+from gym_bridge import Environment, VerifyResult, tool  # noqa: E402
+from gym_bridge.core.registry import register  # noqa: E402
+
+_TURNS = re.compile(r"exactly (\d+) times")
+
+
+def wanted_calls(text: str) -> int:
+    """The number of tool calls an episode's prompt asks for."""
+    match = _TURNS.search(text)
+    if match is None:
+        raise ValueError(f"no 'exactly N times' in {text[:200]!r}")
+    return int(match.group(1))
+
+
+@register
+class StepsEnvironment(Environment):
+    """An episode of K tool calls: the row says K; reward 1 for exactly K calls."""
+
+    name = "bench_steps"
+    inline_sync_tools = True
+
+    @tool
+    def step(self) -> str:
+        """Take one step.
+        """
+        return "ok"
+
+    def verify(self, task: Any, output: Any) -> VerifyResult:
+        calls = sum(item["type"] == "function_call" for item in output)
+        return VerifyResult(reward=float(calls == int(task["turns"])))
+
+
+def step_tool() -> str:
+    """Take one step.
+    """
+    return "ok"
+
+
+class StubServer:
+    """The simulated model server (see the module docstring); counts its busy and idle time."""
+
+    def __init__(self, tokenizer: Any, token_latency_s: float) -> None:
+        self.tokenizer = tokenizer
+        self.token_latency_s = token_latency_s
+        self.eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.call = tokenizer.encode('<tool_call>\n{"name": "step", "arguments": {}}\n</tool_call>', add_special_tokens=False) + [self.eos]
+        self.answer = tokenizer.encode("All steps are done.", add_special_tokens=False) + [self.eos]
+        self.active = 0
+        self.idle_s = 0.0
+        self._idle_since: float | None = time.perf_counter()
+        self.paused = False
+        self._resumed: asyncio.Event | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.url = ""
+
+    def reset_clock(self) -> None:
+        self.idle_s, self._idle_since = 0.0, (time.perf_counter() if self.active == 0 else None)
+
+    def idle_total(self) -> float:
+        return self.idle_s + (time.perf_counter() - self._idle_since if self._idle_since is not None else 0.0)
+
+    async def completions(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        prompt = list(body["prompt"])
+        text = self.tokenizer.decode(prompt)
+        wanted = wanted_calls(text)
+        done = text.count("<tool_response>") + text.count("<|im_start|>tool")
+        ids = self.call if done < wanted else self.answer
+        if self.active == 0 and self._idle_since is not None:
+            self.idle_s += time.perf_counter() - self._idle_since
+            self._idle_since = None
+        self.active += 1
+        try:
+            for _ in ids:
+                await asyncio.sleep(self.token_latency_s)
+                while self.paused:
+                    assert self._resumed is not None
+                    await self._resumed.wait()
+        finally:
+            self.active -= 1
+            if self.active == 0:
+                self._idle_since = time.perf_counter()
+        choice = {"index": 0, "text": self.tokenizer.decode(ids), "token_ids": ids, "prompt_token_ids": prompt, "finish_reason": "stop",
+                  "logprobs": {"token_logprobs": [-0.5] * len(ids), "tokens": [f"token_id:{i}" for i in ids]}}
+        return web.json_response({"id": "c", "object": "text_completion", "model": "stub", "choices": [choice]})
+
+    async def pause(self, request: web.Request) -> web.Response:
+        assert self._resumed is not None
+        self.paused = True
+        self._resumed.clear()
+        return web.json_response({})
+
+    async def resume(self, request: web.Request) -> web.Response:
+        assert self._resumed is not None
+        self.paused = False
+        self._resumed.set()
+        return web.json_response({})
+
+    def start(self) -> None:
+        ready = threading.Event()
+
+        def serve() -> None:
+            loop = asyncio.new_event_loop()
+            self.loop = loop
+            asyncio.set_event_loop(loop)
+            self._resumed = asyncio.Event()
+            app = web.Application()
+            app.router.add_post("/v1/completions", self.completions)
+            app.router.add_post("/pause", self.pause)
+            app.router.add_post("/resume", self.resume)
+            runner = web.AppRunner(app, access_log=None)
+            loop.run_until_complete(runner.setup())
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            loop.run_until_complete(site.start())
+            self.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+            ready.set()
+            loop.run_forever()
+
+        threading.Thread(target=serve, daemon=True).start()
+        ready.wait()
+
+
+class Trainer:
+    """The simulated trainer: `batch` rows per step, `step_s` of compute, a pause/resume sync, TRL's stale-row drop."""
+
+    def __init__(self, server: StubServer, args: argparse.Namespace, on_version: Any) -> None:
+        import httpx
+
+        self.server, self.args, self.on_version = server, args, on_version
+        self.http = httpx.Client(timeout=60)
+        self.version = 1
+        self.wait_s = 0.0
+        self.discarded = 0
+        self.staleness: list[int] = []
+        self.trained_turns: list[int] = []
+        self.complete: list[bool] = []
+        """Per trained row: did its episode make exactly its number of tool calls (the stub obeys, so it should)."""
+
+    def sync(self) -> None:
+        self.http.post(self.server.url + "/pause", params={"mode": "keep"})
+        time.sleep(self.args.sync_s)
+        self.http.post(self.server.url + "/resume")
+        self.version += 1
+        self.on_version(self.version)
+
+    def take(self, rows: "queue.Queue[Any]", turns_of: Any, complete: Any) -> None:
+        """Train until `args.rows` rows went into steps."""
+        batch: list[Any] = []
+        while len(self.trained_turns) < self.args.rows:
+            started = time.perf_counter()
+            sample = rows.get()
+            self.wait_s += time.perf_counter() - started
+            staleness = self.version - int(sample.model_version)
+            if staleness > self.args.max_staleness:
+                self.discarded += 1
+                continue
+            self.staleness.append(staleness)
+            batch.append(sample)
+            if len(batch) == self.args.batch:
+                self.trained_turns += [turns_of(sample) for sample in batch]
+                self.complete += [complete(sample) for sample in batch]
+                batch = []
+                time.sleep(self.args.step_s)
+                self.sync()
+
+
+def make_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    rng = random.Random(args.seed)
+    turns = [min(int(rng.paretovariate(args.pareto_alpha)), args.max_turns) for _ in range(args.tasks)]
+    return [{"prompt": f"Call the step tool exactly {k} times, then say that all steps are done.", "environment": StepsEnvironment.name,
+             "turns": k} for k in turns]
+
+
+def run_sync(server: StubServer, tokenizer: Any, args: argparse.Namespace) -> dict[str, Any]:
+    from gym_bridge.core.agent_loop import Limits
+    from gym_bridge.core.engine import Engine, EngineConfig
+    from gym_bridge.core.policy import SamplingParams
+    from gym_bridge.core.task import parse_task
+    from gym_bridge.core.template import ChatTemplate
+    from gym_bridge.policies.remote import RemotePolicy
+
+    tasks = [parse_task(row, index=i) for i, row in enumerate(make_rows(args))]
+    trainer = Trainer(server, args, lambda version: None)
+    policy = RemotePolicy(server.url + "/v1", model="stub")
+    engine = Engine(policy, ChatTemplate(tokenizer),
+                    EngineConfig(sampling=SamplingParams(max_new_tokens=64), limits=Limits(max_turns=args.max_turns + 1, max_completion_tokens=4096)))
+    loop = asyncio.new_event_loop()
+    groups_per_step = args.batch // args.group
+    started = time.perf_counter()
+    server.reset_clock()
+    position = 0
+    while len(trainer.trained_turns) < args.rows:
+        batch = [tasks[(position + i) % len(tasks)] for i in range(groups_per_step)]
+        position += groups_per_step
+        generated = time.perf_counter()
+        groups = loop.run_until_complete(engine.run_groups(batch, group_size=args.group))
+        trainer.wait_s += time.perf_counter() - generated
+        trainer.trained_turns += [int(record.task["turns"]) for group in groups for record in group if not record.failed]
+        trainer.complete += [record.reward == 1.0 for group in groups for record in group if not record.failed]
+        trainer.staleness += [0] * sum(len(group) for group in groups)
+        time.sleep(args.step_s)
+        trainer.sync()
+    loop.run_until_complete(policy.aclose())
+    loop.close()
+    return summary(trainer, server, time.perf_counter() - started, args)
+
+
+def run_async(server: StubServer, tokenizer: Any, args: argparse.Namespace) -> dict[str, Any]:
+    from gym_bridge.adapters.trl_async import AsyncRolloutWorker, AsyncWorkerSettings
+    from gym_bridge.core.agent_loop import Limits
+    from gym_bridge.core.policy import SamplingParams
+    from gym_bridge.core.task import parse_task
+    from gym_bridge.core.template import ChatTemplate
+    from gym_bridge.policies.remote import RemotePolicy
+
+    tasks = [parse_task(row, index=i) for i, row in enumerate(make_rows(args))]
+    settings = AsyncWorkerSettings(group_size=args.group, max_staleness=args.max_staleness, rows_per_version=args.batch,
+                                   sampling=SamplingParams(max_new_tokens=64),
+                                   limits=Limits(max_turns=args.max_turns + 1, max_completion_tokens=4096))
+    worker = AsyncRolloutWorker(tasks, RemotePolicy(server.url + "/v1", model="stub"), ChatTemplate(tokenizer), settings)
+    by_prompt = {tuple(task.messages[0]["content"].split()): int(task["turns"]) for task in tasks}
+    trainer = Trainer(server, args, worker.update_model_version)
+    worker.update_model_version(1)
+    started = time.perf_counter()
+    server.reset_clock()
+    worker.start()
+    try:
+        trainer.take(worker.rollout_buffer, lambda sample: by_prompt[tuple(sample.prompt[-1]["content"].split())],
+                     lambda sample: sample.metrics["reward"] == 1.0)
+    finally:
+        worker.stop()
+    return summary(trainer, server, time.perf_counter() - started, args)
+
+
+def run_trl(server: StubServer, tokenizer: Any, args: argparse.Namespace) -> dict[str, Any]:
+    from datasets import Dataset
+    from trl.chat_template_utils import qwen3_template
+    from trl.experimental.async_grpo.async_rollout_worker import _AsyncRolloutLoop
+
+    class Value:
+        def __init__(self, value: float) -> None:
+            self.value = value
+
+    importlib.import_module("accelerate.state").PartialState()  # TRL's loop logs through accelerate, as its spawned child sets up
+    tokenizer = tokenizer.__class__.from_pretrained(tokenizer.name_or_path)
+    tokenizer.response_template = qwen3_template  # SmolLM2 writes Hermes-style <tool_call> blocks, as Qwen3 does
+    rows = make_rows(args)
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": row["prompt"]}], "turns": row["turns"]} for row in rows])
+    version = Value(1)
+    buffer: queue.Queue[Any] = queue.Queue()
+    # in-process stand-ins for the mp.Value / mp.Event / mp.Queue objects its spawned child is handed
+    shared: dict[str, Any] = {"rollout_buffer": buffer, "model_version_value": version, "heartbeat_value": Value(0.0),
+                              "failed_event": threading.Event(), "exception_info_queue": queue.Queue(), "metrics_queue": queue.Queue()}
+    loop = _AsyncRolloutLoop(
+        model_name="stub", dataset=dataset, reward_funcs=[lambda completions, **kwargs: [1.0] * len(completions)],
+        processing_class=tokenizer, eos_token_ids=[tokenizer.convert_tokens_to_ids("<|im_end|>")], tools=[step_tool],
+        num_generations=args.group, max_inflight_tasks=args.max_staleness * args.batch, vllm_server_url=server.url,
+        max_tokens=64, max_tool_calling_iterations=args.max_turns + 1, **shared,
+    )
+    trainer = Trainer(server, args, lambda v: setattr(version, "value", v))
+    thread = threading.Thread(target=loop.run, daemon=True)
+    started = time.perf_counter()
+    server.reset_clock()
+    thread.start()
+    try:
+        trainer.take(buffer, lambda sample: wanted_calls(sample.prompt[-1]["content"]),
+                     lambda sample: sum(bool(m.get("tool_calls")) for m in sample.completion) == wanted_calls(sample.prompt[-1]["content"]))
+    finally:
+        loop._loop.call_soon_threadsafe(loop._stop_event.set)
+        thread.join(timeout=30)
+    return summary(trainer, server, time.perf_counter() - started, args)
+
+
+def summary(trainer: Trainer, server: StubServer, wall_s: float, args: argparse.Namespace) -> dict[str, Any]:
+    trained = trainer.trained_turns[: args.rows]
+    return {
+        "wall_s": round(wall_s, 3),
+        "trainer_idle_share": round(trainer.wait_s / wall_s, 3),
+        "generator_idle_share": round(server.idle_total() / wall_s, 3),
+        "discarded_stale": trainer.discarded,
+        "max_staleness_seen": max(trainer.staleness, default=0),
+        "long_episodes_trained": sum(turns >= args.long_turns for turns in trained),
+        "mean_tool_calls_trained": round(statistics.mean(trained), 3),
+        "complete_episode_share": round(sum(trainer.complete[: args.rows]) / max(len(trained), 1), 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=128, help="trained rows per run")
+    parser.add_argument("--batch", type=int, default=16, help="rows per optimizer step")
+    parser.add_argument("--group", type=int, default=4, help="rollouts per task")
+    parser.add_argument("--max-staleness", type=int, default=1)
+    parser.add_argument("--step-s", type=float, default=0.4, help="simulated optimizer step")
+    parser.add_argument("--sync-s", type=float, default=0.05, help="simulated weight sync while the server is paused")
+    parser.add_argument("--token-latency-s", type=float, default=0.002, help="simulated time per generated token")
+    parser.add_argument("--tasks", type=int, default=64)
+    parser.add_argument("--max-turns", type=int, default=16, help="cap of the long-tailed tool-call count")
+    parser.add_argument("--pareto-alpha", type=float, default=1.1)
+    parser.add_argument("--long-turns", type=int, default=6, help="an episode with at least this many tool calls is long")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--modes", default="sync,async,trl")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    from gym_bridge.policies.embedded import load_embedded_tokenizer
+
+    tokenizer = load_embedded_tokenizer()
+    server = StubServer(tokenizer, args.token_latency_s)
+    server.start()
+    runners = {"sync": run_sync, "async": run_async, "trl": run_trl}
+    modes = args.modes.split(",")
+    results: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+    for repeat in range(args.repeats):
+        for mode in modes if repeat % 2 == 0 else reversed(modes):  # A/B interleaved, order alternating
+            result = runners[mode](server, tokenizer, args)
+            results[mode].append(result)
+            print(f"repeat {repeat} {mode}: {result}", flush=True)
+    rows = make_rows(args)
+    long_share = sum(row["turns"] >= args.long_turns for row in rows) / len(rows)
+    report: dict[str, Any] = {"simulation": True, "settings": {k: v for k, v in vars(args).items()},
+                              "long_episode_share_of_tasks": round(long_share, 3), "modes": {}}
+    for mode, runs in results.items():
+        report["modes"][mode] = {key: {"median": statistics.median(run[key] for run in runs), "min": min(run[key] for run in runs),
+                                       "max": max(run[key] for run in runs)} for key in runs[0]}
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""benchmarks/async_pipeline.py measures what it says: a small run of each mode on its stub, every episode complete,
+the summary JSON on the last line, gym_bridge's worker discarding nothing."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trl.experimental.async_grpo", reason="needs TRL >= 1.16")
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "async_pipeline.py"
+
+
+@pytest.mark.slow  # about 20 s (a subprocess importing TRL); covered by default test:
+# test_admission_keeps_every_row_within_max_staleness_through_trls_dataset (the worker's admission against TRL's drop rule)
+def test_a_small_run_of_every_mode():
+    result = subprocess.run([sys.executable, str(BENCH), "--rows", "32", "--repeats", "1", "--step-s", "0.1", "--tasks", "16"],
+                            capture_output=True, text=True, timeout=300, check=True)
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["simulation"] is True and set(report["modes"]) == {"sync", "async", "trl"}
+    for mode, figures in report["modes"].items():
+        assert figures["complete_episode_share"]["median"] == 1.0, mode  # the stub and both workers ran every episode out
+        assert 0 <= figures["trainer_idle_share"]["median"] <= 1 and 0 <= figures["generator_idle_share"]["median"] <= 1
+    assert report["modes"]["async"]["discarded_stale"]["max"] == 0
+    assert report["modes"]["async"]["max_staleness_seen"]["max"] <= report["settings"]["max_staleness"]
+    assert report["modes"]["sync"]["max_staleness_seen"]["max"] == 0
