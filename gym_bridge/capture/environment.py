@@ -24,8 +24,9 @@ from gym_bridge.capture.assembly import assemble
 from gym_bridge.capture.harness import AgentCallable, AgentOutcome, run_callable, run_command
 from gym_bridge.capture.server import capture_server
 from gym_bridge.capture.chat_session import ChatCaptureSession
-from gym_bridge.capture.session import CaptureSession, SessionState
+from gym_bridge.capture.session import CaptureSession, SessionState, StopKind
 from gym_bridge.core.agent_loop import RolloutContext, RolloutFailure
+from gym_bridge.core.record import LoopFinish
 from gym_bridge.core.deadline import HeldPolicy
 from gym_bridge.core.environment import Environment, RowProblem, VerifyResult, to_verify_result
 from gym_bridge.core.errors import ConfigError
@@ -48,7 +49,7 @@ class HarnessLoop:
     (the agent could not start, crashed, or called no model).
     """
 
-    async def run(self, ctx: RolloutContext) -> str:
+    async def run(self, ctx: RolloutContext) -> LoopFinish:
         env = ctx.env
         if not isinstance(env, HarnessEnvironment):
             raise RolloutFailure("env", f"HarnessLoop needs a HarnessEnvironment, got {type(env).__name__}")
@@ -122,7 +123,11 @@ def _fill_trajectory(ctx: RolloutContext, session: SessionState) -> None:
     trajectory.segments = list(assembly.segments) if len(assembly.segments) > 1 else []
 
 
-def _finish(env: HarnessEnvironment, session: SessionState, outcome: AgentOutcome) -> str:
+_SCORED_STOPS: dict[StopKind, LoopFinish] = {"max_turns": "max_turns", "budget": "budget"}
+"""The session stops that end the rollout as a scored one (the others are failures)."""
+
+
+def _finish(env: HarnessEnvironment, session: SessionState, outcome: AgentOutcome) -> LoopFinish:
     stop = session.stop
     if stop is not None and stop.kind in ("context_overflow", "infra"):
         raise RolloutFailure(stop.kind, stop.reason)
@@ -130,7 +135,7 @@ def _finish(env: HarnessEnvironment, session: SessionState, outcome: AgentOutcom
     if outcome.timed_out:
         raise RolloutFailure("timeout", f"the harness did not finish within {limit:g} s{_tails(outcome)}")
     if stop is not None:
-        return stop.kind  # a spent budget is scored, like the default loop's `max_turns` / `budget`
+        return _SCORED_STOPS[stop.kind]  # a spent budget is scored, like the default loop's `max_turns` / `budget`
     if outcome.exit_code != 0:
         errors = "".join(f"; the endpoint answered {e.status}: {e.message}" for e in session.errors[-3:])
         raise RolloutFailure("env", f"the harness exited with status {outcome.exit_code}{errors}{_tails(outcome)}")
