@@ -81,7 +81,7 @@ def test_ctrl_c_stops_eval_while_environment_code_is_stuck(tmp_path, tiny_model_
 
 
 def test_a_segfault_in_environment_code_says_where(tmp_path, tiny_model_dir):
-    """Item 5: without isolation a segfaulting environment ends the process (the README states
+    """Item 5: without isolation a segfaulting environment ends the process (docs/concepts/failures.md states
     this boundary), but with a traceback naming the environment's code, not silently."""
     data = write_rows(tmp_path / "rows.jsonl", [{"prompt": "x", "environment": "tests.failing_env:SegfaultsInSetup"}])
     done = subprocess.run(eval_command(data, tmp_path / "out.jsonl", tiny_model_dir), env=ENV, capture_output=True,

@@ -1,5 +1,5 @@
 """`gym-bridge eval` in a user's first hour (issue 28, items 16 and 17): it waits, bounded, for a server that is
-still starting (the README's remote example pasted as a whole), refuses to replace the records of an existing
+still starting (the remote example of docs/backends.md pasted as a whole), refuses to replace the records of an existing
 --output unless told (--resume or --overwrite), and writes under the git-ignored out/ by default."""
 
 from __future__ import annotations

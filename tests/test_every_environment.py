@@ -3,7 +3,7 @@ user would run it (`slow`: 10 minutes on 2 cores shared with other work).
 
 `nemo_gym_remote` runs against its example resources server, started on a free loopback port.
 Every rollout must end as a scored record; only `llm_judge` may mask its rollouts, because the
-embedded 135M judge rarely writes a verdict (README, Environments)."""
+embedded 135M judge rarely writes a verdict (docs/environments.md)."""
 
 import json
 import socket

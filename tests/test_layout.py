@@ -1,23 +1,54 @@
-"""The tree is what the README's Layout section says it is, and every module opens with what it owns (issue 21)."""
+"""The tree is what the docs' Layout page says it is, and every module opens with what it owns (issue 21).
+
+The page (docs/development/layout.md) holds the repository's top level as a hand-written block, and the package part
+generated from the module docstrings when the site is built (docs/hooks/generated_pages.py, issue 29)."""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "gym_bridge"
+LAYOUT_PAGE = ROOT / "docs" / "development" / "layout.md"
+
+
+def generated_pages():
+    spec = importlib.util.spec_from_file_location("generated_pages", ROOT / "docs" / "hooks" / "generated_pages.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def built_layout_page() -> str:
+    """The Layout page as the site shows it: the hand-written block plus the generated package tables."""
+    return generated_pages().fill("development/layout.md", LAYOUT_PAGE.read_text(encoding="utf-8"))
+
+
+def generated_paths(page: str) -> set[str]:
+    """Repository paths the generated part names: each `### `folder/`` heading, and the modules of its table."""
+    named: set[str] = set()
+    folder = ""
+    for line in page.splitlines():
+        heading = re.fullmatch(r"### `(\S+/)`", line)
+        row = re.match(r"\| `([^`]+\.py)` \|", line)
+        if heading:
+            folder = heading.group(1)
+            named.add(folder)
+        elif row and folder:
+            named.add(folder + row.group(1))
+    return named
 
 
 def modules() -> list[Path]:
     return sorted(path for path in PACKAGE.rglob("*.py") if "__pycache__" not in path.parts)
 
 
-def layout_block(readme: str) -> str:
-    section = readme.split("\n## Layout\n", 1)[1]
-    match = re.search(r"```\n(.*?)```", section, re.S)
-    assert match, "the Layout section has no code block"
+def layout_block(page: str) -> str:
+    match = re.search(r"```\n(.*?)```", page, re.S)
+    assert match, "the Layout page has no code block"
     return match.group(1)
 
 
@@ -47,16 +78,25 @@ def test_every_module_opens_with_a_docstring():
 
 
 def test_the_layout_names_every_module_of_the_package():
-    named = named_paths(layout_block((ROOT / "README.md").read_text(encoding="utf-8")))
-    expected = {str(path.parent.relative_to(ROOT)) + "/" if path.name == "__init__.py" and path.parent != PACKAGE
+    page = built_layout_page()
+    named = named_paths(layout_block(page)) | generated_paths(page)
+    expected = {str(path.parent.relative_to(ROOT)) + "/" if path.name == "__init__.py"
                 else str(path.relative_to(ROOT)) for path in modules()}
-    assert not expected - named, f"README's Layout does not name {sorted(expected - named)} (add a line: what it owns)"
+    assert not expected - named, f"the docs' Layout page does not name {sorted(expected - named)}"
+
+
+def test_the_layout_gives_every_module_what_its_docstring_says():
+    page = built_layout_page()
+    for path in modules():
+        summary = generated_pages().docstring_summary(path)
+        assert summary and summary.replace("|", "\\|") in page, f"{path.relative_to(ROOT)}: its docstring's first paragraph is not on the page"
 
 
 def test_the_layout_names_nothing_that_does_not_exist():
-    named = named_paths(layout_block((ROOT / "README.md").read_text(encoding="utf-8")))
+    page = built_layout_page()
+    named = named_paths(layout_block(page)) | generated_paths(page)
     stale = sorted(path for path in named if "<" not in path and not (ROOT / path).exists())
-    assert not stale, f"README's Layout names what is not in the tree: {stale}"
+    assert not stale, f"the docs' Layout page names what is not in the tree: {stale}"
 
 
 def test_the_layout_parser_reads_folders_files_and_continuations():

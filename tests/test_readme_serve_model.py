@@ -1,4 +1,5 @@
-"""README states serve-model's limits (issue 19 item 18; documentation), and the server refuses what it says it does not do."""
+"""The docs' Model backends page (the README until issue 29) states serve-model's limits (issue 19 item 18; documentation),
+and the server refuses what it says it does not do."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _limits_paragraph() -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "backends.md").read_text(encoding="utf-8")
     match = re.search(r"What `serve-model` does not do.*?\n\n", text, re.S)
-    assert match, "README has no paragraph on serve-model's limits"
+    assert match, "docs/backends.md has no paragraph on serve-model's limits"
     return match.group(0)
 
 

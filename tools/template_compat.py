@@ -1,7 +1,7 @@
-"""README's model-family table, generated from the conformance tests' own checks: for each real chat
+"""The model-family table of docs/model-families.md, generated from the conformance tests' own checks: for each real chat
 template in ../shared/templates (tests/families.py), the append-only check per shape, the parsers and
 scripted three-call multi_step rollouts (reward, token invariants, prompts against the template).
-Prints the Markdown table; `--write` puts it into README.md between the `template-compat` markers,
+Prints the Markdown table; `--write` puts it into docs/model-families.md between the `template-compat` markers,
 `--check` exits 1 when it is stale. Run: `.venv/bin/python tools/template_compat.py [--write|--check]`
 """
 
@@ -83,27 +83,27 @@ def table() -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--write", action="store_true", help="replace the table in README.md")
-    group.add_argument("--check", action="store_true", help="exit 1 when README.md's table is out of date")
+    group.add_argument("--write", action="store_true", help="replace the table in docs/model-families.md")
+    group.add_argument("--check", action="store_true", help="exit 1 when docs/model-families.md's table is out of date")
     args = parser.parse_args()
     if not SHARED_TEMPLATES.is_dir():
         print(f"the real chat templates are not at {SHARED_TEMPLATES}", file=sys.stderr)
         return 2
     text = table()
-    readme = ROOT / "README.md"
-    current = readme.read_text()
+    page = ROOT / "docs" / "model-families.md"
+    current = page.read_text()
     if args.write or args.check:
         if BEGIN not in current or END not in current:
-            print(f"README.md has no {BEGIN} ... {END} block", file=sys.stderr)
+            print(f"docs/model-families.md has no {BEGIN} ... {END} block", file=sys.stderr)
             return 2
         head, rest = current.split(BEGIN, 1)
         updated = f"{head}{BEGIN}\n{text}\n{END}{rest.split(END, 1)[1]}"
         if args.check:
             if updated != current:
-                print("README.md's model-family table is out of date: run tools/template_compat.py --write", file=sys.stderr)
+                print("docs/model-families.md's table is out of date: run tools/template_compat.py --write", file=sys.stderr)
                 return 1
             return 0
-        readme.write_text(updated)
+        page.write_text(updated)
     print(text)
     return 0
 

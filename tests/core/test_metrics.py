@@ -58,7 +58,7 @@ def test_pass_at_k_columns_are_in_numeric_order():
 
 
 def test_rollouts_past_their_deadline_get_a_hint():
-    """What the README's laptop example printed on a loaded 2-core machine: every rollout hit the 600 s deadline."""
+    """What the laptop example of docs/backends.md printed on a loaded 2-core machine: every rollout hit the 600 s deadline."""
     rows = [record(t, 0, kind="timeout", reason="rollout exceeded its deadline of 600 s") for t in range(11)]
     table = format_table(summarize(rows))
     assert "  11 x timeout: rollout exceeded its deadline of 600 s (e.g. math task_index=0 repeat_index=0)" in table

@@ -83,7 +83,8 @@ def test_every_template_renders_as_transformers_renders_it(light, smol_tokenizer
 
 
 def _corpus() -> list[str]:
-    texts = [path.read_text() for path in (ROOT / "README.md", *sorted((ROOT / "gym_bridge" / "cli").glob("*.py")), *EXAMPLES)]
+    texts = [path.read_text() for path in (ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")),
+                                                  *sorted((ROOT / "gym_bridge" / "cli").glob("*.py")), *EXAMPLES)]
     rng = random.Random(0)
     alphabet = list("abcXYZ 019.,!?'\"#<>{}[]():-_\n\t\r") + ["  ", "\n\n", " \n", "\u00e9", "\u4f60", "\u0301", "\U0001f600",
                                                             "<|im_start|>", "<|im_end|>", "<|endoftext|>", "token_id:5"]

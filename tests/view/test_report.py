@@ -17,7 +17,7 @@ from gym_bridge.view.report import build_data, histogram, percentiles, write_rep
 from tests.view.browser import Browser, chromium_path
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-"""Where the README's screenshots live: rewritten by this test with GYM_BRIDGE_UPDATE_SCREENSHOTS=1."""
+"""Where the docs' screenshots live (docs/viewing.md shows them): rewritten by this test with GYM_BRIDGE_UPDATE_SCREENSHOTS=1."""
 CHOOSE_ENV = "{{ const s = document.getElementById('f-env'); s.value = '{env}'; s.dispatchEvent(new Event('change')); }}"
 
 

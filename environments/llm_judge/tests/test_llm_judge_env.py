@@ -162,7 +162,7 @@ def judged_by_server(smol_tokenizer, reply: str):
 
 
 def test_a_judge_server_set_by_base_url_and_model_judges(smol_tokenizer) -> None:
-    """Item 9: `judge_base_url` + `judge_model` (the README's setting for real use) loads a helper over
+    """Item 9: `judge_base_url` + `judge_model` (the setting docs/environments.md gives for real use) loads a helper over
     `/v1/completions` and judges; it used to mask every sample with a TypeError from unpacking the tokenizer."""
     model, serving = judged_by_server(smol_tokenizer, f"Both name Darwin. {EQUAL}")
     with serving as url:
