@@ -31,7 +31,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gym_bridge.core.policy import GenerationRequest, SamplingParams  # noqa: E402
-from gym_bridge.core.template import ChatTemplate  # noqa: E402
+from gym_bridge.core.template.chat_template import ChatTemplate  # noqa: E402
 from gym_bridge.policies.remote import RemotePolicy  # noqa: E402
 from gym_bridge.policies.transformers import TransformersPolicy  # noqa: E402
 from tests.http_server import ServeModelProcess  # noqa: E402

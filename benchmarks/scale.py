@@ -66,7 +66,7 @@ class ScriptedEngine:
     max_concurrency: int = 64
 
     def __call__(self) -> Engine:
-        from gym_bridge.core.template import ChatTemplate
+        from gym_bridge.core.template.chat_template import ChatTemplate
         from gym_bridge.policies.embedded import load_embedded_tokenizer
 
         tokenizer = load_embedded_tokenizer()
@@ -86,7 +86,7 @@ class StubEngine:
     max_concurrency: int = 64
 
     def __call__(self) -> Engine:
-        from gym_bridge.core.template import ChatTemplate
+        from gym_bridge.core.template.chat_template import ChatTemplate
         from gym_bridge.policies.embedded import load_embedded_tokenizer
         from gym_bridge.policies.remote import RemotePolicy
 

@@ -38,7 +38,7 @@ from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import configure, get_environment, known_environments, register, remote_url
 from gym_bridge.core.split import draw_split
 from gym_bridge.core.task import Task, load_tasks, parse_task
-from gym_bridge.core.template import ChatTemplate
+from gym_bridge.core.template.chat_template import ChatTemplate
 
 __version__ = "0.1.0"
 

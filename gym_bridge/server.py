@@ -42,7 +42,7 @@ from gym_bridge.core.dialects.template_view import template_messages
 from gym_bridge.disconnect import ClientDisconnected, unless_disconnected
 from gym_bridge.core.errors import GymBridgeError
 from gym_bridge.core.policy import ContextOverflowError, Generation, GenerationRequest, LogprobsMode, SamplingParams
-from gym_bridge.core.template import ChatTemplate
+from gym_bridge.core.template.chat_template import ChatTemplate
 from gym_bridge.core.toolcall import parse_turn
 
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024

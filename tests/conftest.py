@@ -19,7 +19,7 @@ def smol_tokenizer():
 
 @pytest.fixture(scope="session")
 def smol_template(smol_tokenizer):
-    from gym_bridge.core.template import ChatTemplate
+    from gym_bridge.core.template.chat_template import ChatTemplate
 
     return ChatTemplate(smol_tokenizer)
 

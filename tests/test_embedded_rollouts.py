@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from gym_bridge import Engine, EngineConfig, Generation, GenerationRequest, Limits, SamplingParams, get_environment, load_tasks
-from gym_bridge.core.template import ChatTemplate
+from gym_bridge.core.template.chat_template import ChatTemplate
 from gym_bridge.policies.transformers import TransformersPolicy
 from tests.invariants import assert_token_invariants
 

@@ -98,5 +98,5 @@ def test_core_imports_no_adapter_policy_or_trainer_code():
 
     core = pathlib.Path(gym_bridge.__file__).parent / "core"
     banned = re.compile(r"^\s*(from|import)\s+(torch|transformers|trl|verl|vllm|ray|nemo_rl|gym_bridge\.adapters|gym_bridge\.policies)\b", re.M)
-    offenders = [path.name for path in core.glob("*.py") if banned.search(path.read_text())]
+    offenders = [str(path.relative_to(core)) for path in core.rglob("*.py") if banned.search(path.read_text())]
     assert offenders == []

@@ -17,8 +17,8 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from gym_bridge.core.template import ChatTemplate  # noqa: E402
-from gym_bridge.core.template_check import template_report  # noqa: E402
+from gym_bridge.core.template.chat_template import ChatTemplate  # noqa: E402
+from gym_bridge.core.template.check import template_report  # noqa: E402
 from tests.families import REAL_FAMILIES, SHARED_TEMPLATES, Family, family_tokenizer, prompt_mismatches, run_scripted  # noqa: E402
 from tests.invariants import assert_token_invariants  # noqa: E402
 

@@ -31,8 +31,8 @@ from gym_bridge.core.policy import BackendError, ChatRequest, ChatTurn
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.task import Task, parse_task
-from gym_bridge.core.template import ChatTemplate, ToolFormat
-from gym_bridge.core.template_check import check_append_only
+from gym_bridge.core.template.chat_template import ChatTemplate, ToolFormat
+from gym_bridge.core.template.check import check_append_only
 
 try:  # NeMo RL is not on the package index; its classes are used when it is installed
     from nemo_rl.environments.interfaces import EnvironmentInterface as _Interface

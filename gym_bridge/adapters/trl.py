@@ -38,12 +38,12 @@ from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import Environment
 from gym_bridge.core.errors import DataError, GymBridgeError
 from gym_bridge.core.health import ToolCallAlarm
-from gym_bridge.core.parsers import get_reasoning_parser, get_tool_parser
+from gym_bridge.core.template.parsers import get_reasoning_parser, get_tool_parser
 from gym_bridge.core.policy import SamplingParams
 from gym_bridge.core.record import RolloutRecord, with_train_step
 from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.task import Task, parse_task
-from gym_bridge.core.template import ChatTemplate
+from gym_bridge.core.template.chat_template import ChatTemplate
 
 if TYPE_CHECKING:
     from gym_bridge.scale.ray_runner import RayRollouts

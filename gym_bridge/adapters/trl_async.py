@@ -36,7 +36,7 @@ from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.rollout_file import RolloutWriter
 from gym_bridge.core.staleness import StalenessWindow
 from gym_bridge.core.task import Task
-from gym_bridge.core.template import ChatTemplate
+from gym_bridge.core.template.chat_template import ChatTemplate
 from gym_bridge.policies.versioned import VersionedPolicy
 
 __all__ = ["AsyncRolloutWorker", "AsyncWorkerSettings", "TrainingSegment", "group_advantages", "training_segments"]

@@ -15,7 +15,7 @@ from gym_bridge.adapters.loop_thread import LoopThread
 from gym_bridge.core.engine import EngineConfig
 from gym_bridge.core.errors import GymBridgeError, MissingDependencyError
 from gym_bridge.core.policy import BackendError, Policy, require_token_policy
-from gym_bridge.core.template import ChatTemplate
+from gym_bridge.core.template.chat_template import ChatTemplate
 
 if TYPE_CHECKING:
     from gym_bridge.adapters.trl_options import RolloutOptions

@@ -95,7 +95,7 @@ def _eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                         "still generating it, and a retry would start over): on a slow server raise this, not --max-retries")
     p.add_argument("--max-retries", type=int, default=3,
                    help="with --base-url: retries of a request after connection errors, 429 and 5xx")
-    from gym_bridge.core.parsers import REASONING_PARSERS, TOOL_PARSERS
+    from gym_bridge.core.template.parsers import REASONING_PARSERS, TOOL_PARSERS
 
     p.add_argument("--tool-parser", default=None, choices=list(TOOL_PARSERS), metavar="NAME",
                    help="tool-call syntax of the model, by vLLM's --tool-call-parser name: " + ", ".join(TOOL_PARSERS)

@@ -21,10 +21,10 @@ from gym_bridge.core.environment import Environment, ToolError, ToolSpec
 from gym_bridge.core.errors import AbortedCall, classify
 from gym_bridge.core.errors import RolloutFailure as RolloutFailure
 from gym_bridge.core.items import function_call_output_item
-from gym_bridge.core.parsers.call import ParsedCall, ParsedTurn
+from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn
 from gym_bridge.core.policy import ChatPolicy, Generation, Policy, SamplingParams
 from gym_bridge.core.task import Task
-from gym_bridge.core.template import ChatTemplate, ToolOutput
+from gym_bridge.core.template.chat_template import ChatTemplate, ToolOutput
 from gym_bridge.core.trajectory import Trajectory
 from gym_bridge.core.transcript import OFF_LOOP_TOKENIZE_CHARS as OFF_LOOP_TOKENIZE_CHARS
 from gym_bridge.core.transcript import TOKENIZE_TIMEOUT_S, Transcript

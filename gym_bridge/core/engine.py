@@ -29,8 +29,8 @@ from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.resume import RolloutResume, resume_rollout
 from gym_bridge.core.task import Task
-from gym_bridge.core.template import ChatTemplate
-from gym_bridge.core.template_check import check_append_only, template_report
+from gym_bridge.core.template.chat_template import ChatTemplate
+from gym_bridge.core.template.check import check_append_only, template_report
 from gym_bridge.core.trajectory import TokenView, Trajectory
 from gym_bridge.core.transcript import Transcript, transcript_starter
 

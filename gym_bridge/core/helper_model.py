@@ -13,7 +13,7 @@ from typing import Sequence, cast
 
 from gym_bridge.core.items import ChatMessage
 from gym_bridge.core.policy import ChatPolicy, ChatRequest, GenerationRequest, Policy, SamplingParams, is_token_policy
-from gym_bridge.core.template import ChatTemplate
+from gym_bridge.core.template.chat_template import ChatTemplate
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,10 @@ from typing import Any, Callable, Protocol, Sequence
 from gym_bridge.core.bounded_call import call_bounded
 from gym_bridge.core.errors import RolloutFailure
 from gym_bridge.core.items import POLICY_VERSION_FIELD, TOKEN_FIELDS, ChatMessage, Item, function_call_item, message_item, reasoning_item, user_message_item
-from gym_bridge.core.parsers.call import ParsedCall, ParsedTurn
+from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn
 from gym_bridge.core.policy import CallTokens, ChatPolicy, ChatRequest, ChatTurn, Generation, GenerationRequest, Policy, SamplingParams, is_token_policy
 from gym_bridge.core.task import Task
-from gym_bridge.core.template import ChatTemplate, ToolOutput
+from gym_bridge.core.template.chat_template import ChatTemplate, ToolOutput
 from gym_bridge.core.toolcall import parse_turn
 from gym_bridge.core.trajectory import TokenView, Trajectory
 

@@ -16,7 +16,7 @@ from typing import Literal
 from gym_bridge.core.errors import GymBridgeError
 from gym_bridge.core.helper_model import HelperModel
 from gym_bridge.core.policy import SamplingParams
-from gym_bridge.core.template import ChatTemplate
+from gym_bridge.core.template.chat_template import ChatTemplate
 from gym_bridge.policies.factory import PolicySpec, build_policy
 
 HELPER_APIS = ("completions", "chat", "responses")

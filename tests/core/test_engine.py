@@ -164,7 +164,7 @@ def test_stream_skips_finished_pairs(smol_template, turn):
 def test_template_check_modes(smol_tokenizer, turn):
     from tests.core.test_template import DROPS_REASONING_TEMPLATE, TemplatedTokenizer
     from gym_bridge.core.errors import TemplateError
-    from gym_bridge.core.template import ChatTemplate
+    from gym_bridge.core.template.chat_template import ChatTemplate
 
     rewriting = ChatTemplate(TemplatedTokenizer(smol_tokenizer, DROPS_REASONING_TEMPLATE))
     with pytest.raises(TemplateError):

@@ -14,8 +14,8 @@ import pytest
 
 from gym_bridge import Engine, EngineConfig, ScriptedPolicy, get_environment, load_tasks
 from gym_bridge.core.errors import TemplateError
-from gym_bridge.core.template import ChatTemplate
-from gym_bridge.core.template_check import template_report
+from gym_bridge.core.template.chat_template import ChatTemplate
+from gym_bridge.core.template.check import template_report
 from tests.families import (
     MINI_FAMILIES, REAL_FAMILIES, REASONING, SHARED_TEMPLATES, TEMPLATES_MISSING, family_tokenizer, prompt_mismatches, run_scripted, scripted_turns,
     written_id,

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gym_bridge.core.parsers import TurnParser, get_reasoning_parser, get_tool_parser
+from gym_bridge.core.template.parsers import TurnParser, get_reasoning_parser, get_tool_parser
 from gym_bridge.core.toolcall import parse_turn
 
 WEATHER = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'

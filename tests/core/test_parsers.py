@@ -7,10 +7,10 @@ import json
 import pytest
 
 from gym_bridge.core.errors import UnknownParserError
-from gym_bridge.core.parsers import (
+from gym_bridge.core.template.parsers import (
     REASONING_PARSERS, TOOL_PARSERS, TurnParser, get_reasoning_parser, get_tool_parser, reasoning_parser_for, tool_parser_candidates,
 )
-from gym_bridge.core.parsers.call import ParsedCall
+from gym_bridge.core.template.parsers.call import ParsedCall
 
 DS = {"begin": "<\uff5ctool\u2581calls\u2581begin\uff5c>", "call": "<\uff5ctool\u2581call\u2581begin\uff5c>",
       "sep": "<\uff5ctool\u2581sep\uff5c>", "call_end": "<\uff5ctool\u2581call\u2581end\uff5c>", "end": "<\uff5ctool\u2581calls\u2581end\uff5c>"}

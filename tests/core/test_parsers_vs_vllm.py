@@ -22,8 +22,8 @@ from typing import Any, Callable
 
 import pytest
 
-from gym_bridge.core.parsers import REASONING_PARSERS, TOOL_PARSERS, TurnParser, get_reasoning_parser, get_tool_parser
-from gym_bridge.core.parsers.call import ParsedCall
+from gym_bridge.core.template.parsers import REASONING_PARSERS, TOOL_PARSERS, TurnParser, get_reasoning_parser, get_tool_parser
+from gym_bridge.core.template.parsers.call import ParsedCall
 from tests import families
 
 pytestmark = pytest.mark.vllm

@@ -1,11 +1,11 @@
-"""`ChatTemplate.encode` cuts a text into pieces (see `gym_bridge.core.piece_encoder`) and keeps
+"""`ChatTemplate.encode` cuts a text into pieces (see `gym_bridge.core.template.piece_encoder`) and keeps
 each piece's ids: it must give exactly the ids of `tokenizer.encode(text, add_special_tokens=False)`,
 for every family's template and markers, on the first and on repeated calls."""
 
 import pytest
 
 from gym_bridge import get_environment, load_tasks
-from gym_bridge.core.template import ChatTemplate, ToolOutput
+from gym_bridge.core.template.chat_template import ChatTemplate, ToolOutput
 from tests.families import MINI_FAMILIES, REAL_FAMILIES, SHARED_TEMPLATES, family_tokenizer
 
 real_present = pytest.mark.skipif(not SHARED_TEMPLATES.is_dir(), reason=f"real chat templates not found at {SHARED_TEMPLATES}")

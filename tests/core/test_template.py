@@ -4,8 +4,8 @@ import pytest
 
 from gym_bridge import Engine, EngineConfig, ScriptedPolicy
 from gym_bridge.core.errors import TemplateError, UnknownParserError
-from gym_bridge.core.template import ChatTemplate, ToolOutput
-from gym_bridge.core.template_check import check_append_only, template_report
+from gym_bridge.core.template.chat_template import ChatTemplate, ToolOutput
+from gym_bridge.core.template.check import check_append_only, template_report
 from tests.families import MINI_FAMILIES, family_tokenizer
 
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather of a city.",

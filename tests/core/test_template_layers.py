@@ -9,11 +9,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import gym_bridge.core
+import gym_bridge.core.template
 
-LAYERS = ("chat_render", "template_profile", "template", "template_check")
+LAYERS = ("render", "profile", "chat_template", "check")
 """Bottom first."""
-CORE = Path(gym_bridge.core.__file__).parent
+CORE = Path(gym_bridge.core.template.__file__).parent
 
 
 def _imports(tree: ast.Module) -> list[tuple[ast.stmt, str]]:
@@ -29,7 +29,7 @@ def _imports(tree: ast.Module) -> list[tuple[ast.stmt, str]]:
 
 
 def _layers_imported(tree: ast.Module) -> set[str]:
-    return {module.removeprefix("gym_bridge.core.") for _, module in _imports(tree)} & set(LAYERS)
+    return {module.removeprefix("gym_bridge.core.template.") for _, module in _imports(tree)} & set(LAYERS)
 
 
 def _hidden_imports(tree: ast.Module) -> list[str]:
@@ -48,8 +48,8 @@ def test_each_layer_imports_only_the_layers_below_it():
 
 
 def test_the_order_is_the_real_dependency_order():
-    assert _layers_imported(_tree("template")) == {"chat_render", "template_profile"}
-    assert _layers_imported(_tree("template_check")) >= {"template_profile", "template"}
+    assert _layers_imported(_tree("chat_template")) == {"render", "profile"}
+    assert _layers_imported(_tree("check")) >= {"profile", "chat_template"}
 
 
 def test_no_layer_hides_an_import_in_a_function_or_behind_type_checking():
@@ -63,11 +63,11 @@ def test_the_checks_see_what_the_layering_removed():
     # what template.py did before: a lazy import of the check, and the check's type behind TYPE_CHECKING
     before = ast.parse(
         "from typing import TYPE_CHECKING\n"
-        "if TYPE_CHECKING:\n    from gym_bridge.core.template_check import TemplateReport\n"
-        "def report(self):\n    from gym_bridge.core.template_check import check_template\n"
+        "if TYPE_CHECKING:\n    from gym_bridge.core.template.check import TemplateReport\n"
+        "def report(self):\n    from gym_bridge.core.template.check import check_template\n"
     )
-    assert _layers_imported(before) == {"template_check"}
+    assert _layers_imported(before) == {"check"}
     assert sorted(set(_hidden_imports(before))) == [
-        "gym_bridge.core.template_check", "gym_bridge.core.template_check.TemplateReport",
-        "gym_bridge.core.template_check.check_template",
+        "gym_bridge.core.template.check", "gym_bridge.core.template.check.TemplateReport",
+        "gym_bridge.core.template.check.check_template",
     ]

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from gym_bridge.core.parsers.call import ParsedCall, ParsedTurn, arguments_object, call_from_object, guess_name, to_json
+from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn, arguments_object, call_from_object, guess_name, to_json
 
 _PYTHON_TAG = "<|python_tag|>"
 _CALL_START = re.compile(r'\{\s*"name"\s*:')

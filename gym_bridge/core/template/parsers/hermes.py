@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Sequence
 
-from gym_bridge.core.parsers.call import ParsedCall, ParsedTurn, arguments_object, parse_json_call, to_json
+from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn, arguments_object, parse_json_call, to_json
 
 _CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 

@@ -9,7 +9,7 @@ import json
 import re
 from typing import Any, Mapping, Sequence
 
-from gym_bridge.core.parsers.call import ParsedCall, ParsedTurn, arguments_object, to_json
+from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn, arguments_object, to_json
 
 _CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 _FUNCTION = re.compile(r"<function=([^>\n]*)>(.*?)(?:</function>|$)", re.DOTALL)

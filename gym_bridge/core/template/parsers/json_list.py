@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any, Mapping, Sequence
 
-from gym_bridge.core.parsers.call import ParsedCall, ParsedTurn, arguments_object, call_from_object, guess_name, to_json
+from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn, arguments_object, call_from_object, guess_name, to_json
 
 
 class JsonListParser:

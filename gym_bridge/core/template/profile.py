@@ -17,10 +17,10 @@ from typing import Any, Protocol, Sequence
 
 from gym_bridge.core.errors import TemplateError
 from gym_bridge.core.items import ChatMessage
-from gym_bridge.core.parsers import (
+from gym_bridge.core.template.parsers import (
     ReasoningParser, TurnParser, get_reasoning_parser, get_tool_parser, reasoning_parser_for, tool_parser_candidates,
 )
-from gym_bridge.core.parsers.call import ParsedCall, arguments_object
+from gym_bridge.core.template.parsers.call import ParsedCall, arguments_object
 
 PROBE_USER: ChatMessage = {"role": "user", "content": "What is the value of a?"}
 PROBE_TOOLS = ({"type": "function", "name": "lookup", "description": "Look a word up.",
@@ -31,7 +31,7 @@ PROBE_ANSWER = "The value is 4."
 
 
 class Renderer(Protocol):
-    """What profiling needs of a chat template (`gym_bridge.core.template.ChatTemplate` is one)."""
+    """What profiling needs of a chat template (`gym_bridge.core.template.chat_template.ChatTemplate` is one)."""
 
     template_text: str
     end_texts: tuple[str, ...]

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from gym_bridge.core.parsers.call import ParsedCall, ParsedTurn, arguments_object, call_from_arguments, to_json
+from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn, arguments_object, call_from_arguments, to_json
 
 START, MESSAGE, END, CALL, RETURN, CHANNEL = "<|start|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>", "<|channel|>"
 _RECIPIENT = re.compile(r"to=([^\s<]+)")

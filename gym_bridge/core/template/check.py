@@ -18,9 +18,9 @@ from typing import Any, Literal, Sequence
 
 from gym_bridge.core.errors import TemplateError
 from gym_bridge.core.items import ChatMessage
-from gym_bridge.core.parsers.call import ParsedCall
-from gym_bridge.core.template import ChatTemplate
-from gym_bridge.core.template_profile import PROBE_ANSWER, PROBE_REASONING, PROBE_TOOLS, ProbeTurn, canonical_turn, strip_end
+from gym_bridge.core.template.parsers.call import ParsedCall
+from gym_bridge.core.template.chat_template import ChatTemplate
+from gym_bridge.core.template.profile import PROBE_ANSWER, PROBE_REASONING, PROBE_TOOLS, ProbeTurn, canonical_turn, strip_end
 
 Verdict = Literal["append-only", "rewrites history", "not supported by the template"]
 APPEND_ONLY: Verdict = "append-only"

@@ -12,15 +12,15 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping, Protocol, Sequence
 
 from gym_bridge.core.errors import UnknownParserError
-from gym_bridge.core.parsers.call import CALL_MARKERS, ParsedCall, ParsedTurn, ToolParser, looks_like_call
-from gym_bridge.core.parsers.deepseek import DeepSeekParser
-from gym_bridge.core.parsers.harmony import HarmonyReasoningParser, HarmonyToolParser
-from gym_bridge.core.parsers.hermes import HermesParser
-from gym_bridge.core.parsers.json_list import JsonListParser
-from gym_bridge.core.parsers.llama3 import Llama3JsonParser
-from gym_bridge.core.parsers.mistral import MistralParser
-from gym_bridge.core.parsers.qwen3_coder import Qwen3CoderParser
-from gym_bridge.core.parsers.think import ThinkParser
+from gym_bridge.core.template.parsers.call import CALL_MARKERS, ParsedCall, ParsedTurn, ToolParser, looks_like_call
+from gym_bridge.core.template.parsers.deepseek import DeepSeekParser
+from gym_bridge.core.template.parsers.harmony import HarmonyReasoningParser, HarmonyToolParser
+from gym_bridge.core.template.parsers.hermes import HermesParser
+from gym_bridge.core.template.parsers.json_list import JsonListParser
+from gym_bridge.core.template.parsers.llama3 import Llama3JsonParser
+from gym_bridge.core.template.parsers.mistral import MistralParser
+from gym_bridge.core.template.parsers.qwen3_coder import Qwen3CoderParser
+from gym_bridge.core.template.parsers.think import ThinkParser
 
 __all__ = [
     "CALL_MARKERS", "REASONING_PARSERS", "TOOL_PARSERS", "ParsedCall", "ParsedTurn", "ReasoningParser", "ToolParser",

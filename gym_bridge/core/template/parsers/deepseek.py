@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Sequence
 
-from gym_bridge.core.parsers.call import ParsedCall, ParsedTurn, arguments_object, call_from_arguments, to_json
+from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn, arguments_object, call_from_arguments, to_json
 
 CALLS_BEGIN = "<\uff5ctool\u2581calls\u2581begin\uff5c>"
 CALLS_END = "<\uff5ctool\u2581calls\u2581end\uff5c>"

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from gym_bridge.core.parsers.call import ParsedCall, ParsedTurn, arguments_object, call_from_arguments, call_from_object, guess_name, to_json
+from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn, arguments_object, call_from_arguments, call_from_object, guess_name, to_json
 
 _BOT = "[TOOL_CALLS]"
 _NAME = re.compile(r"[A-Za-z_][\w.\-]*")

@@ -16,15 +16,15 @@ from typing import Any, Callable, Literal, Mapping, Protocol, Sequence, get_args
 
 import orjson
 
-from gym_bridge.core.chat_render import prepared_messages, render_chat
+from gym_bridge.core.template.render import prepared_messages, render_chat
 from gym_bridge.core.dialects.responses import item_text
 from gym_bridge.core.dialects.template_view import to_template_tool
 from gym_bridge.core.errors import TemplateError
 from gym_bridge.core.items import ChatMessage
-from gym_bridge.core.piece_encoder import PieceEncoder
-from gym_bridge.core.parsers import get_reasoning_parser, get_tool_parser, tool_parser_candidates
-from gym_bridge.core.parsers.call import ParsedCall, ParsedTurn
-from gym_bridge.core.template_profile import (
+from gym_bridge.core.template.piece_encoder import PieceEncoder
+from gym_bridge.core.template.parsers import get_reasoning_parser, get_tool_parser, tool_parser_candidates
+from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn
+from gym_bridge.core.template.profile import (
     PROBE_TOOLS, PROBE_USER, TemplateProfile, assistant_message, build_profile, first_end, is_short_id, short_call_id,
 )
 
@@ -139,7 +139,7 @@ class ChatTemplate:
     model's turns with the family's parsers.
 
     `tool_parser` / `reasoning_parser` override the parsers picked from the template (names as
-    vLLM's: see `gym_bridge.core.parsers`); `chat_template_kwargs` go to every render (e.g.
+    vLLM's: see `gym_bridge.core.template.parsers`); `chat_template_kwargs` go to every render (e.g.
     `{"enable_thinking": False}`). Raises TemplateError for a tokenizer without a chat template or
     without an end-of-turn token, UnknownParserError for an unknown parser name.
     """
@@ -474,7 +474,7 @@ class ChatTemplate:
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` without special tokens added. With a `tokenizers` backend, the pieces
         every prompt shares (system message, tool list, markup) are tokenized once (exact: see
-        `gym_bridge.core.piece_encoder`); long new texts go in a call that releases the GIL."""
+        `gym_bridge.core.template.piece_encoder`); long new texts go in a call that releases the GIL."""
         if self._pieces is not None:
             return self._pieces.encode(text)
         return self.tokenizer.encode(text, add_special_tokens=False)
