@@ -23,7 +23,7 @@ from gym_bridge.core.helper_model import HelperModel
 from gym_bridge.core.dialects.responses import final_text, output_text
 from gym_bridge.core.items import TOKEN_FIELDS, Item
 from gym_bridge.core.metrics import summarize
-from gym_bridge.core.offload import run_in_process
+from gym_bridge.core.bounded.offload import run_in_process
 from gym_bridge.core.policy import (
     BackendError,
     ChatPolicy,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Iterable, Protocol, Sequence
 
-from gym_bridge.core.bounded_call import call_environment, describe_error
+from gym_bridge.core.bounded.call import call_environment, describe_error
 from gym_bridge.core.engine import Engine, call_step, ensure_ready, verify_output
 from gym_bridge.core.environment import Environment
 from gym_bridge.core.errors import DataError, UnknownEnvironmentError, classify

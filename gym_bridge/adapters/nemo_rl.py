@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from gym_bridge.adapters.loop_thread import LoopThread
+from gym_bridge.core.loop_thread import LoopThread
 from gym_bridge.adapters.verl_data import row_from_columns
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
-from gym_bridge.adapters.loop_thread import LoopThread
+from gym_bridge.core.loop_thread import LoopThread
 from gym_bridge.core.engine import EngineConfig
 from gym_bridge.core.errors import GymBridgeError, MissingDependencyError
 from gym_bridge.core.policy import BackendError, Policy, require_token_policy

@@ -26,7 +26,7 @@ from gym_bridge.capture.server import capture_server
 from gym_bridge.capture.chat_session import ChatCaptureSession
 from gym_bridge.capture.session import CaptureSession, SessionState
 from gym_bridge.core.agent_loop import RolloutContext, RolloutFailure
-from gym_bridge.core.deadline import HeldPolicy
+from gym_bridge.core.bounded.deadline import HeldPolicy
 from gym_bridge.core.environment import Environment, RowProblem, VerifyResult, to_verify_result
 from gym_bridge.core.errors import UserError
 from gym_bridge.core.journal import ResumeKind

@@ -28,7 +28,7 @@ import pydantic
 
 from gym_bridge.capture.assembly import CapturedCall
 from gym_bridge.core.agent_loop import Limits
-from gym_bridge.core.bounded_call import call_bounded
+from gym_bridge.core.bounded.call import call_bounded
 from gym_bridge.core.dialects.chat import ApiError, ChatBody, MessageIn, from_chat_tool
 from gym_bridge.core.dialects.responses_api import ResponsesBody, check_stateless, to_chat_body, to_response
 from gym_bridge.core.dialects.template_view import template_messages

@@ -15,8 +15,8 @@ import json
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
-from gym_bridge.core.bounded_call import call_bounded, call_environment
-from gym_bridge.core.deadline import RolloutDeadline
+from gym_bridge.core.bounded.call import call_bounded, call_environment
+from gym_bridge.core.bounded.deadline import RolloutDeadline
 from gym_bridge.core.environment import Environment, ToolError, ToolSpec
 from gym_bridge.core.errors import AbortedCall, classify
 from gym_bridge.core.errors import RolloutFailure as RolloutFailure
@@ -128,7 +128,7 @@ class RolloutContext:
         calls carries the `call_id` it has in the record.
 
         Returns None when no token budget is left. Raises the policy's errors, and RolloutFailure(`timeout`)
-        when a call the trainer may park runs past its own bound (`gym_bridge.core.deadline`).
+        when a call the trainer may park runs past its own bound (`gym_bridge.core.bounded.deadline`).
         """
         max_new = min(self.sampling.max_new_tokens, self.budget_left)
         if max_new <= 0:

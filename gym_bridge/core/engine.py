@@ -2,7 +2,7 @@
 
 asyncio throughout. A global semaphore and per-environment semaphores bound concurrency; each
 rollout has a deadline (verify included; not the calls of a policy the trainer may park, which have their own
-bound: `gym_bridge.core.deadline`), each tool call and verify a timeout. `Engine.rollout` is the one error
+bound: `gym_bridge.core.bounded.deadline`), each tool call and verify a timeout. `Engine.rollout` is the one error
 boundary: whatever fails there becomes a record with a failure kind (`gym_bridge.core.errors.classify`
 decides which), masked from training, and its siblings go on. Repeats of a task form a group and `run_groups` keeps them together;
 `stream` yields records as they finish.
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 
 from gym_bridge.core.agent_loop import AgentLoop, Limits, RolloutContext, ToolCallingLoop
-from gym_bridge.core.bounded_call import call_environment
-from gym_bridge.core.deadline import RolloutDeadline, parks_calls
+from gym_bridge.core.bounded.call import call_environment
+from gym_bridge.core.bounded.deadline import RolloutDeadline, parks_calls
 from gym_bridge.core.environment import Environment, to_verify_result, VerifyResult
 from gym_bridge.core.errors import RolloutFailure, Step, classify
 from gym_bridge.core.items import Item

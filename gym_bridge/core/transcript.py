@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol, Sequence
 
-from gym_bridge.core.bounded_call import call_bounded
+from gym_bridge.core.bounded.call import call_bounded
 from gym_bridge.core.errors import RolloutFailure
 from gym_bridge.core.items import POLICY_VERSION_FIELD, TOKEN_FIELDS, ChatMessage, Item, function_call_item, message_item, reasoning_item, user_message_item
 from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn

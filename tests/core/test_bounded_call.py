@@ -1,4 +1,4 @@
-"""Tests for gym_bridge.core.bounded_call: environment code under a timeout, in daemon threads.
+"""Tests for gym_bridge.core.bounded.call: environment code under a timeout, in daemon threads.
 
 Issue 9 items 1 (no shared, starvable pool), 2 (a stuck call never keeps the process alive) and
 3 (SystemExit / KeyboardInterrupt / CancelledError raised by environment code end only its call).
@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from gym_bridge.core import bounded_call
-from gym_bridge.core.bounded_call import AbortedCall, StuckCallsError, call_bounded, describe_error, stuck_calls
+from gym_bridge.core.bounded import call as bounded_call
+from gym_bridge.core.bounded.call import AbortedCall, StuckCallsError, call_bounded, describe_error, stuck_calls
 
 
 @pytest.fixture
@@ -155,7 +155,7 @@ def test_a_stuck_call_does_not_keep_the_process_alive(tmp_path):
     script = tmp_path / "stuck.py"
     script.write_text(textwrap.dedent("""
         import asyncio, time
-        from gym_bridge.core.bounded_call import call_bounded
+        from gym_bridge.core.bounded.call import call_bounded
 
         async def main():
             try:

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from gym_bridge.core.deadline import RolloutDeadline
+from gym_bridge.core.bounded.deadline import RolloutDeadline
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.environment import Environment, VerifyResult, tool
 from gym_bridge.core.policy import ScriptedPolicy

@@ -76,7 +76,7 @@ def test_every_error_derives_from_gym_bridge_error_on_exactly_one_branch():
 
 def test_the_user_errors_and_rollout_errors_importable_from_their_old_places_are_the_tree_s():
     from gym_bridge.core.agent_loop import RolloutFailure as loop_failure
-    from gym_bridge.core.bounded_call import AbortedCall as bounded_aborted
+    from gym_bridge.core.bounded.call import AbortedCall as bounded_aborted
     from gym_bridge.core.environment import FailureKind, ToolError
     from gym_bridge.core.policy import BackendError as policy_backend
     from gym_bridge.core.policy import TokenPolicyRequiredError

@@ -1,4 +1,4 @@
-"""Tests for gym_bridge.core.offload: worker processes with a timeout, off the event loop."""
+"""Tests for gym_bridge.core.bounded.offload: worker processes with a timeout, off the event loop."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_bridge.core.offload import run_in_process
+from gym_bridge.core.bounded.offload import run_in_process
 
 
 class Unpicklable(Exception):
@@ -156,7 +156,7 @@ def test_interpreter_exits_promptly_with_a_call_still_running(tmp_path: Path) ->
     script = tmp_path / "hang_at_exit.py"
     script.write_text(textwrap.dedent("""
         import asyncio, threading, time
-        from gym_bridge.core.offload import run_in_process
+        from gym_bridge.core.bounded.offload import run_in_process
 
         def hang():
             try:

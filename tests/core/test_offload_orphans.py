@@ -15,7 +15,7 @@ import pytest
 SCRIPT = """
     import asyncio, os, time
     import multiprocessing.forkserver as forkserver
-    from gym_bridge.core.offload import run_in_process, set_pool_size
+    from gym_bridge.core.bounded.offload import run_in_process, set_pool_size
 
     async def start_both_workers():
         await asyncio.gather(*(run_in_process(time.sleep, 0.2, timeout_s=30) for _ in range(2)))
@@ -23,7 +23,7 @@ SCRIPT = """
     if __name__ == "__main__":
         set_pool_size(2)
         asyncio.run(start_both_workers())
-        from gym_bridge.core.offload import _POOL
+        from gym_bridge.core.bounded.offload import _POOL
         workers = _POOL.worker_pids()
         print(" ".join(map(str, [*workers, forkserver._forkserver._forkserver_pid])), flush=True)
         time.sleep(600)

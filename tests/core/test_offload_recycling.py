@@ -10,7 +10,7 @@ import pytest
 
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.environment import Environment, VerifyResult, tool
-from gym_bridge.core.offload import (
+from gym_bridge.core.bounded.offload import (
     DEFAULT_MAX_TASKS_PER_WORKER,
     DEFAULT_MAX_WORKER_MEMORY_MB,
     run_in_process,

@@ -72,7 +72,7 @@ async def call_environment(
     """
     env_class = type(env)
     if env_class.isolate_tools:
-        from gym_bridge.core.isolation import call_isolated
+        from gym_bridge.core.bounded.isolation import call_isolated
 
         return await call_isolated(env, method, args, kwargs or {}, timeout_s=timeout_s)
     fn = getattr(env, method)

@@ -13,7 +13,7 @@ from concurrent.futures import BrokenExecutor
 from typing import TYPE_CHECKING, Any
 
 from gym_bridge.core.errors import RolloutError
-from gym_bridge.core.offload import run_in_process
+from gym_bridge.core.bounded.offload import run_in_process
 
 if TYPE_CHECKING:
     from gym_bridge.core.environment import Environment
