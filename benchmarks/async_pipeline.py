@@ -246,7 +246,7 @@ def run_sync(server: StubServer, tokenizer: Any, args: argparse.Namespace) -> di
 
 
 def run_async(server: StubServer, tokenizer: Any, args: argparse.Namespace) -> dict[str, Any]:
-    from gym_bridge.adapters.trl_async import AsyncRolloutWorker, AsyncWorkerSettings
+    from gym_bridge.trl import AsyncRolloutWorker, AsyncWorkerSettings
     from gym_bridge.core.agent_loop import Limits
     from gym_bridge.core.policy import SamplingParams
     from gym_bridge.core.task import parse_task

@@ -23,8 +23,8 @@ import httpx
 import pytest
 
 from gym_bridge.adapters.nemo_gym_server import AgentServerSettings, build_app
-from gym_bridge.adapters.trl import make_rollout, reward_metrics
-from gym_bridge.adapters.trl_dataset import REGISTRY, load_dataset
+from gym_bridge.trl._rollout import make_rollout, reward_metrics
+from gym_bridge.trl._dataset import REGISTRY, load_dataset
 from gym_bridge.core.policy import Generation, ScriptedPolicy
 from gym_bridge.core.registry import get_environment, register
 from gym_bridge.server import build_app as build_model_app

@@ -10,10 +10,10 @@ import pytest
 
 pytest.importorskip("trl.experimental.async_grpo", reason="needs TRL >= 1.16")
 
-from gym_bridge.adapters.trl_async import AsyncRolloutWorker  # noqa: E402
-from gym_bridge.adapters.trl_async_api import async_seams  # noqa: E402
-from gym_bridge.adapters.trl_async_cpu import cpu_async_grpo_trainer, cpu_tree_attention  # noqa: E402
-from gym_bridge.adapters.trl_async_weights import FileWeightTransfer  # noqa: E402
+from gym_bridge.trl._async import AsyncRolloutWorker  # noqa: E402
+from gym_bridge.trl._async_api import async_seams  # noqa: E402
+from gym_bridge.trl._async_cpu import cpu_async_grpo_trainer, cpu_tree_attention  # noqa: E402
+from gym_bridge.trl._async_weights import FileWeightTransfer  # noqa: E402
 from tests.adapters.test_trl_async_worker import mixed_tasks  # noqa: E402
 from tests.adapters.vllm_async_stand_in import AsyncVLLMStandIn  # noqa: E402
 from tests.failing_env import RaisesOneInEight  # noqa: E402
@@ -107,7 +107,7 @@ def test_real_async_training_against_a_real_vllm_cpu_server(tmp_path, smol_token
 
     RaisesOneInEight.setups = 0
     process, base_url = start_vllm_server(tmp_path / "server.log", "--worker-extension-cls",
-                                          "gym_bridge.adapters.trl_async_weights.FileWeightReceiver")
+                                          "gym_bridge.trl.FileWeightReceiver")
     url = base_url.removesuffix("/v1")
     try:
         before = served_logprobs(base_url)

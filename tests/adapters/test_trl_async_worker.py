@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("trl.experimental.async_grpo", reason="needs TRL >= 1.16")
 
-from gym_bridge.adapters.trl_async import AsyncRolloutWorker, AsyncWorkerSettings, group_advantages  # noqa: E402
+from gym_bridge.trl._async import AsyncRolloutWorker, AsyncWorkerSettings, group_advantages  # noqa: E402
 from gym_bridge.core.agent_loop import Limits  # noqa: E402
 from gym_bridge.core.policy import SamplingParams  # noqa: E402
 from gym_bridge.core.registry import register  # noqa: E402
@@ -223,7 +223,7 @@ def test_a_harness_rollout_with_rewritten_history_trains_every_segment(smol_temp
 def test_settings_that_could_never_admit_a_group_are_refused_and_a_dead_loop_is_reported(smol_template):
     from types import SimpleNamespace
 
-    from gym_bridge.adapters.trl_async import rows_per_version
+    from gym_bridge.trl._async import rows_per_version
     from gym_bridge.core.policy import ScriptedPolicy
 
     # TRL's defaults with its token budget: one row per micro-batch is all the worker may count on

@@ -7,8 +7,8 @@ import json
 import pytest
 
 import gym_bridge
-from gym_bridge.adapters.trl import env_reward, make_rollout, repeat_indices, reward_metrics, sampling_from_args, to_trl_batch
-from gym_bridge.adapters.trl_dataset import REGISTRY, load_dataset, task_key
+from gym_bridge.trl._rollout import env_reward, make_rollout, repeat_indices, reward_metrics, sampling_from_args, to_trl_batch
+from gym_bridge.trl._dataset import REGISTRY, load_dataset, task_key
 from gym_bridge.core.errors import DataError, GymBridgeError, UnknownEnvironmentError
 from gym_bridge.core.policy import BackendError, Generation, ScriptedPolicy, TokenPolicyRequiredError
 from tests.invariants import assert_token_invariants
@@ -282,7 +282,7 @@ def test_backend_trainer_model_refuses_sharded_generation(smol_tokenizer, shardi
 
 
 def test_vllm_sleep_mode_is_awake_for_the_batch_only():
-    from gym_bridge.adapters.trl_backend import _vllm_awake
+    from gym_bridge.trl._backend import _vllm_awake
 
     calls = []
 

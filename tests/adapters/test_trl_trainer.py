@@ -36,7 +36,7 @@ def train_scripted(model_dir: str, output_dir: str, *, per_device_batch: int) ->
     from trl import GRPOConfig, GRPOTrainer
 
     import gym_bridge
-    from gym_bridge.adapters.trl_dataset import REGISTRY
+    from gym_bridge.trl._dataset import REGISTRY
     from gym_bridge.core.policy import Generation, ScriptedPolicy
     from gym_bridge.core.task import iter_jsonl
 

@@ -164,8 +164,8 @@ def test_trainer_path_workers_keep_the_trainer_s_request_timeout_and_retries(smo
     """`RolloutOptions(server_request_timeout_s=..., server_max_retries=...)` reach the policy each Ray
     worker builds: a replica slower than the timeout fails the rollouts as `infra` on the workers too
     (not after the policy's default of 120 s), and the worker's policy has the driver's settings."""
-    from gym_bridge.adapters.trl import RolloutOptions
-    from gym_bridge.adapters.trl_backend import on_ray
+    from gym_bridge.trl._rollout import RolloutOptions
+    from gym_bridge.trl._backend import on_ray
     from gym_bridge.policies.remote import RemotePolicy
     from tests.scale.stub_replicas import stub_replicas
 

@@ -1,5 +1,5 @@
 """The settings of TRL's rollout function (`make_rollout(**options)`), in one place that both the rollout
-function (`gym_bridge.adapters.trl`) and its backend choice (`gym_bridge.adapters.trl_backend`) read."""
+function (`gym_bridge.trl._rollout`) and its backend choice (`gym_bridge.trl._backend`) read."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ safetensors file (written to a temporary name, then renamed), ask every vLLM wor
 the dev-mode `/collective_rpc` endpoint (an in-place reload, as vLLM's own `reload_weights`), reset the
 prefix cache, resume. `FileWeightReceiver` is the
 vLLM worker extension that loads it (`--worker-extension-cls
-gym_bridge.adapters.trl_async_weights.FileWeightReceiver`, with `VLLM_SERVER_DEV_MODE=1`). The file must be
+gym_bridge.trl.FileWeightReceiver`, with `VLLM_SERVER_DEV_MODE=1`). The file must be
 on a filesystem the server sees (the same machine, or a shared one).
 """
 
@@ -47,7 +47,7 @@ class FileWeightTransfer:
             raise BackendError(f"POST {self.server_url}{path} failed: {error}") from error
         if response.status_code != 200:
             hint = (" (start the server with VLLM_SERVER_DEV_MODE=1 and --worker-extension-cls "
-                    "gym_bridge.adapters.trl_async_weights.FileWeightReceiver)") if response.status_code in (404, 500) else ""
+                    "gym_bridge.trl.FileWeightReceiver)") if response.status_code in (404, 500) else ""
             raise BackendError(f"POST {self.server_url}{path} answered {response.status_code}: {response.text[:300]}{hint}")
         return response
 

@@ -18,7 +18,7 @@ from gym_bridge.core.policy import BackendError, Policy, require_token_policy
 from gym_bridge.core.template.chat_template import ChatTemplate
 
 if TYPE_CHECKING:
-    from gym_bridge.adapters.trl_options import RolloutOptions
+    from gym_bridge.trl._options import RolloutOptions
     from gym_bridge.policies.factory import PolicySpec
     from gym_bridge.scale.ray_runner import RayRollouts
 

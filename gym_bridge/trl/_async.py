@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gym_bridge.adapters.trl_async_api import async_seams
+from gym_bridge.trl._async_api import async_seams
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.batch import to_training_row
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
