@@ -25,6 +25,7 @@ def lazy_names(namespace: dict[str, Any], source: str, names: Collection[str], *
         return value
 
     def __dir__() -> list[str]:
-        return sorted([*namespace, *(names if listed is None else listed), *others])
+        shown = names if listed is None else listed
+        return sorted([*namespace, *shown, *(name for name in others if name not in shown)])
 
     return __getattr__, __dir__

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from gym_bridge.core.loop_thread import LoopThread
-from gym_bridge.adapters.verl_data import row_from_columns
+from gym_bridge.verl._data import row_from_columns
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import FAILURE_KINDS, Environment

@@ -67,8 +67,8 @@ def via_verl(row, script, tokenizer, config, tmp_path, pick=None) -> dict:  # pi
     from verl.protocol import DataProto
     from verl.utils.dataset.rl_dataset import collate_fn
 
-    from gym_bridge.adapters.verl import GymBridgeDataset
-    from gym_bridge.adapters.verl_data import write_verl_parquet
+    from gym_bridge.verl._agent_loop import GymBridgeDataset
+    from gym_bridge.verl._data import write_verl_parquet
     from tests.adapters.test_verl_agent_loop import build_loop, sampling
     from tests.adapters.verl_stand_in import ScriptedServerClient, ScriptedVerlServer
 

@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("verl.experimental.agent_loop", reason="needs the verl extra: pip install 'gym-bridge[verl]'")
 
-from gym_bridge.adapters.verl_data import AGENT_LOOP_CONFIG, check_verl_files, write_verl_parquet  # noqa: E402
+from gym_bridge.verl._data import AGENT_LOOP_CONFIG, check_verl_files, write_verl_parquet  # noqa: E402
 from gym_bridge.core.errors import DataError, UnknownEnvironmentError  # noqa: E402
 from gym_bridge.core.policy import Generation  # noqa: E402
 from gym_bridge.core.registry import get_environment  # noqa: E402
@@ -92,7 +92,7 @@ def batch_of(data_file, config, tokenizer, rows=None):
     from verl.protocol import DataProto
     from verl.utils.dataset.rl_dataset import collate_fn
 
-    from gym_bridge.adapters.verl import GymBridgeDataset
+    from gym_bridge.verl._agent_loop import GymBridgeDataset
 
     dataset = GymBridgeDataset(str(data_file), tokenizer, config.data)
     items = [dataset[i] for i in (rows if rows is not None else range(len(dataset)))]
@@ -143,7 +143,7 @@ def assert_invariants(output, calls, *, trainable: bool = True):
 def test_agent_loop_outputs_for_weather_multi_step_and_math(worker, config, data_file, tokenizer, scripts):
     from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 
-    from gym_bridge.adapters.verl import REWARD_EXTRA_KEYS, GymBridgeAgentLoop
+    from gym_bridge.verl._agent_loop import REWARD_EXTRA_KEYS, GymBridgeAgentLoop
 
     worker_obj, server = worker
     batch = batch_of(data_file, config, tokenizer)
@@ -179,7 +179,7 @@ def test_agent_loop_outputs_for_weather_multi_step_and_math(worker, config, data
 def test_the_worker_batches_gym_bridge_rows_like_verl_expects(worker, config, data_file, tokenizer):
     """`AgentLoopWorker.generate_sequences` with the shipped YAML: padding, masks, `rm_scores` at the last
     response token, `reward_extra_info` stacked over the batch, even with a failed rollout in it."""
-    from gym_bridge.adapters.verl import REWARD_EXTRA_KEYS
+    from gym_bridge.verl._agent_loop import REWARD_EXTRA_KEYS
 
     worker_obj, server = worker
     batch = batch_of(data_file, config, tokenizer)
@@ -207,7 +207,7 @@ def test_the_worker_batches_gym_bridge_rows_like_verl_expects(worker, config, da
 def test_failures_and_limits_are_masked_outputs_not_exceptions(worker, config, data_file, tokenizer, scripts):
     from verl.workers.rollout.llm_server import LLMServerClient
 
-    from gym_bridge.adapters.verl import REWARD_EXTRA_KEYS
+    from gym_bridge.verl._agent_loop import REWARD_EXTRA_KEYS
 
     worker_obj, _ = worker
     batch = batch_of(data_file, config, tokenizer)
@@ -260,7 +260,7 @@ def test_bad_rows_fail_when_the_data_is_written_or_loaded(tmp_path, config, toke
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from gym_bridge.adapters.verl import GymBridgeDataset
+    from gym_bridge.verl._agent_loop import GymBridgeDataset
 
     rows = [{"prompt": [{"role": "user", "content": "hi"}], "agent_name": "gym_bridge", "data_source": "x",
              "agent_ref": {"type": "responses_api_agents", "name": name}} for name in ("math", "inventory")]
@@ -273,7 +273,7 @@ def test_bad_rows_fail_when_the_data_is_written_or_loaded(tmp_path, config, toke
 
 
 def test_data_to_verl_cli_writes_what_verl_reads(tmp_path, capsys, config, tokenizer):
-    from gym_bridge.adapters.verl import GymBridgeDataset
+    from gym_bridge.verl._agent_loop import GymBridgeDataset
     from gym_bridge.cli import main
 
     paths = [str(get_environment(env).example_data) for env in ("weather", "math")]
@@ -293,7 +293,7 @@ def test_the_agent_loop_yaml_ships_with_the_package():
     import hydra
     from omegaconf import OmegaConf
 
-    from gym_bridge.adapters.verl import GymBridgeAgentLoop
+    from gym_bridge.verl._agent_loop import GymBridgeAgentLoop
 
     [entry] = OmegaConf.load(AGENT_LOOP_CONFIG)
     assert entry.name == "gym_bridge" and entry._target_ == "gym_bridge.verl.GymBridgeAgentLoop"
@@ -311,7 +311,7 @@ def test_the_recipe_overrides_compose_with_verls_config(tmp_path):
     from hydra import compose, initialize_config_dir
     from verl.utils.dataset.rl_dataset import get_dataset_class
 
-    from gym_bridge.adapters.verl import GymBridgeDataset
+    from gym_bridge.verl._agent_loop import GymBridgeDataset
 
     root = Path(__file__).parents[2]
     env = {**os.environ, "DRY_RUN": "1", "OUT": str(tmp_path), "GPUS_PER_NODE": "8", "MODEL": "/models/qwen",

@@ -23,7 +23,7 @@ import pytest
 pytest.importorskip("verl.experimental.agent_loop", reason="needs the verl extra: pip install 'gym-bridge[verl]'")
 tq = pytest.importorskip("transfer_queue", reason="verl 0.9.1's V1 trainer needs transferqueue: pip install 'gym-bridge[verl]'")
 
-from gym_bridge.adapters.verl_data import AGENT_LOOP_CONFIG, write_verl_parquet  # noqa: E402
+from gym_bridge.verl._data import AGENT_LOOP_CONFIG, write_verl_parquet  # noqa: E402
 from gym_bridge.core.environment import Environment  # noqa: E402
 from gym_bridge.core.registry import get_environment, register  # noqa: E402
 from tests.adapters.test_verl_v1_agent_loop import RecordedQueue, generate, script, v1_batch  # noqa: E402
@@ -108,7 +108,7 @@ def model_calls(record: dict) -> list[dict]:
 @pytest.fixture
 def fresh_versions(monkeypatch):
     """No weights version reported to this process yet (an earlier test's server reported its own)."""
-    from gym_bridge.adapters import verl as adapter
+    from gym_bridge.verl import _agent_loop as adapter
 
     monkeypatch.setattr(adapter._reported, "latest", None)
 
@@ -279,7 +279,7 @@ def test_without_log_probs_the_fully_async_client_is_understood(monkeypatch, tmp
 def test_the_version_of_a_rollout_that_reported_none(fresh_versions):
     """Which integer a sample without a reported version gets: the newest version reported to this process,
     else V1's dispatch step - 1, else 0; a rollout that reported versions keeps its own."""
-    from gym_bridge.adapters.verl import VerlServerPolicy, trajectory_steps
+    from gym_bridge.verl._agent_loop import VerlServerPolicy, trajectory_steps
 
     def policy() -> VerlServerPolicy:
         return VerlServerPolicy(None, {}, eos_token_ids=[0], prompt_length=8)

@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("verl.experimental.agent_loop", reason="needs the verl extra: pip install 'gym-bridge[verl]'")
 tq = pytest.importorskip("transfer_queue", reason="verl 0.9.1's V1 trainer needs transferqueue: pip install 'gym-bridge[verl]'")
 
-from gym_bridge.adapters.verl_data import AGENT_LOOP_CONFIG, write_verl_parquet  # noqa: E402
+from gym_bridge.verl._data import AGENT_LOOP_CONFIG, write_verl_parquet  # noqa: E402
 from gym_bridge.core.policy import Generation  # noqa: E402
 from gym_bridge.core.registry import get_environment  # noqa: E402
 from tests.adapters.verl_stand_in import ScriptedServerClient, ScriptedVerlServer, verl_config  # noqa: E402
@@ -79,7 +79,7 @@ def v1_batch(data_file, config, tokenizer, *, global_steps: int):
     from verl.utils import tensordict_utils as tu
     from verl.utils.dataset.rl_dataset import collate_fn
 
-    from gym_bridge.adapters.verl import GymBridgeDataset
+    from gym_bridge.verl._agent_loop import GymBridgeDataset
 
     dataset = GymBridgeDataset(str(data_file), tokenizer, config.data)
     batch_dict = collate_fn([dataset[i] for i in range(len(dataset))])
@@ -125,7 +125,7 @@ class RecordedQueue:
 
 
 def test_the_v1_worker_runs_n_sessions_per_row_each_its_own_repeat(monkeypatch, config, data_file, tokenizer):
-    from gym_bridge.adapters.verl import REWARD_EXTRA_KEYS, GymBridgeAgentLoop
+    from gym_bridge.verl._agent_loop import REWARD_EXTRA_KEYS, GymBridgeAgentLoop
 
     queue = RecordedQueue()
     queue.install(monkeypatch)
@@ -159,7 +159,7 @@ def test_the_v1_worker_runs_n_sessions_per_row_each_its_own_repeat(monkeypatch, 
             assert len(response) == len(mask) and sum(mask) > 0 and field["loss_mask"].tolist() == mask
             assert queue.tags[f"{uid}_{session}_0"][-1]["status"] == "success"
     # V1's own per-sample columns are not the task's: a row without `gym_bridge_row` keeps them out
-    from gym_bridge.adapters.verl_data import task_from_columns
+    from gym_bridge.verl._data import task_from_columns
 
     columns = dict(seen[0])
     assert {"session_id", "global_steps", "uid"} <= set(columns)
@@ -220,7 +220,7 @@ def test_max_concurrency_bounds_the_rollouts_of_a_worker(config, data_file, toke
     from omegaconf import OmegaConf
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker, DictConfigWrap, ToolListWrap
 
-    from gym_bridge.adapters.verl import GymBridgeAgentLoop
+    from gym_bridge.verl._agent_loop import GymBridgeAgentLoop
     from tests.adapters.test_verl_agent_loop import batch_of, sampling
 
     server = ScriptedVerlServer(tokenizer, script(tokenizer), delay_s=0.05)

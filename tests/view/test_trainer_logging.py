@@ -52,7 +52,7 @@ def test_verl_reward_extra_info_carries_tool_call_health(smol_template, turn):
     import pytest
 
     pytest.importorskip("verl.experimental.agent_loop", reason="needs the verl extra: pip install 'gym-bridge[verl]'")
-    from gym_bridge.adapters.verl import REWARD_EXTRA_KEYS, VerlServerPolicy, to_agent_loop_output
+    from gym_bridge.verl._agent_loop import REWARD_EXTRA_KEYS, VerlServerPolicy, to_agent_loop_output
     from gym_bridge.core.engine import Engine, EngineConfig
     from gym_bridge.core.task import parse_task
 

@@ -22,7 +22,7 @@ from gym_bridge.core.task import Task, load_tasks, parse_task, routing_name
 AGENT_NAME = "gym_bridge"
 """The `agent_name` of every row, and the `name` of the agent loop in the shipped YAML."""
 ROW_COLUMN = "gym_bridge_row"
-AGENT_LOOP_CONFIG = Path(__file__).with_name("verl_agent_loop.yaml")
+AGENT_LOOP_CONFIG = Path(__file__).with_name("agent_loop.yaml")
 """The agent-loop YAML for `actor_rollout_ref.rollout.agent.agent_loop_config_path`."""
 GROUND_TRUTH_KEYS = ("expected_answer", "ground_truth", "answer", "expected_synonym_values")
 VERL_COLUMNS = frozenset({
@@ -80,7 +80,7 @@ class ConversionSummary:
         return (
             f"wrote {sum(self.rows_per_env.values())} rows ({counts}) to {self.output}\n"
             f"train with: data.train_files={self.output} actor_rollout_ref.rollout.agent.agent_loop_config_path={AGENT_LOOP_CONFIG} "
-            f"data.custom_cls.path=pkg://gym_bridge.adapters.verl data.custom_cls.name=GymBridgeDataset"
+            f"data.custom_cls.path=pkg://gym_bridge.verl data.custom_cls.name=GymBridgeDataset"
         )
 
 

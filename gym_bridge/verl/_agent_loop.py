@@ -24,7 +24,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
-from gym_bridge.adapters.verl_data import AGENT_LOOP_CONFIG, AGENT_NAME, ROW_COLUMN, check_verl_files, plain, task_from_columns
+from gym_bridge.verl._data import AGENT_LOOP_CONFIG, AGENT_NAME, ROW_COLUMN, check_verl_files, plain, task_from_columns
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.batch import to_training_row
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
@@ -401,7 +401,7 @@ def _tool_rounds(record: RolloutRecord) -> int:
 class GymBridgeDataset(RLHFDataset):
     """verl's `RLHFDataset` that checks, when the data loads, every row (its task parses and routes to an
     installed environment whose tools match: DataError `file:row N: field` or UnknownEnvironmentError).
-    Use it with `data.custom_cls.path=pkg://gym_bridge.adapters.verl
+    Use it with `data.custom_cls.path=pkg://gym_bridge.verl
     data.custom_cls.name=GymBridgeDataset`."""
 
     def __init__(self, data_files: str | Sequence[str], tokenizer: Any, config: Any, processor: Any = None, max_samples: int = -1) -> None:
