@@ -11,7 +11,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 HEAVY = ["torch", "transformers", "trl", "verl", "vllm", "ray", "nemo_rl", "datasets"]
-ADAPTERS = {"trl": "gym_bridge.trl._rollout", "verl": "gym_bridge.verl._agent_loop", "nemo_rl": "gym_bridge.adapters.nemo_rl"}
+ADAPTERS = {"trl": "gym_bridge.trl._rollout", "verl": "gym_bridge.verl._agent_loop", "nemo_rl": "gym_bridge.nemo_rl._environment"}
 """Where each package's `__all__` comes from (its private module)."""
 SPELLING = re.compile(r"gym_bridge\.(trl|verl|nemo_rl)\.([A-Za-z_]\w*)|from gym_bridge\.(trl|verl|nemo_rl) import ([\w, ]+)")
 

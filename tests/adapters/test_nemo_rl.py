@@ -23,7 +23,7 @@ import torch
 
 import gym_bridge
 from gym_bridge import Environment, VerifyResult, tool
-from gym_bridge.adapters.nemo_rl import EnvironmentReturn, GymBridgeEnvironment, datum_from_row
+from gym_bridge.nemo_rl._environment import EnvironmentReturn, GymBridgeEnvironment, datum_from_row
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.policy import Generation, ScriptedPolicy
