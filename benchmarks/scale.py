@@ -38,7 +38,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), str(ROOT / "
 
 from environments.weather import WeatherEnvironment  # noqa: E402
 from gym_bridge import Engine, EngineConfig, Generation, ScriptedPolicy, VerifyResult  # noqa: E402
-from gym_bridge.evaluate import select_tasks  # noqa: E402
+from gym_bridge.eval.run import select_tasks  # noqa: E402
 
 BURN_MS = float(os.environ.get("GYM_BRIDGE_BURN_MS", "20"))
 WEATHER_TURNS = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', "It is cold in Paris.")

@@ -26,7 +26,7 @@ from gym_bridge.core.policy import ScriptedPolicy
 from gym_bridge.core.registry import allow_module_paths, get_environment
 from gym_bridge.core.rollout_file import input_row, prepare_resume, read_records
 from gym_bridge.core.task import load_tasks
-from gym_bridge.evaluate import run_eval, select_tasks
+from gym_bridge.eval.run import run_eval, select_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}

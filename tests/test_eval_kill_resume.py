@@ -144,7 +144,7 @@ def test_eval_killed_many_times_under_load(model_server, tmp_path):
 
 def test_run_eval_journals_only_when_asked_and_a_resume_uses_the_journal_left(tmp_path, smol_template, smol_tokenizer):
     from gym_bridge.core.engine import Engine, EngineConfig
-    from gym_bridge.evaluate import run_eval, select_tasks
+    from gym_bridge.eval.run import run_eval, select_tasks
     from tests.resume_kit import Killed, TurnPolicy
 
     tasks = select_tasks(env_names=["multi_step"], limit=2)

@@ -16,7 +16,7 @@ from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.errors import GymBridgeError
 from gym_bridge.core.policy import ScriptedPolicy
 from gym_bridge.core.task import parse_task
-from gym_bridge.evaluate import run_eval
+from gym_bridge.eval.run import run_eval
 
 KEPT = '{"keep": true}\n'
 

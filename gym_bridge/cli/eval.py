@@ -163,7 +163,7 @@ async def _eval_locked(args: argparse.Namespace) -> int:
     from gym_bridge.core.engine import ensure_ready, freeze_startup_objects
     from gym_bridge.core.registry import resolve_tasks
     from gym_bridge.core.metrics import format_table
-    from gym_bridge.evaluate import run_eval, select_tasks
+    from gym_bridge.eval.run import run_eval, select_tasks
 
     check_urls(_base_urls(args), flag="--base-url")
     _apply_env_options(args.env_setting, args.env_url)
@@ -356,7 +356,7 @@ def _verify_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 async def _verify(args: argparse.Namespace) -> int:
     from gym_bridge.core.metrics import format_table
-    from gym_bridge.evaluate import metrics_path_for, rescore_file
+    from gym_bridge.eval.run import metrics_path_for, rescore_file
 
     import tempfile
 

@@ -12,7 +12,7 @@ import pytest
 
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.errors import GymBridgeError
-from gym_bridge.evaluate import run_eval, select_tasks
+from gym_bridge.eval.run import run_eval, select_tasks
 from gym_bridge.scale.ray_runner import RayOptions, RayRollouts, wait_for_workers
 from tests.scale.engines import ScriptedEngine, policy_settings, scripted_policy
 

@@ -12,7 +12,7 @@ import pytest
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.health import HealthSettings
 from gym_bridge.core.policy import ScriptedPolicy
-from gym_bridge.evaluate import EvalResult, run_eval, select_tasks
+from gym_bridge.eval.run import EvalResult, run_eval, select_tasks
 
 CALL = '<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
 

@@ -104,7 +104,7 @@ def test_rows_route_by_agent_ref_remote_and_by_env_url(server) -> None:
         resolve_tasks([task, local])
 
     from gym_bridge.cli import _apply_env_options
-    from gym_bridge.evaluate import select_tasks
+    from gym_bridge.eval.run import select_tasks
 
     original = get_environment("weather")
     try:
