@@ -27,7 +27,7 @@ from typing import Any
 
 from gym_bridge.trl._async_api import async_seams
 from gym_bridge.core.agent_loop import Limits
-from gym_bridge.core.batch import to_training_row
+from gym_bridge.core.training_row import to_training_row
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import Environment
 from gym_bridge.core.policy import Policy, SamplingParams
@@ -86,7 +86,7 @@ class TrainingSegment:
 
 def training_segments(record: RolloutRecord, *, eos_token_ids: Sequence[int], max_completion_length: int) -> list[TrainingSegment]:
     """The rows of a scored rollout: its token segments when a harness rewrote its history, else its one
-    token stream under the shared rules of `core.batch` (an answer without EOS gets one, untrained)."""
+    token stream under the shared rules of `core.training_row` (an answer without EOS gets one, untrained)."""
     views = record.tokens.segments
     if views:
         return [TrainingSegment(input_ids=[*view.prompt_ids, *view.completion_ids],

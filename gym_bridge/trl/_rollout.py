@@ -10,7 +10,7 @@ runs concurrently through the core `Engine`, and the records are translated. No 
 lives here.
 
 This module owns the rollout function (`TRLRollout`, `make_rollout`, `rollout`) and the translation to
-TRL's rows (`to_trl_batch`, over `core.batch.to_training_row`); `trl_backend` picks the generation
+TRL's rows (`to_trl_batch`, over `core.training_row.to_training_row`); `trl_backend` picks the generation
 backend, `trl_rewards` holds the reward function and its metrics, `trl_dataset` maps prompts to tasks.
 """
 
@@ -32,7 +32,7 @@ from gym_bridge.trl._backend import LOOP, BackendName, generation_context, on_ra
 from gym_bridge.trl._dataset import REGISTRY, example_data_paths, key_from_prompt, load_dataset
 from gym_bridge.trl._rewards import env_reward, reward_metrics
 from gym_bridge.core.agent_loop import Limits
-from gym_bridge.core.batch import TrainingRow, to_training_row
+from gym_bridge.core.training_row import TrainingRow, to_training_row
 from gym_bridge.core.dialects.responses import item_text
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import Environment
@@ -228,7 +228,7 @@ rollout = make_rollout()
 def to_trl_batch(records: Sequence[RolloutRecord], *, eos_token_ids: Sequence[int], max_completion_length: int) -> dict[str, list[Any]]:
     """TRL's rollout output for `records`, one row each, in order.
 
-    Each row is `core.batch.to_training_row` (masked rows: `env_mask` all 0 and `env_reward` None;
+    Each row is `core.training_row.to_training_row` (masked rows: `env_mask` all 0 and `env_reward` None;
     an empty completion: one EOS id; an answer without EOS: one appended; a harness's last segment,
     with `harness_rewrites` logged as `gym_bridge/harness_rewrites`) under TRL's keys.
     """

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 from gym_bridge.verl._data import AGENT_LOOP_CONFIG, AGENT_NAME, ROW_COLUMN, check_verl_files, plain, task_from_columns
 from gym_bridge.core.agent_loop import Limits
-from gym_bridge.core.batch import to_training_row
+from gym_bridge.core.training_row import to_training_row
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.errors import MissingDependencyError
 from gym_bridge.core.health import HealthSettings, ToolCallAlarm
@@ -352,7 +352,7 @@ def to_agent_loop_output(record: RolloutRecord, *, policy: VerlServerPolicy, pro
     (log-prob 0.0 there), `reward_score` from the verifier, `extra_fields["reward_extra_info"]` with
     `REWARD_EXTRA_KEYS`. A masked record (a failure, or a sample its verifier masked) keeps its tokens
     with mask all 0, `reward_score` 0.0 and `extra_fields["gym_bridge_masked"] = True` plus its failure
-    kind, so verl drops it from the loss. The token rules are every trainer's, `core.batch.to_training_row`
+    kind, so verl drops it from the loss. The token rules are every trainer's, `core.training_row.to_training_row`
     (an empty completion becomes one EOS id with mask 0; a harness that rewrote its history gives its last
     segment, and `gym_bridge_harness_rewrites` counts the earlier, untrained ones); here the row is cut to
     verl's prompt and response lengths. `extra_fields` always holds integer `min_global_steps` /

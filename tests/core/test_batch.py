@@ -1,10 +1,10 @@
-"""The training-row rules every trainer adapter shares (`core.batch.to_training_row`)."""
+"""The training-row rules every trainer adapter shares (`core.training_row.to_training_row`)."""
 
 import dataclasses
 
 import pytest
 
-from gym_bridge.core.batch import to_training_row
+from gym_bridge.core.training_row import to_training_row
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.task import parse_task
 from gym_bridge.core.trajectory import TokenView

@@ -1,6 +1,6 @@
 """A rollout record as a reader sees it: the conversation, the token segments, the scores.
 
-`transcript(record)` turns one JSONL record into `Turn`s (the task's input messages, then each
+`record_turns(record)` turns one JSONL record into `Turn`s (the task's input messages, then each
 output item: assistant text, reasoning, tool calls with their arguments, tool outputs, user
 replies) and `segments(record)` into runs of model (trained) and environment (masked) tokens.
 `show` prints these; the HTML report embeds them. `select` filters and orders records for `show`, in one
@@ -131,7 +131,7 @@ def _output_turn(item: Mapping[str, Any]) -> Turn:
     return Turn(str(kind), json.dumps(item, ensure_ascii=False))
 
 
-def transcript(record: Mapping[str, Any]) -> list[Turn]:
+def record_turns(record: Mapping[str, Any]) -> list[Turn]:
     """The task's input messages, then the trajectory's items, in order."""
     output = (record.get("response") or {}).get("output") or []
     return [*_input_turns(record), *(_output_turn(item) for item in output)]
