@@ -32,8 +32,8 @@ from gym_bridge.core.policy import Generation  # noqa: E402
 from gym_bridge.core.registry import get_environment  # noqa: E402
 from gym_bridge.policies.embedded import load_embedded_tokenizer  # noqa: E402
 from gym_bridge.server import build_app as build_model_app  # noqa: E402
-from tests.http_server import app_in_thread  # noqa: E402
-from tests.scripted_model import ScriptedModel, by_turn  # noqa: E402
+from tests.support.http_server import app_in_thread  # noqa: E402
+from tests.support.scripted_model import ScriptedModel, by_turn  # noqa: E402
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Seattle"}}\n</tool_call>'
 

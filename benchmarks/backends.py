@@ -34,7 +34,7 @@ from gym_bridge.core.policy import GenerationRequest, SamplingParams  # noqa: E4
 from gym_bridge.core.template.chat_template import ChatTemplate  # noqa: E402
 from gym_bridge.policies.remote import RemotePolicy  # noqa: E402
 from gym_bridge.policies.transformers import TransformersPolicy  # noqa: E402
-from tests.http_server import ServeModelProcess  # noqa: E402
+from tests.support.http_server import ServeModelProcess  # noqa: E402
 
 CONCURRENCY = (1, 8, 32)
 TOPICS = ["the sea", "a city at night", "an old clock", "a mountain village", "a robot", "autumn", "a library", "the moon"]

@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("trl.experimental.async_grpo", reason="needs TRL >= 1.16")
 
-from tests.adapters.vllm_async_stand_in import AsyncVLLMStandIn  # noqa: E402
-from tests.http_server import app_in_thread  # noqa: E402
+from tests.support.vllm_async_stand_in import AsyncVLLMStandIn  # noqa: E402
+from tests.support.http_server import app_in_thread  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "recipes" / "configs"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.invariants import assert_token_invariants
+from tests.support.invariants import assert_token_invariants
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(1200)]
 

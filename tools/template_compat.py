@@ -1,5 +1,5 @@
 """README's model-family table, generated from the conformance tests' own checks: for each real chat
-template in ../shared/templates (tests/families.py), the append-only check per shape, the parsers and
+template in ../shared/templates (tests/support/families.py), the append-only check per shape, the parsers and
 scripted three-call multi_step rollouts (reward, token invariants, prompts against the template).
 Prints the Markdown table; `--write` puts it into README.md between the `template-compat` markers,
 `--check` exits 1 when it is stale. Run: `.venv/bin/python tools/template_compat.py [--write|--check]`
@@ -19,8 +19,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from gym_bridge.core.template.chat_template import ChatTemplate  # noqa: E402
 from gym_bridge.core.template.check import template_report  # noqa: E402
-from tests.families import REAL_FAMILIES, SHARED_TEMPLATES, Family, family_tokenizer, prompt_mismatches, run_scripted  # noqa: E402
-from tests.invariants import assert_token_invariants  # noqa: E402
+from tests.support.families import REAL_FAMILIES, SHARED_TEMPLATES, Family, family_tokenizer, prompt_mismatches, run_scripted  # noqa: E402
+from tests.support.invariants import assert_token_invariants  # noqa: E402
 
 BEGIN, END = "<!-- template-compat:begin -->", "<!-- template-compat:end -->"
 SHAPES = {

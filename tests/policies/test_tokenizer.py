@@ -18,7 +18,7 @@ from gym_bridge.policies.embedded import embedded_model_path
 from gym_bridge.core.template.piece_encoder import _AFTER_NEWLINE, _BEFORE_LAST_NEWLINE, _Splitter
 from gym_bridge.core.template.piece_encoder import splitter_for
 from gym_bridge.policies.tokenizer import LightTokenizer, load_tokenizer
-from tests.families import SHARED_TEMPLATES, TEMPLATES_MISSING
+from tests.support.families import SHARED_TEMPLATES, TEMPLATES_MISSING
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = [ROOT / "environments" / name / "data" / "example.jsonl" for name in ("weather", "multi_step", "math")]

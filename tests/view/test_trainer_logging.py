@@ -10,7 +10,7 @@ from gym_bridge.trl._dataset import load_dataset
 from gym_bridge.core.health import HealthSettings
 from gym_bridge.core.policy import ScriptedPolicy
 from gym_bridge.core.rollout_file import read_records
-from tests.adapters.test_trl_rollout import Trainer
+from tests.trl.test_rollout import Trainer
 
 ROWS = [{"responses_create_params": {"input": "Weather in Oslo?"}, "environment": "weather", "case": "view-logging"}]
 

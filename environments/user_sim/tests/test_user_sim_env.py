@@ -10,7 +10,7 @@ from gym_bridge import Engine, EngineConfig, Generation, HelperModel, SamplingPa
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.dialects.responses import item_text
 from gym_bridge.core.task import load_tasks, parse_task
-from tests.invariants import assert_token_invariants
+from tests.support.invariants import assert_token_invariants
 
 HOTEL = next(task.row for task in load_tasks(UserSimEnvironment.example_data) if task.row["scenario"] == "hotel")
 FIELDS = HOTEL["expected_request"]                      # guest_name, check_in, nights
@@ -119,8 +119,8 @@ def test_a_user_served_by_base_url_and_model_replies(smol_template, smol_tokeniz
     """Issue 19 item 9: `user_base_url` + `user_model` loads the simulated user over `/v1/completions`
     (it used to fail every rollout with a TypeError from unpacking the tokenizer)."""
     from gym_bridge.server import build_app
-    from tests.http_server import app_in_thread
-    from tests.scripted_model import ScriptedModel
+    from tests.support.http_server import app_in_thread
+    from tests.support.scripted_model import ScriptedModel
 
     reply = smol_tokenizer.encode(f"I am {FIELDS['guest_name']}.", add_special_tokens=False) + [smol_tokenizer.eos_token_id]
     model = ScriptedModel(smol_tokenizer, lambda prompt, request: Generation(reply, [-0.1] * len(reply), "stop"))
