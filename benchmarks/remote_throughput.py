@@ -22,6 +22,10 @@ the two workloads alternate `--repeats` times.
 - with --compare-http-stacks, http_stack_cpu_ms_per_request: the same request loop on httpx (default
   and concurrency-sized pools) and on aiohttp, which is how RemotePolicy's HTTP stack was chosen.
 Medians over repeats, with min and max. The last line printed is JSON.
+
+`--journal-ab N`: only the multi_step workload, N runs with `--no-journal` and N with `--journal` (each finished turn
+committed to OUTPUT.journal/, fsynced), interleaved off/on; client CPU per rollout and rollouts/s of each, and the
+paired slowdown (median, min-max).
 """
 
 from __future__ import annotations
@@ -121,13 +125,15 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_eval(rows_path: Path, url: str, *, concurrency: int, output: Path) -> dict:
+def run_eval(rows_path: Path, url: str, *, concurrency: int, output: Path, journal: bool | None = None) -> dict:
     """One `gym-bridge eval` command; returns its metrics plus `ready_s` and `command_s`."""
     for path in (output, output.with_name(output.stem + ".metrics.json")):
         path.unlink(missing_ok=True)
     command = [sys.executable, "-m", "gym_bridge.cli", "eval", "--data", str(rows_path), "--base-url", url,
                "--concurrency", str(concurrency), "--max-turns", "8", "--max-new-tokens", "256", "--temperature", "1.0",
                "--no-progress", "--output", str(output)]
+    if journal is not None:
+        command.append("--journal" if journal else "--no-journal")
     started = time.perf_counter()
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ready_s = None
@@ -238,7 +244,12 @@ def main() -> None:
     parser.add_argument("--http-requests", type=int, default=4000, help="requests of the RemotePolicy-only measurement")
     parser.add_argument("--compare-http-stacks", action="store_true",
                         help="also measure the client CPU per request of httpx (two pool sizes) and aiohttp")
+    parser.add_argument("--journal-ab", type=int, default=0, metavar="N",
+                        help="only multi_step: N runs with the resume journal off and N on, interleaved")
     args = parser.parse_args()
+    if args.journal_ab:
+        print(json.dumps(journal_ab(args)))
+        return
 
     load_at_start = os.getloadavg()[0]
     workdir = Path(tempfile.mkdtemp(prefix="gym_bridge_remote_bench_"))
@@ -294,6 +305,46 @@ def main() -> None:
                   repeats=args.repeats, cpu_count=os.cpu_count() or 0, load_avg_1m_at_start=round(load_at_start, 2),
                   load_avg_1m_at_end=round(os.getloadavg()[0], 2))
     print(json.dumps(result))
+
+
+def journal_ab(args: argparse.Namespace) -> dict:
+    """multi_step over HTTP with the journal off and on, interleaved (off, on, off, on, ...)."""
+    load_at_start = os.getloadavg()[0]
+    workdir = Path(tempfile.mkdtemp(prefix="gym_bridge_journal_ab_"))
+    rows = multi_step_rows(args.multi_step)
+    path = workdir / "multi_step.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    stub, url = start_stub()
+    runs: dict[str, list[dict]] = {"off": [], "on": []}
+    try:
+        for repeat in range(args.journal_ab):
+            for mode in ("off", "on"):
+                metrics = run_eval(path, url, concurrency=args.concurrency, output=workdir / f"{mode}.jsonl", journal=mode == "on")
+                if metrics["rollouts"] != len(rows) or metrics["failed"] or metrics["mean_turns"] != 4:
+                    raise SystemExit(f"journal {mode}: not every rollout made its 4 model calls: {metrics}")
+                if (workdir / f"{mode}.jsonl.journal").exists():
+                    raise SystemExit("the journal of a finished run was not removed")
+                runs[mode].append(metrics)
+                print(f"journal {mode} #{repeat + 1}: {len(rows) / metrics['wall_s']:.0f} rollouts/s, "
+                      f"cpu {1e6 * metrics['cpu_s'] / len(rows):.0f} us/rollout, load {os.getloadavg()[0]:.2f}", file=sys.stderr)
+    finally:
+        stub.terminate()
+        stub.wait(timeout=10)
+    rates = {mode: [len(rows) / run["wall_s"] for run in runs[mode]] for mode in runs}
+    cpu = {mode: [1e6 * run["cpu_s"] / len(rows) for run in runs[mode]] for mode in runs}
+    slowdown = sorted(100 * (off / on - 1) for off, on in zip(rates["off"], rates["on"]))
+    cpu_paired = sorted(100 * (on / off - 1) for off, on in zip(cpu["off"], cpu["on"]))
+    return {
+        "journal_off_rollouts_per_s": spread(rates["off"], 1), "journal_on_rollouts_per_s": spread(rates["on"], 1),
+        "journal_slowdown_median_pct": round(statistics.median(slowdown), 1),
+        "journal_slowdown_min_max_pct": [round(slowdown[0], 1), round(slowdown[-1], 1)],
+        "journal_client_cpu_us_per_rollout_off": spread(cpu["off"], 1), "journal_client_cpu_us_per_rollout_on": spread(cpu["on"], 1),
+        "journal_cpu_overhead_median_pct": round(statistics.median(cpu_paired), 1),
+        "journal_cpu_overhead_min_max_pct": [round(cpu_paired[0], 1), round(cpu_paired[-1], 1)],
+        "journal_commits_per_rollout": 3, "concurrency": args.concurrency, "multi_step_rollouts": len(rows),
+        "runs_each": args.journal_ab, "cpu_count": os.cpu_count() or 0, "load_avg_1m_at_start": round(load_at_start, 2),
+        "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
+    }
 
 
 if __name__ == "__main__":

@@ -11,14 +11,23 @@ environments/ruff.toml) and what users of the engine, the policies and the error
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from gym_bridge._lazy import lazy_homes
 from gym_bridge.core.answer import last_boxed, last_tagged
 from gym_bridge.core.agent_loop import AgentLoop, Limits, RolloutContext, RolloutFailure, ToolCallingLoop
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.environment import Environment, FailureKind, RowProblem, ToolError, Toolset, VerifyResult, schema_problems, tool
-from gym_bridge.core.errors import DataError, GymBridgeError, MissingDependencyError, RolloutError, TemplateError, UnknownEnvironmentError, UserError
+from gym_bridge.core.errors import (
+    ConfigError,
+    DataError,
+    GymBridgeError,
+    MissingDependencyError,
+    MissingExtraError,
+    RolloutError,
+    SetupError,
+    TemplateError,
+    UnknownEnvironmentError,
+    UserError,
+)
 from gym_bridge.core.helper_model import HelperModel
 from gym_bridge.core.dialects.responses import final_text, output_text
 from gym_bridge.core.items import TOKEN_FIELDS, Item
@@ -32,6 +41,7 @@ from gym_bridge.core.policy import (
     GenerationRequest,
     Policy,
     SamplingParams,
+    ScriptedChatPolicy,
     ScriptedPolicy,
 )
 from gym_bridge.core.record import RolloutRecord
@@ -53,28 +63,18 @@ __all__ = [
     "ChatTemplate", "Engine", "EngineConfig", "RolloutRecord", "configure", "get_environment", "known_environments",
     "load_tasks", "parse_task", "register", "summarize",
     # policies
-    "ChatPolicy", "Generation", "GenerationRequest", "Policy", "SamplingParams", "ScriptedPolicy",
+    "ChatPolicy", "Generation", "GenerationRequest", "Policy", "SamplingParams", "ScriptedChatPolicy", "ScriptedPolicy",
     # errors
-    "BackendError", "ContextOverflowError", "DataError", "GymBridgeError", "MissingDependencyError", "RolloutError", "TemplateError",
-    "UnknownEnvironmentError", "UserError",
+    "BackendError", "ConfigError", "ContextOverflowError", "DataError", "GymBridgeError", "MissingDependencyError", "MissingExtraError",
+    "RolloutError", "SetupError", "TemplateError", "UnknownEnvironmentError", "UserError",
 ]
 
 # Public too, but resolved on first use (so not in `__all__`: a star import stays light).
-_LAZY_MODULES = {"trl": "gym_bridge.trl", "verl": "gym_bridge.verl", "nemo_rl": "gym_bridge.nemo_rl"}
-_LAZY_ATTRS = {
+_LAZY = {
+    "trl": "gym_bridge.trl", "verl": "gym_bridge.verl", "nemo_rl": "gym_bridge.nemo_rl",
     "TransformersPolicy": "gym_bridge.policies.transformers",
     "load_helper_model": "gym_bridge.policies.helper",
     "HarnessEnvironment": "gym_bridge.capture",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY_MODULES:
-        module = importlib.import_module(_LAZY_MODULES[name])
-        globals()[name] = module
-        return module
-    if name in _LAZY_ATTRS:
-        value = getattr(importlib.import_module(_LAZY_ATTRS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'gym_bridge' has no attribute {name!r}")
+__getattr__ = lazy_homes(globals(), _LAZY)[0]

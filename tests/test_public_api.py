@@ -19,10 +19,10 @@ PUBLIC = {
     "ChatTemplate", "Engine", "EngineConfig", "RolloutRecord", "configure", "get_environment", "known_environments",
     "load_tasks", "parse_task", "register", "summarize",
     # policies
-    "ChatPolicy", "Generation", "GenerationRequest", "Policy", "SamplingParams", "ScriptedPolicy",
+    "ChatPolicy", "Generation", "GenerationRequest", "Policy", "SamplingParams", "ScriptedChatPolicy", "ScriptedPolicy",
     # errors
-    "BackendError", "ContextOverflowError", "DataError", "GymBridgeError", "MissingDependencyError", "RolloutError", "TemplateError",
-    "UnknownEnvironmentError", "UserError",
+    "BackendError", "ConfigError", "ContextOverflowError", "DataError", "GymBridgeError", "MissingDependencyError", "MissingExtraError",
+    "RolloutError", "SetupError", "TemplateError", "UnknownEnvironmentError", "UserError",
 }
 LAZY = {"TransformersPolicy", "load_helper_model", "HarnessEnvironment", "trl", "verl", "nemo_rl"}
 """Public names resolved on first use (not in `__all__`, so a star import stays light)."""
@@ -36,7 +36,7 @@ def test_public_names_are_pinned():
 
 
 def test_lazy_public_names_resolve_and_stay_out_of_a_star_import():
-    assert LAZY == set(gym_bridge._LAZY_ATTRS) | set(gym_bridge._LAZY_MODULES)
+    assert set(gym_bridge._LAZY) == LAZY
     assert not LAZY & set(gym_bridge.__all__)
     assert callable(gym_bridge.load_helper_model)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from gym_bridge import Environment, GymBridgeError, Item, Task, VerifyResult, final_text
+from gym_bridge import Environment, Item, SetupError, Task, VerifyResult, final_text
 
 from environments.code.generate import prepare_code_rows
 from environments.code.sandbox import Sandbox, SandboxLimits, SandboxResult, default_python, probe
@@ -58,7 +58,7 @@ class CodeEnvironment(Environment):
             return
         reason = probe(cls.python or default_python())
         if reason is not None:
-            raise GymBridgeError(f"environment {cls.name!r} refuses to run untrusted code without a sandbox: {reason}; {UNSAFE_HINT}")
+            raise SetupError(f"environment {cls.name!r} refuses to run untrusted code without a sandbox: {reason}; {UNSAFE_HINT}")
 
     @classmethod
     def sandbox(cls) -> Sandbox:

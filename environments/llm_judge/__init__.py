@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import regex
 
-from gym_bridge import Environment, GymBridgeError, HelperModel, Item, RolloutError, Task, VerifyResult, final_text
+from gym_bridge import ConfigError, Environment, HelperModel, Item, RolloutError, Task, VerifyResult, final_text
 
 EQUAL, NOT_EQUAL = "[[A=B]]", "[[A!=B]]"
 
@@ -78,9 +78,9 @@ class LLMJudgeEnvironment(Environment):
     @classmethod
     def check_ready(cls) -> None:
         if cls.judge is None and cls.judge_api not in ("completions", "chat", "responses"):
-            raise GymBridgeError(f"llm_judge: judge_api must be completions, chat or responses, got {cls.judge_api!r}")
+            raise ConfigError(f"llm_judge: judge_api must be completions, chat or responses, got {cls.judge_api!r}")
         if cls.judge is None and cls.judge_base_url and not cls.judge_model:
-            raise GymBridgeError("llm_judge: judge_base_url needs judge_model, the served model's name")
+            raise ConfigError("llm_judge: judge_base_url needs judge_model, the served model's name")
 
     @classmethod
     async def judge_model_instance(cls) -> HelperModel:

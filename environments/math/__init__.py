@@ -8,14 +8,16 @@ a timeout (or a crash of the worker) masks the sample as a `verifier` failure in
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from concurrent.futures import BrokenExecutor
 from pathlib import Path
 from typing import ClassVar
 
-from gym_bridge import Environment, Item, Task, VerifyResult, final_text, last_boxed, run_in_process
+from gym_bridge import Environment, Item, MissingExtraError, Task, VerifyResult, final_text, last_boxed, run_in_process
 
 __all__ = ["MathEnvironment", "is_equivalent", "last_boxed"]
+INSTALL_HINT = "pip install 'gym-bridge[environments]'"
 
 
 class MathEnvironment(Environment):
@@ -25,6 +27,12 @@ class MathEnvironment(Environment):
     example_data = Path(__file__).parent / "data" / "example.jsonl"
     resume = "replay"  # no tools: only its committed model calls are replayed
     check_timeout_s: ClassVar[float] = 10.0
+
+    @classmethod
+    def check_ready(cls) -> None:
+        """math-verify comes with the `environments` extra, not with `pip install gym-bridge`."""
+        if importlib.util.find_spec("math_verify") is None:
+            raise MissingExtraError(f"the {cls.name} environment checks answers with math-verify: {INSTALL_HINT}")
 
     async def verify(self, task: Task, output: list[Item]) -> VerifyResult:
         answer = last_boxed(final_text(output))

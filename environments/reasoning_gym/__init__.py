@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import pydantic
 
-from gym_bridge import (Environment, Item, MissingDependencyError, RowProblem, Task, VerifyResult, last_boxed, last_tagged,
+from gym_bridge import (Environment, Item, MissingExtraError, RowProblem, Task, VerifyResult, last_boxed, last_tagged,
                         output_text, run_in_process)
 
 INSTALL_HINT = "the reasoning_gym environment needs the reasoning-gym package: pip install 'gym-bridge[environments]'"
@@ -41,9 +41,9 @@ class ReasoningGymRow(pydantic.BaseModel):
 
 
 def require_package() -> Any:
-    """The imported `reasoning_gym` package; MissingDependencyError with the install command if absent."""
+    """The imported `reasoning_gym` package; MissingExtraError with the install command if absent."""
     if importlib.util.find_spec("reasoning_gym") is None:
-        raise MissingDependencyError(INSTALL_HINT)
+        raise MissingExtraError(INSTALL_HINT)
     import reasoning_gym
 
     return reasoning_gym
@@ -128,7 +128,7 @@ class ReasoningGymEnvironment(Environment):
             return problems
         try:
             known = task_names()
-        except MissingDependencyError as error:
+        except MissingExtraError as error:
             return [RowProblem("metadata.source_dataset", str(error))]
         if row["metadata"]["source_dataset"] not in known:
             problems.append(RowProblem("metadata.source_dataset", f"unknown reasoning-gym task {row['metadata']['source_dataset']!r}"))

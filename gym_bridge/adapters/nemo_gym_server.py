@@ -6,12 +6,14 @@ them (`ChatAPIPolicy(token_ids=True)`). A malformed row answers 422 naming the f
 rollout answers 200 with `mask_sample: true` (see `to_run_result` for what NeMo RL reads), its
 failure kind in NeMo Gym's shared vocabulary (`nemo_gym_failure_kind`). After collecting, NeMo Gym
 0.7.0's rollout collection POSTs the stripped results to `/aggregate_metrics` (`aggregate_metrics`).
-A client that disconnects from `/run` cancels its rollout.
+A client that disconnects from `/run` cancels its rollout; with a journal (`journal_dir`), a row that
+names its rollout (`_ng_task_index`, `_ng_rollout_index`) and is sent again continues from its last turn.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import math
@@ -27,9 +29,10 @@ from gym_bridge.capture.environment import HarnessEnvironment, row_command
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import Environment
-from gym_bridge.core.errors import DataError, GymBridgeError, MissingDependencyError, UnknownEnvironmentError, UserError
+from gym_bridge.core.errors import BackendAnswerError, ConfigError, DataError, MissingExtraError, UnknownEnvironmentError, UserError
 from gym_bridge.core.items import TOKEN_FIELDS
-from gym_bridge.core.policy import BackendError, ChatPolicy, ChatRequest, ChatTurn, SamplingParams
+from gym_bridge.core.journal import RunFingerprint, RunJournal
+from gym_bridge.core.policy import ChatPolicy, ChatRequest, ChatTurn, SamplingParams
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import get_environment, resolve_tasks
 from gym_bridge.core.rollout_file import dump_line
@@ -66,6 +69,9 @@ class AgentServerSettings:
     """Timeout of one model call (long generations are normal in training)."""
     max_retries: int = 2
     api_key: str | None = None
+    journal_dir: str | None = None
+    """Where rows that name their rollout (`_ng_task_index`, `_ng_rollout_index`) commit each finished turn, so a
+    client that sends the same rollout again (after a disconnect or a server restart) continues it; None: no journal."""
 
 
 class ModelServers:
@@ -74,7 +80,7 @@ class ModelServers:
 
     def __init__(self, settings: AgentServerSettings) -> None:
         if not settings.model_base_urls:
-            raise ValueError("give at least one model base URL (--model-base-url)")
+            raise ConfigError("give at least one model base URL (--model-base-url)")
         self.settings = settings
         self.model_name = settings.model
         """The served model's name (once asked from the server when not given)."""
@@ -94,7 +100,7 @@ class ModelServers:
                     if model is None:
                         models = await served_models(urls[0], api_key=settings.api_key, timeout_s=min(settings.request_timeout_s, 30.0))
                         if not models:
-                            raise BackendError(f"{urls[0]} serves no model")
+                            raise BackendAnswerError(f"{urls[0]} serves no model")
                         model = str(models[0]["id"])
                     self.model_name = model
                     self._policies = [
@@ -126,7 +132,7 @@ class AgentServer:
 
     def __init__(self, settings: AgentServerSettings, policy: ChatPolicy | None = None) -> None:
         if not settings.envs:
-            raise ValueError("serve at least one environment (--env NAME)")
+            raise ConfigError("serve at least one environment (--env NAME)")
         self.settings = settings
         self.env_classes: dict[str, type[Environment]] = {}
         for name in settings.envs:
@@ -139,6 +145,11 @@ class AgentServer:
         ))
         """The one engine of every `/run`: its concurrency bound holds across them; each row brings its own sampling."""
         self._counter = itertools.count()
+        self.journal = open_journal(settings) if settings.journal_dir else None
+        self.engine.journal = self.journal
+        self._tried: set[tuple[int, int]] = set()
+        """Rollout ids this process started and has not finished: one sent again reads its committed turns."""
+        self._running: set[tuple[int, int]] = set()
         self.in_flight = 0
         """`/run` requests being answered (running, or waiting for one of the engine's slots)."""
         self.completed = 0
@@ -188,15 +199,66 @@ class AgentServer:
     async def run(self, row: Any) -> dict[str, Any]:
         """One `/run`: the NeMo Gym result of a rollout of `row`. Raises RowError before running."""
         task, env_class, sampling = self.check_row(row)
+        key = rollout_id(row) if self.journal is not None else None
+        if key in self._running:
+            raise RolloutInFlight(f"rollout (_ng_task_index {key[0]}, _ng_rollout_index {key[1]}) is running already; "
+                                  "send it again once that request has ended")
         self.in_flight += 1
         try:
-            record = await self.engine.rollout(task, 0, env_class=env_class, sampling=sampling)
+            record = await self._rollout(task, env_class, sampling, key)
         finally:
             self.in_flight -= 1
         self.completed += 1
         result = to_run_result(record)
         result["response"]["model"] = result["response"]["model"] or getattr(self.policy, "model_name", None) or ""
         return result
+
+
+    async def _rollout(self, task: Task, env_class: type[Environment], sampling: SamplingParams,
+                       key: tuple[int, int] | None) -> RolloutRecord:
+        """One rollout; one with an id is journaled under it and, sent again, continues from its committed turns."""
+        if key is None or self.journal is None:
+            return await self.engine.rollout(task, 0, env_class=env_class, sampling=sampling, journaled=False)
+        if key in self._tried:
+            self.journal.load([key])  # cut off earlier in this process (a client that disconnected)
+        self._tried.add(key)
+        self._running.add(key)
+        try:
+            record = await self.engine.rollout(dataclasses.replace(task, index=key[0]), key[1], env_class=env_class,
+                                               sampling=sampling)
+        finally:
+            self._running.discard(key)
+        self.journal.finish(key)
+        self._tried.discard(key)
+        return record
+
+
+class RolloutInFlight(UserError):
+    """A `/run` for a rollout id whose earlier request is still running; answered with 409."""
+
+
+def rollout_id(row: Any) -> tuple[int, int] | None:
+    """The rollout a `/run` row names, as NeMo Gym's rollout collection stamps it (`_ng_task_index`,
+    `_ng_rollout_index`: the key it resumes on); None when it names none. Raises RowError for a half or bad id."""
+    values = [row.get(name) for name in ("_ng_task_index", "_ng_rollout_index")] if isinstance(row, Mapping) else [None, None]
+    if values == [None, None]:
+        return None
+    checked: list[int] = []
+    for name, value in zip(("_ng_task_index", "_ng_rollout_index"), values):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise RowError(f"must be a non-negative integer with the other half of the rollout id, got {value!r}", field=name)
+        checked.append(value)
+    return checked[0], checked[1]
+
+
+def open_journal(settings: AgentServerSettings) -> RunJournal:
+    """The server's journal in `settings.journal_dir`, continuing what a killed server left there. Raises JournalError
+    when it was written by a server with other settings (model, environments, limits)."""
+    assert settings.journal_dir is not None
+    fingerprint = RunFingerprint(model=settings.model or "", tasks="rows of /run", settings={
+        "envs": sorted(settings.envs), "max_turns": settings.max_turns, "max_completion_tokens": settings.max_completion_tokens,
+        "max_new_tokens": settings.max_new_tokens, "deadline_s": settings.deadline_s})
+    return RunJournal.prepare(settings.journal_dir, fingerprint, resume=True)
 
 
 NEMO_GYM_FAILURE_KINDS = {"timeout": "agent_timeout", "verifier": "verifier_error"}
@@ -346,6 +408,8 @@ def build_app(settings: AgentServerSettings, *, policy: ChatPolicy | None = None
         aclose = getattr(server.policy, "aclose", None)
         if aclose is not None:
             await aclose()
+        if server.journal is not None:
+            await server.journal.close()  # kept while a rollout is left in flight, for its client's retry
 
     app = FastAPI(title="gym-bridge serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.agent_server = server
@@ -377,6 +441,8 @@ def build_app(settings: AgentServerSettings, *, policy: ChatPolicy | None = None
             return JSONResponse({"detail": "the client disconnected; its rollout was cancelled"}, status_code=499)
         except RowError as error:
             return unprocessable(str(error), error.field)
+        except RolloutInFlight as error:
+            return JSONResponse({"detail": str(error)}, status_code=409)
         except Exception as error:  # a bug outside the rollout's own boundary: this request only
             return JSONResponse({"detail": f"{type(error).__name__}: {error}"}, status_code=500)
 
@@ -404,7 +470,7 @@ def serve(settings: AgentServerSettings, *, host: str = "127.0.0.1", port: int =
     try:
         import uvicorn
     except ImportError:
-        raise MissingDependencyError("gym-bridge serve needs FastAPI and uvicorn: pip install 'gym-bridge[serve]'") from None
+        raise MissingExtraError("gym-bridge serve needs FastAPI and uvicorn: pip install 'gym-bridge[serve]'") from None
     from gym_bridge.request_limit import RequestLimit
     from gym_bridge.server import bind_socket
 
@@ -450,18 +516,18 @@ def from_nemo_gym_environ(environ: Mapping[str, str] | None = None) -> NemoGymLa
     environ = os.environ if environ is None else environ
     raw, name = environ.get("NEMO_GYM_CONFIG_DICT"), environ.get("NEMO_GYM_CONFIG_PATH")
     if not raw or not name:
-        raise GymBridgeError("NEMO_GYM_CONFIG_DICT and NEMO_GYM_CONFIG_PATH are not set: this entry point is started by NeMo Gym")
+        raise ConfigError("NEMO_GYM_CONFIG_DICT and NEMO_GYM_CONFIG_PATH are not set: this entry point is started by NeMo Gym")
     config = yaml.safe_load(raw)
     try:
         entry = next(iter(next(iter(config[name].values())).values()))
     except (KeyError, StopIteration, AttributeError, TypeError):
-        raise GymBridgeError(f"NeMo Gym's config has no server entry {name}.<server type>.<server name>") from None
+        raise ConfigError(f"NeMo Gym's config has no server entry {name}.<server type>.<server name>") from None
     urls = config.get("policy_base_url")
     urls = [urls] if isinstance(urls, str) else list(urls or [])
     if not urls:
-        raise GymBridgeError("NeMo Gym's config has no policy_base_url (NeMo RL sets it to its vLLM servers' URLs)")
+        raise ConfigError("NeMo Gym's config has no policy_base_url (NeMo RL sets it to its vLLM servers' URLs)")
     if entry.get("host") is None or entry.get("port") is None:
-        raise GymBridgeError(f"the server entry {name} has no host and port")
+        raise ConfigError(f"the server entry {name} has no host and port")
     envs = entry.get("envs") or [name]
     numbers = {key: cast(entry[key]) for key, cast in _SETTING_KEYS.items() if entry.get(key) is not None}
     settings = AgentServerSettings(envs=tuple(envs), model_base_urls=tuple(str(url) for url in urls),

@@ -28,7 +28,7 @@ from gym_bridge.capture.session import CaptureSession, SessionState
 from gym_bridge.core.agent_loop import RolloutContext, RolloutFailure
 from gym_bridge.core.bounded.deadline import HeldPolicy
 from gym_bridge.core.environment import Environment, RowProblem, VerifyResult, to_verify_result
-from gym_bridge.core.errors import UserError
+from gym_bridge.core.errors import ConfigError
 from gym_bridge.core.journal import ResumeKind
 from gym_bridge.core.items import Item
 from gym_bridge.core.policy import ChatPolicy, is_token_policy
@@ -261,11 +261,11 @@ class HarnessEnvironment(Environment):
         """Refuse malformed `allow_row_commands` / `harness_env_vars` settings before any rollout."""
         super().check_ready()
         if not isinstance(cls.allow_row_commands, bool):
-            raise UserError(f"{cls.name}.allow_row_commands must be true or false, got {cls.allow_row_commands!r}")
+            raise ConfigError(f"{cls.name}.allow_row_commands must be true or false, got {cls.allow_row_commands!r}")
         names = cls.harness_env_vars
         if isinstance(names, str) or not isinstance(names, (list, tuple)) or not all(
                 isinstance(name, str) and name and "=" not in name for name in names):
-            raise UserError(f"{cls.name}.harness_env_vars must be a list of variable names, e.g. [\"MY_TOKEN\"], got {names!r}")
+            raise ConfigError(f"{cls.name}.harness_env_vars must be a list of variable names, e.g. [\"MY_TOKEN\"], got {names!r}")
 
     @property
     def final_answer(self) -> str:

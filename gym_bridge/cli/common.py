@@ -8,7 +8,7 @@ import argparse
 import os
 from typing import Any, Sequence
 
-from gym_bridge.core.errors import GymBridgeError, UserError
+from gym_bridge.core.errors import ConfigError
 
 EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
 
@@ -58,7 +58,7 @@ def _allow_row_commands(args: argparse.Namespace) -> bool | None:
     from gym_bridge.capture.environment import allow_row_commands
 
     if args.no_module_paths or args.allow_module:
-        raise UserError("--allow-row-commands cannot be combined with --no-module-paths or --allow-module: those are the "
+        raise ConfigError("--allow-row-commands cannot be combined with --no-module-paths or --allow-module: those are the "
                         "settings for shared data, and a row's harness command runs with your permissions")
     return allow_row_commands(True)
 
@@ -80,11 +80,11 @@ def check_urls(urls: Sequence[str], *, flag: str) -> None:
     for url in urls:
         parts = urlsplit(url.strip())
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise GymBridgeError(f"{flag} {url!r} is not an http(s) URL; write it with its scheme, e.g. http://{url.split('://')[-1]}")
+            raise ConfigError(f"{flag} {url!r} is not an http(s) URL; write it with its scheme, e.g. http://{url.split('://')[-1]}")
         try:
             parts.port
         except ValueError as error:
-            raise GymBridgeError(f"{flag} {url!r}: {error}") from None
+            raise ConfigError(f"{flag} {url!r}: {error}") from None
 
 
 def check_hosts_resolve(urls: Sequence[str], *, flag: str) -> None:
@@ -98,7 +98,7 @@ def check_hosts_resolve(urls: Sequence[str], *, flag: str) -> None:
         try:
             socket.getaddrinfo(host, None)
         except (socket.gaierror, UnicodeError) as error:
-            raise GymBridgeError(f"{flag} {url!r}: host {host!r} does not resolve ({error}); check the URL") from None
+            raise ConfigError(f"{flag} {url!r}: host {host!r} does not resolve ({error}); check the URL") from None
 
 
 def torch_threads(requested: int | None, *, default: int, cores: int, load: float | None) -> int:
@@ -107,7 +107,7 @@ def torch_threads(requested: int | None, *, default: int, cores: int, load: floa
     every operation; on a loaded 2-core machine 2 threads generated 10-20x slower than 1."""
     if requested is not None:
         if requested < 1:
-            raise GymBridgeError(f"--threads must be at least 1, got {requested}")
+            raise ConfigError(f"--threads must be at least 1, got {requested}")
         return requested
     return 1 if load is not None and load >= cores else default
 

@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from gym_bridge.core.errors import GymBridgeError
+from gym_bridge.core.errors import ConfigError, GymBridgeError
 
 
 UNKNOWN_ENV_HINT = ("hint: an environment of your own that is not installed is named by its module path: "
@@ -82,7 +82,7 @@ def _data(args: argparse.Namespace) -> int:
         for entry in args.set:
             key, sep, value = entry.partition("=")
             if not sep or not key:
-                raise GymBridgeError(f"--set expects KEY=VALUE, got {entry!r}")
+                raise ConfigError(f"--set expects KEY=VALUE, got {entry!r}")
             options[key] = _option_value(value)
         if args.task is not None:
             options["task"] = args.task
@@ -96,13 +96,13 @@ def _data(args: argparse.Namespace) -> int:
         print(summary.describe())
         return 0
     if args.weights is None and args.num_rows is not None:
-        raise GymBridgeError("--num-rows needs --weights")
+        raise ConfigError("--num-rows needs --weights")
     check_not_an_input(args.output, args.files)
     try:
         rows = task_files.mix_files(args.files, weights=args.weights, seed=args.seed, num_rows=args.num_rows)
     except ValueError as error:
         if isinstance(error, GymBridgeError):
             raise
-        raise GymBridgeError(str(error)) from None
+        raise ConfigError(str(error)) from None
     print(f"wrote {len(rows)} rows to {task_files.write_rows(rows, args.output)}")
     return 0

@@ -14,7 +14,7 @@ from collections import Counter, defaultdict, deque
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Sequence, TypeVar
 
 from gym_bridge.cli.common import EXIT_OK, EXIT_TOO_MANY_FAILED, _HelpFormatter, _json_object, _module_path_arguments, check_urls
-from gym_bridge.core.errors import GymBridgeError
+from gym_bridge.core.errors import ConfigError
 from gym_bridge.core.journal import JOURNAL_BY_DEFAULT
 from gym_bridge.cli.eval_engine import _apply_env_options, _base_urls, _build_engine, _ray_options, _ray_rollouts, _warn_admission
 from gym_bridge.view import cli as view_cli
@@ -67,7 +67,7 @@ def _eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     again.add_argument("--overwrite", action="store_true", help="replace the records an existing --output holds")
     p.add_argument("--journal", action=argparse.BooleanOptionalAction, default=None,
                    help="commit each finished turn of the rollouts in flight to OUTPUT.journal/, so --resume continues them "
-                        f"mid-episode (local engine; not yet with --ray). Default: {'on' if JOURNAL_BY_DEFAULT else 'off'}, "
+                        f"mid-episode (with --ray, a killed worker's episodes continue on another worker; the workers must see --output's directory). Default: {'on' if JOURNAL_BY_DEFAULT else 'off'}, "
                         "except that --resume uses the journal a killed run left")
     p.add_argument("--max-failure-fraction", type=float, default=0.1,
                    help=f"exit with code {EXIT_TOO_MANY_FAILED} when more rollouts than this fraction failed")
@@ -155,20 +155,19 @@ def check_output_free(output: str, *, resume: bool, overwrite: bool) -> None:
     path = Path(output)
     if resume or overwrite or not path.is_file() or path.stat().st_size == 0:
         return
-    raise GymBridgeError(f"--output {output} already holds rollout records: pass --resume to keep them and run only the "
+    raise ConfigError(f"--output {output} already holds rollout records: pass --resume to keep them and run only the "
                          "missing rollouts, or --overwrite to replace them (or pick another --output)")
 
 
 async def _eval_locked(args: argparse.Namespace) -> int:
-    from gym_bridge.core.engine import ensure_ready, freeze_startup_objects
-    from gym_bridge.core.registry import resolve_tasks
+    from gym_bridge.core.engine import freeze_startup_objects
     from gym_bridge.core.metrics import format_table
-    from gym_bridge.eval.run import run_eval, select_tasks
+    from gym_bridge.eval.run import run_eval_locked, select_ready_tasks
 
     check_urls(_base_urls(args), flag="--base-url")
     _apply_env_options(args.env_setting, args.env_url)
-    tasks = select_tasks(env_names=args.env, data_paths=args.data, limit=args.limit)
-    ensure_ready(resolve_tasks(tasks).values())  # refuse (no sandbox, say) before loading a model or touching --output
+    # routed, row-checked and ready once for the run (refused, no sandbox say, before loading a model or touching --output)
+    ready = select_ready_tasks(env_names=args.env, data_paths=args.data, limit=args.limit)
     if args.ray is not None:
         from gym_bridge.scale.ray_runner import preflight
 
@@ -176,16 +175,16 @@ async def _eval_locked(args: argparse.Namespace) -> int:
     engine = await _build_engine(args)
     policy = engine.policy
     if args.ray is not None:
-        engine = _ray_rollouts(args, engine, tasks)
+        engine = _ray_rollouts(args, engine, ready)
     else:
         _warn_admission(args, engine)
-    tasks = interleave_by_env(tasks)  # the first rollouts to finish then stand for every environment (an honest ETA)
+    tasks = ready.ordered(interleave_by_env(ready.tasks))  # the first rollouts to finish then stand for every environment (an honest ETA)
     progress = None
     if not args.no_progress:
         from tqdm import tqdm
 
         total = len(tasks) * args.num_repeats
-        eta = Eta(dict(Counter(task.env_name for task in tasks)), repeats=args.num_repeats, concurrency=args.concurrency)
+        eta = Eta(dict(Counter(task.env_name for task in tasks.tasks)), repeats=args.num_repeats, concurrency=args.concurrency)
         first_wave = min(args.concurrency, total)
         progress = tqdm(total=total, desc="rollouts", unit="rollout", file=sys.stderr, smoothing=0,
                         bar_format=progress_format(0, first_wave=first_wave))
@@ -217,7 +216,7 @@ async def _eval_locked(args: argparse.Namespace) -> int:
 
     freeze_startup_objects()
     try:
-        result = await run_eval(engine, tasks, output=args.output, num_repeats=args.num_repeats, resume=args.resume, on_record=on_record,
+        result = await run_eval_locked(engine, tasks, output=args.output, num_repeats=args.num_repeats, resume=args.resume, on_record=on_record,
                                 health=view_cli.health_settings(args), journal=args.journal)
     finally:
         gc.unfreeze()

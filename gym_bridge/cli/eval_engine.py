@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from gym_bridge.cli.common import EMBEDDED_MODEL_NAME, _allow_row_commands, _limit_module_paths, _load_average, torch_threads
-from gym_bridge.core.errors import GymBridgeError
+from gym_bridge.core.errors import ConfigError, SetupError
 
 
 def _load_policy(model: str | None) -> Any:
@@ -63,7 +63,7 @@ async def _remote_setup(args: argparse.Namespace) -> tuple[Any, Any, str]:
         from gym_bridge.policies.factory import PolicySpec, build_policy
 
         if len(urls) != 1 or not args.model:
-            raise GymBridgeError(f"--api {args.api} needs exactly one --base-url and --model NAME")
+            raise ConfigError(f"--api {args.api} needs exactly one --base-url and --model NAME")
         policy = build_policy(PolicySpec(kind="chat", model=args.model, base_urls=(urls[0],), api=args.api, api_key=api_key,
                                          request_timeout_s=args.request_timeout_s, max_retries=args.max_retries))
         return policy, None, args.model
@@ -78,17 +78,17 @@ async def _remote_setup(args: argparse.Namespace) -> tuple[Any, Any, str]:
     except BackendError as error:
         if not args.model and isinstance(error, ServerUnreachableError):
             waited = f", also after waiting {args.wait_for_server_s:g} s" if error.refused and args.wait_for_server_s else ""
-            raise GymBridgeError(f"no server answers at {urls[0]} ({error}{waited}): start it first (e.g. `gym-bridge serve-model "
+            raise SetupError(f"no server answers at {urls[0]} ({error}{waited}): start it first (e.g. `gym-bridge serve-model "
                                  "--port 8000`) or fix --base-url") from None
         if not args.model:
-            raise GymBridgeError(f"cannot learn the served model's name ({error}); pass --model NAME") from None
+            raise SetupError(f"cannot learn the served model's name ({error}); pass --model NAME") from None
         print(f"warning: {error}; rollouts will fail as `infra` while no server answers", file=sys.stderr)
         models = []
     ids = [entry["id"] for entry in models]
     if args.model and models and args.model not in ids:
-        raise GymBridgeError(f"{urls[0]} does not serve --model {args.model!r}; it serves {ids}")
+        raise SetupError(f"{urls[0]} does not serve --model {args.model!r}; it serves {ids}")
     if not args.model and len(ids) != 1:
-        raise GymBridgeError(f"{urls[0]} serves {len(ids)} models {ids}; pick one with --model NAME")
+        raise SetupError(f"{urls[0]} serves {len(ids)} models {ids}; pick one with --model NAME")
     model = args.model or ids[0]
     entry = next((entry for entry in models if entry["id"] == model), {})
     path, source = _remote_tokenizer_path(args.tokenizer, model, entry)
@@ -155,7 +155,7 @@ async def _matching_tokenizer(base_url: str, path: str, *, model: str, api_key: 
         if disagrees or unchecked:
             loaded = load_tokenizer(path, light=False)
     if served is not None and served != loaded.tokenizer.encode(TOKENIZER_PROBE, add_special_tokens=False):
-        raise GymBridgeError(
+        raise SetupError(
             f"{source} does not tokenize like the server's model {model!r}; pass --tokenizer PATH with the served model's tokenizer"
         )
     return loaded
@@ -171,7 +171,7 @@ def _apply_env_options(env_settings: Sequence[str], env_urls: Sequence[str]) -> 
         target, sep, raw = entry.partition("=")
         name, dot, key = target.rpartition(".")
         if not (sep and dot and name and key):
-            raise GymBridgeError(f"--env-setting takes NAME.KEY=VALUE, got {entry!r}")
+            raise ConfigError(f"--env-setting takes NAME.KEY=VALUE, got {entry!r}")
         try:
             value = json.loads(raw)
         except json.JSONDecodeError:
@@ -180,10 +180,10 @@ def _apply_env_options(env_settings: Sequence[str], env_urls: Sequence[str]) -> 
     for entry in env_urls:
         name, sep, url = entry.partition("=")
         if not (sep and name and url.startswith(("http://", "https://"))):
-            raise GymBridgeError(f"--env-url takes NAME=URL with an http(s) URL, got {entry!r}")
+            raise ConfigError(f"--env-url takes NAME=URL with an http(s) URL, got {entry!r}")
         bind: Callable[[str, str], object] | None = getattr(get_environment(REMOTE_ENVIRONMENT), "bind", None)
         if bind is None:
-            raise GymBridgeError(f"--env-url needs the {REMOTE_ENVIRONMENT} environment's bind(name, url); the one registered has none")
+            raise ConfigError(f"--env-url needs the {REMOTE_ENVIRONMENT} environment's bind(name, url); the one registered has none")
         bind(name, url)
 
 
@@ -195,7 +195,7 @@ async def _build_engine(args: argparse.Namespace) -> Any:
 
     if _base_urls(args):
         if args.backend != "transformers":
-            raise GymBridgeError(f"--backend {args.backend} runs a model in this process; drop it or --base-url")
+            raise ConfigError(f"--backend {args.backend} runs a model in this process; drop it or --base-url")
         policy, template, model_name = await _remote_setup(args)
     else:
         policy, template, model_name = _local_setup(args)
@@ -235,7 +235,7 @@ class EvalEngineFactory:
             return thread.submit(asyncio.run, _build_engine(args)).result()
 
 
-def _ray_rollouts(args: argparse.Namespace, engine: Any, tasks: Sequence[Any]) -> Any:
+def _ray_rollouts(args: argparse.Namespace, engine: Any, tasks: Any) -> Any:
     """`eval --ray`: the rollouts of `engine`'s settings on Ray workers; their workers are started and
     checked here, and every hop's concurrency stated, before any rollout runs."""
     from gym_bridge.scale.ray_runner import RayRollouts
@@ -264,9 +264,9 @@ def _ray_options(args: argparse.Namespace) -> Any:
     from gym_bridge.scale.ray_runner import RayOptions
 
     if args.ray_workers < 1 or args.ray_max_retries < 0:
-        raise GymBridgeError("--ray-workers must be at least 1 and --ray-max-retries at least 0")
+        raise ConfigError("--ray-workers must be at least 1 and --ray-max-retries at least 0")
     if not 0 < args.ray_connect_timeout_s <= 600:
-        raise GymBridgeError("--ray-connect-timeout-s must be above 0 and at most 600")
+        raise ConfigError("--ray-connect-timeout-s must be above 0 and at most 600")
     return RayOptions(address=None if args.ray == "local" else args.ray, num_workers=args.ray_workers, max_retries=args.ray_max_retries,
                       connect_timeout_s=args.ray_connect_timeout_s)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from gym_bridge.cli.common import EMBEDDED_MODEL_NAME, _load_average, check_hosts_resolve, check_urls, torch_threads
-from gym_bridge.core.errors import GymBridgeError, MissingDependencyError
+from gym_bridge.core.errors import ConfigError, MissingExtraError
 
 
 def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -43,11 +43,11 @@ def _serve_model(args: argparse.Namespace) -> int:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
-        raise MissingDependencyError("serve-model needs FastAPI and uvicorn: pip install 'gym-bridge[serve]'") from None
+        raise MissingExtraError("serve-model needs FastAPI and uvicorn: pip install 'gym-bridge[serve]'") from None
     from gym_bridge.server import bind_socket, serve
 
     if args.max_concurrency < 1:
-        raise GymBridgeError(f"--max-concurrency must be at least 1, got {args.max_concurrency}")
+        raise ConfigError(f"--max-concurrency must be at least 1, got {args.max_concurrency}")
     sock = bind_socket(args.host, args.port)  # a busy port fails now, not after the model has loaded
     from gym_bridge.policies.factory import PolicySpec, build_policy
     from gym_bridge.policies.transformers import TransformersPolicy, cpu_threads
@@ -92,6 +92,9 @@ def _agent_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
                    help="rollouts in flight at once (default 1024); past it a /run gets a 503 with Retry-After (/health is always answered)")
     p.add_argument("--max-request-bytes", type=int, default=None, help="larger /run bodies get a 413 (default 16 MiB)")
     p.add_argument("--request-timeout-s", type=float, default=None, help="timeout of one model call (default 600)")
+    p.add_argument("--journal", default=None, metavar="DIR",
+                   help="commit each finished turn of the rows that name their rollout (_ng_task_index, _ng_rollout_index) "
+                        "to DIR, so the same rollout sent again (a retry, a restarted server) continues from its last turn")
     p.add_argument("--api-key-env", default=None, metavar="VAR", help="environment variable holding the model server's API key")
 
 
@@ -100,7 +103,7 @@ def _agent_serve(args: argparse.Namespace) -> int:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
-        raise MissingDependencyError("gym-bridge serve needs FastAPI and uvicorn: pip install 'gym-bridge[serve]'") from None
+        raise MissingExtraError("gym-bridge serve needs FastAPI and uvicorn: pip install 'gym-bridge[serve]'") from None
     from gym_bridge.adapters.nemo_gym_server import serve, settings_from_args
 
     urls = [url.strip() for entry in args.model_base_url for url in entry.split(",") if url.strip()]
@@ -110,7 +113,7 @@ def _agent_serve(args: argparse.Namespace) -> int:
         args.env, args.model_base_url, model=args.model, max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
         max_completion_tokens=args.max_completion_tokens, deadline_s=args.deadline_s, max_concurrency=args.max_concurrency,
         max_request_bytes=args.max_request_bytes, request_timeout_s=args.request_timeout_s,
-        api_key=os.environ.get(args.api_key_env) if args.api_key_env else None,
+        api_key=os.environ.get(args.api_key_env) if args.api_key_env else None, journal_dir=args.journal,
     )
     serve(settings, host=args.host, port=args.port, on_ready=lambda url: print(f"serving {', '.join(settings.envs)} at {url}", flush=True))
     return 0

@@ -23,10 +23,10 @@ from gym_bridge.core.bounded.deadline import RolloutDeadline, parks_calls
 from gym_bridge.core.environment import Environment, to_verify_result, VerifyResult
 from gym_bridge.core.errors import RolloutFailure, Step, classify
 from gym_bridge.core.items import Item
-from gym_bridge.core.journal import RunJournal
+from gym_bridge.core.journal import RolloutKey, RunJournal
 from gym_bridge.core.policy import ChatPolicy, Policy, SamplingParams, is_token_policy
 from gym_bridge.core.record import RolloutRecord
-from gym_bridge.core.registry import resolve_tasks
+from gym_bridge.core.registry import TaskSet, resolve_tasks
 from gym_bridge.core.resume import RolloutResume, resume_rollout
 from gym_bridge.core.task import Task
 from gym_bridge.core.template.chat_template import ChatTemplate
@@ -119,24 +119,26 @@ class Engine:
         return self._global, per_env
 
     async def rollout(self, task: Task, repeat_index: int = 0, *, env_class: type[Environment] | None = None,
-                      sampling: SamplingParams | None = None) -> RolloutRecord:
-        """Run one rollout of `task` to a record, sampled with `sampling` (None: the config's).
+                      sampling: SamplingParams | None = None, journaled: bool = True,
+                      journal_key: RolloutKey | None = None) -> RolloutRecord:
+        """Run one rollout of `task` to a record, sampled with `sampling` (None: the config's); `journaled=False`: not
+        journaled even when the engine has a journal; `journal_key`: its key there (default `(task.index, repeat_index)`).
         Never raises for a failed rollout."""
         sampling = sampling or self.config.sampling
         global_slot, env_slot = self._semaphores(task.env_name)
         async with global_slot:
             if env_slot is None:
-                return await self._rollout(task, repeat_index, env_class, sampling)
+                return await self._rollout(task, repeat_index, env_class, sampling, journaled, journal_key)
             async with env_slot:
-                return await self._rollout(task, repeat_index, env_class, sampling)
+                return await self._rollout(task, repeat_index, env_class, sampling, journaled, journal_key)
 
     async def _rollout(self, task: Task, repeat_index: int, env_class: type[Environment] | None,
-                       sampling: SamplingParams) -> RolloutRecord:
+                       sampling: SamplingParams, journaled: bool = True, journal_key: RolloutKey | None = None) -> RolloutRecord:
         if env_class is None:
             env_class = resolve_tasks([task])[task.env_name]
-        if self.journal is None:
+        if self.journal is None or not journaled:
             return await self._attempt(task, repeat_index, env_class, sampling, None)
-        return await resume_rollout(self.journal, (task.index, repeat_index), env_class,
+        return await resume_rollout(self.journal, journal_key or (task.index, repeat_index), env_class,
                                     lambda plan: self._attempt(task, repeat_index, env_class, sampling, plan))
 
     async def _attempt(self, task: Task, repeat_index: int, env_class: type[Environment], sampling: SamplingParams,
@@ -213,18 +215,18 @@ class Engine:
         )
 
     async def stream(
-        self, tasks: Sequence[Task], *, repeats: int = 1, skip: Iterable[tuple[int, int]] = ()
+        self, tasks: Sequence[Task] | TaskSet, *, repeats: int = 1, skip: Iterable[tuple[int, int]] = ()
     ) -> AsyncIterator[RolloutRecord]:
         """Yield a record for each (task, repeat) not in `skip`, as each finishes.
 
-        Routing and tool schemas are checked for all tasks before the first rollout starts.
+        Routing and tool schemas are checked for all tasks before the first rollout starts (not
+        again for a `TaskSet`: its run checked them).
         """
-        env_classes = resolve_tasks(tasks)
-        ensure_ready(env_classes.values())
+        ready = ready_tasks(tasks)
         done = set(skip)
         pending = {
-            asyncio.ensure_future(self.rollout(task, repeat, env_class=env_classes[task.env_name]))
-            for task in tasks for repeat in range(repeats) if (task.index, repeat) not in done
+            asyncio.ensure_future(self.rollout(task, repeat, env_class=ready.env_classes[task.env_name]))
+            for task in ready.tasks for repeat in range(repeats) if (task.index, repeat) not in done
         }
         try:
             for next_done in asyncio.as_completed(pending):
@@ -233,14 +235,14 @@ class Engine:
             for future in pending:
                 future.cancel()
 
-    async def run_groups(self, tasks: Sequence[Task], *, group_size: int, sampling: SamplingParams | None = None) -> list[list[RolloutRecord]]:
+    async def run_groups(self, tasks: Sequence[Task] | TaskSet, *, group_size: int,
+                         sampling: SamplingParams | None = None) -> list[list[RolloutRecord]]:
         """All `group_size` repeats of each task, grouped and in task order, sampled with `sampling` (None: the config's)."""
-        env_classes = resolve_tasks(tasks)
-        ensure_ready(env_classes.values())
+        ready = ready_tasks(tasks)
         groups = [
-            asyncio.gather(*(self.rollout(task, repeat, env_class=env_classes[task.env_name], sampling=sampling)
+            asyncio.gather(*(self.rollout(task, repeat, env_class=ready.env_classes[task.env_name], sampling=sampling)
                              for repeat in range(group_size)))
-            for task in tasks
+            for task in ready.tasks
         ]
         return [list(group) for group in await asyncio.gather(*groups)]
 
@@ -263,6 +265,17 @@ async def verify_output(env: Environment, task: Task, output: list[Item]) -> Ver
         return to_verify_result(result)
     except (TypeError, ValueError) as error:
         raise RolloutFailure("verifier", str(error)) from None
+
+
+def ready_tasks(tasks: Iterable[Task] | TaskSet) -> TaskSet:
+    """`tasks` routed and checked (`resolve_tasks`) with each environment ready (`ensure_ready`): what a
+    run does once before its first rollout. A `TaskSet` is returned as it is: its run checked it."""
+    if isinstance(tasks, TaskSet):
+        return tasks
+    checked = tuple(tasks)
+    env_classes = resolve_tasks(checked)
+    ensure_ready(env_classes.values())
+    return TaskSet(checked, env_classes)
 
 
 def ensure_ready(env_classes: Iterable[type[Environment]]) -> None:

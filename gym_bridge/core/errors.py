@@ -1,11 +1,10 @@
 """gym_bridge's one error tree, and the one boundary that turns a rollout's exceptions into failure kinds.
 
-Every error derives from `GymBridgeError`, on one of two branches. `UserError`: the user's mistake
-(bad data, bad setup, a missing extra, a template gym_bridge refuses), raised before any generation;
-the message names what to fix and the CLI exits 2 with it. `RolloutError`: a rollout failed for a
-reason that is not the policy's (backend, context overflow, environment, verifier); it carries a
-`failure_kind` and ends as a masked record, never as a crash. `classify` is the boundary between the
-two worlds: whatever escapes a step of a rollout becomes a `RolloutFailure` with a kind and a reason.
+Every error derives from `GymBridgeError`, on one of three branches, and only leaves are raised.
+`UserError`: the user's mistake (bad data, options, setup, a missing extra), raised before any generation;
+the CLI exits 2 with its message. `RolloutError`: a rollout failed for a reason that is not the policy's;
+it carries a `failure_kind` and ends as a masked record. `ErrorAnswer`: an HTTP error one of gym_bridge's
+servers answers its client with. `classify` turns whatever escapes a step of a rollout into a `RolloutFailure`.
 """
 
 from __future__ import annotations
@@ -20,9 +19,8 @@ FAILURE_KINDS: tuple[FailureKind, ...] = typing.get_args(FailureKind)
 
 
 class GymBridgeError(Exception):
-    """The root of gym_bridge's errors; raise one of its two branches, `UserError` or `RolloutError`.
-
-    (A bare `GymBridgeError`, which older code raises, counts as a `UserError`.)"""
+    """The root of gym_bridge's errors; never raised itself: raise a leaf of `UserError`, `RolloutError`
+    or `ErrorAnswer` (tests/core/test_errors.py pins it). The CLI reports any it sees as a user error."""
 
 
 # -- the user's mistakes: reported before anything runs, the CLI exits 2 --------------------
@@ -30,6 +28,16 @@ class GymBridgeError(Exception):
 
 class UserError(GymBridgeError):
     """Something the user must fix (data, setup, an extra to install, a template); the message says what."""
+
+
+class ConfigError(UserError, ValueError):
+    """An option, flag, setting or argument is missing or invalid (a CLI flag, a trainer config, an
+    environment's class attribute); a `ValueError` too, so older `except ValueError` still catch it."""
+
+
+class SetupError(UserError):
+    """Something the run needs around it is not there or not what the options name: no server at a URL,
+    a port in use, a Ray cluster that does not answer, a first batch whose every rollout failed."""
 
 
 class DataError(UserError, ValueError):
@@ -54,6 +62,10 @@ class TemplateError(UserError):
 
 class MissingDependencyError(UserError, ImportError):
     """An optional dependency is missing; the message carries the exact install command."""
+
+
+class MissingExtraError(MissingDependencyError):
+    """An optional package is not installed; the message is the install command (usually of a gym-bridge extra)."""
 
 
 class UnknownParserError(UserError, LookupError):
@@ -101,6 +113,23 @@ class BackendError(RolloutError):
         return f"generation backend: {self}"
 
 
+class BackendAnswerError(BackendError):
+    """The backend answered an error, or something gym_bridge cannot use (malformed, inconsistent, no
+    answer for the request)."""
+
+
+class BackendClosedError(BackendError):
+    """The policy was closed before this call."""
+
+
+class GenerationAbortedError(BackendError):
+    """The trainer's generation server aborted the request (rollouts paused, e.g. for a weight update)."""
+
+
+class WeightSyncError(BackendError):
+    """Pushing new weights to the generation server failed."""
+
+
 class ContextOverflowError(RolloutError):
     """The prompt plus requested tokens do not fit the model's context window."""
 
@@ -117,6 +146,14 @@ class AbortedCall(RolloutError):
         self.original = original
         detail = str(original)
         super().__init__(f"{type(original).__name__}({detail})" if detail else type(original).__name__)
+
+
+# -- an HTTP error answer: the server that raises it answers its client and serves on -----------
+
+
+class ErrorAnswer(GymBridgeError):
+    """An error answer one of gym_bridge's HTTP servers sends its client (4xx: the client's request,
+    5xx: the server's failure): not the user's mistake (nothing exits), not a rollout's failure (no record)."""
 
 
 def describe_error(error: BaseException) -> str:

@@ -11,14 +11,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from gym_bridge.core.errors import GymBridgeError
+from gym_bridge.core.errors import ConfigError
 
 
 def check_not_an_input(output: str | Path, inputs: Sequence[str | Path], *, flag: str = "--output") -> None:
     """Raise GymBridgeError when `output` is one of `inputs` (the same file, by any path to it)."""
     for path in inputs:
         if _same_file(Path(output), Path(path)):
-            raise GymBridgeError(f"{flag} {output} is also an input ({path}): it would be overwritten while read; choose another {flag}")
+            raise ConfigError(f"{flag} {output} is also an input ({path}): it would be overwritten while read; choose another {flag}")
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, Sequence, TypeGuard, runtime_checkable
 
-from gym_bridge.core.errors import BackendError as BackendError
+from gym_bridge.core.errors import BackendAnswerError, BackendError as BackendError
 from gym_bridge.core.errors import ContextOverflowError as ContextOverflowError
 from gym_bridge.core.errors import TokenPolicyRequiredError as TokenPolicyRequiredError
 
@@ -181,11 +181,11 @@ class ScriptedPolicy:
     async def generate(self, request: GenerationRequest) -> Generation:
         key = request.session_id if request.session_id in self.script else ""
         if key not in self.script:
-            raise BackendError(f"ScriptedPolicy has no script for session {request.session_id!r}")
+            raise BackendAnswerError(f"ScriptedPolicy has no script for session {request.session_id!r}")
         position = self._cursor.get(request.session_id, 0)
         steps = self.script[key]
         if position >= len(steps):
-            raise BackendError(f"ScriptedPolicy ran out of steps for session {request.session_id!r}")
+            raise BackendAnswerError(f"ScriptedPolicy ran out of steps for session {request.session_id!r}")
         self._cursor[request.session_id] = position + 1
         if self.record_calls:
             self.calls.append(request)
@@ -193,6 +193,42 @@ class ScriptedPolicy:
         if isinstance(step, BaseException):
             raise step
         return step
+
+    async def aclose(self) -> None:
+        """Nothing to release."""
+
+
+@dataclass
+class ScriptedChatPolicy:
+    """A chat policy for tests, `ScriptedPolicy`'s counterpart: replays canned turns in order, per
+    session or globally.
+
+    `script` maps a session id to its list of turns (a `ChatTurn`, or a `str` for a text-only answer);
+    the key "" is the fallback used by every session without its own entry. Each call pops the next
+    turn of its session; a `BaseException` instance in the script is raised instead. `requests` keeps
+    every request, so a test can read the conversation each turn was sent.
+    """
+
+    script: dict[str, list[ChatTurn | str | BaseException]]
+    requests: list[ChatRequest] = field(default_factory=list)
+    record_calls: bool = True
+    _cursor: dict[str, int] = field(default_factory=dict)
+
+    async def chat(self, request: ChatRequest) -> ChatTurn:
+        key = request.session_id if request.session_id in self.script else ""
+        if key not in self.script:
+            raise BackendAnswerError(f"ScriptedChatPolicy has no script for session {request.session_id!r}")
+        position = self._cursor.get(request.session_id, 0)
+        steps = self.script[key]
+        if position >= len(steps):
+            raise BackendAnswerError(f"ScriptedChatPolicy ran out of turns for session {request.session_id!r}")
+        self._cursor[request.session_id] = position + 1
+        if self.record_calls:
+            self.requests.append(request)
+        step = steps[position]
+        if isinstance(step, BaseException):
+            raise step
+        return ChatTurn(text=step) if isinstance(step, str) else step
 
     async def aclose(self) -> None:
         """Nothing to release."""

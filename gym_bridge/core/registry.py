@@ -11,11 +11,12 @@ NeMo Gym HTTP environment instead; `configure` changes an environment's settings
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from gym_bridge.core.environment import Environment
-from gym_bridge.core.errors import GymBridgeError, UnknownEnvironmentError
+from gym_bridge.core.errors import ConfigError, UnknownEnvironmentError
 from gym_bridge.core.task import Task, routing_field
 
 ENTRY_POINT_GROUP = "gym_bridge.environments"
@@ -180,7 +181,7 @@ def configure(name: str, **settings: Any) -> type[Environment]:
     allowed = {"tool_timeout_s", "verify_timeout_s", "ray_resources", *env_class.settings}
     unknown = sorted(set(settings) - allowed)
     if unknown:
-        raise GymBridgeError(f"environment {env_class.name!r} has no setting {', '.join(map(repr, unknown))}; its settings: {', '.join(sorted(allowed))}")
+        raise ConfigError(f"environment {env_class.name!r} has no setting {', '.join(map(repr, unknown))}; its settings: {', '.join(sorted(allowed))}")
     configured = type(env_class.__name__, (env_class,), {"__module__": env_class.__module__, **settings})
     return register(configured)
 
@@ -196,6 +197,27 @@ def _route(task: Task) -> type[Environment]:
     if remote_url(task.row):
         return get_environment(REMOTE_ENVIRONMENT)
     return get_environment(task.env_name)
+
+
+@dataclass(frozen=True)
+class TaskSet:
+    """A run's tasks, checked once: every row routed to its environment class with its tools matched
+    (`resolve_tasks`) and, when built by `engine.ready_tasks`, each class's `check_ready` passed. A run
+    builds it once and passes it down, so nothing below resolves or checks the rows again."""
+
+    tasks: tuple[Task, ...]
+    env_classes: Mapping[str, type[Environment]] = field(default_factory=dict)
+    """The environment class of each routing name (`task.env_name`)."""
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def ordered(self, tasks: Iterable[Task]) -> TaskSet:
+        """The same checked set with its tasks in another order (e.g. interleaved by environment)."""
+        reordered = tuple(tasks)
+        if sorted(task.index for task in reordered) != sorted(task.index for task in self.tasks):
+            raise ValueError("TaskSet.ordered takes the same tasks in another order")
+        return TaskSet(reordered, self.env_classes)
 
 
 def resolve_tasks(tasks: Iterable[Task]) -> dict[str, type[Environment]]:

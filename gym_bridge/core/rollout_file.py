@@ -99,9 +99,15 @@ def prepare_resume(path: str | Path, tasks: Sequence[Task]) -> set[tuple[int, in
     A rollout written twice keeps its last record, with a warning. Raises DataError when the file
     holds rollouts of other tasks than `tasks`.
     """
+    return set(resume_records(path, tasks))
+
+
+def resume_records(path: str | Path, tasks: Sequence[Task]) -> dict[tuple[int, int], dict[str, Any]]:
+    """`prepare_resume`, returning the records kept (in file order) by (task_index, repeat_index): a
+    resumed run's summary adds them to its own records instead of reading the file back."""
     path = Path(path)
     if not path.exists():
-        return set()
+        return {}
     by_index = {task.index: task for task in tasks}
     kept: dict[tuple[int, int], dict[str, Any]] = {}
     duplicates: list[tuple[int, int]] = []
@@ -125,7 +131,7 @@ def prepare_resume(path: str | Path, tasks: Sequence[Task]) -> set[tuple[int, in
         warnings.warn(f"{path}: {len(duplicates)} rollouts appear more than once (first: task {duplicates[0][0]}, repeat "
                       f"{duplicates[0][1]}); resuming keeps the last record of each", stacklevel=2)
     _write_atomic(path, kept.values())
-    return set(kept)
+    return kept
 
 
 def _rollout_key(record: dict[str, Any]) -> tuple[int, int] | None:

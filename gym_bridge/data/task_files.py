@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gym_bridge.core.environment import Environment
-from gym_bridge.core.errors import DataError, GymBridgeError, UnknownEnvironmentError
+from gym_bridge.core.errors import ConfigError, DataError, GymBridgeError, UnknownEnvironmentError
 from gym_bridge.core.mixing import check_weights, weighted_mix
 from gym_bridge.core.output_file import replaced_atomically
 from gym_bridge.core.registry import get_environment, known_environments, resolve_tasks
@@ -165,20 +165,20 @@ def prepare(env_name: str, *, split: str = "train", size: int = 100, seed: int =
     env_class = get_environment(env_name)
     generate = getattr(env_class, "prepare_rows", None)
     if not callable(generate):
-        raise GymBridgeError(
+        raise ConfigError(
             f"environment {env_class.name!r} has no row generator (prepare_rows); "
             f"environments with one: {', '.join(generator_names()) or 'none'}"
         )
     if split not in ("train", "validation"):
-        raise GymBridgeError(f"--split must be train or validation, got {split!r}")
+        raise ConfigError(f"--split must be train or validation, got {split!r}")
     if size < 1:
-        raise GymBridgeError(f"--size must be at least 1, got {size}")
+        raise ConfigError(f"--size must be at least 1, got {size}")
     try:
         rows = generate(split=split, size=size, seed=seed, **options)
     except (ValueError, TypeError) as error:  # bad options: a usage error, reported as such
         if isinstance(error, GymBridgeError):
             raise
-        raise GymBridgeError(f"{env_class.name} prepare_rows: {error}") from None
+        raise ConfigError(f"{env_class.name} prepare_rows: {error}") from None
     for position, row in enumerate(rows):
         _, problems = check_row(row, source=f"{env_class.name}.prepare_rows()[{position}]", default_env=env_class.name)
         if problems:

@@ -20,7 +20,7 @@ import pydantic
 from gym_bridge.core.agent_loop import capped_output
 from gym_bridge.core.bounded.call import call_environment, describe_error
 from gym_bridge.core.environment import Environment, ToolError, to_verify_result
-from gym_bridge.core.errors import DataError, GymBridgeError
+from gym_bridge.core.errors import ConfigError, DataError
 from gym_bridge.core.items import Item, function_call_item, function_call_output_item, message_item
 from gym_bridge.core.registry import get_environment
 from gym_bridge.core.task import Task, iter_jsonl, parse_task
@@ -45,9 +45,9 @@ def parse_call(text: str) -> ScriptedCall:
     try:
         arguments = json.loads(raw) if sep else {}
     except json.JSONDecodeError as error:
-        raise GymBridgeError(f"--call {text!r}: the arguments are not valid JSON ({error})") from None
+        raise ConfigError(f"--call {text!r}: the arguments are not valid JSON ({error})") from None
     if not name.strip() or not isinstance(arguments, dict):
-        raise GymBridgeError(f"--call takes NAME=JSON_OBJECT, e.g. lookup='{{\"order_id\": \"42\"}}', got {text!r}")
+        raise ConfigError(f"--call takes NAME=JSON_OBJECT, e.g. lookup='{{\"order_id\": \"42\"}}', got {text!r}")
     return ScriptedCall(name=name.strip(), arguments=arguments)
 
 

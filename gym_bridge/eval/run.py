@@ -16,15 +16,15 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Iterable, Protocol, Sequence
 
 from gym_bridge.core.bounded.call import call_environment, describe_error
-from gym_bridge.core.engine import Engine, call_step, ensure_ready, verify_output
+from gym_bridge.core.engine import Engine, call_step, ensure_ready, ready_tasks, verify_output
 from gym_bridge.core.environment import Environment
-from gym_bridge.core.errors import DataError, UnknownEnvironmentError, classify
+from gym_bridge.core.errors import ConfigError, DataError, UnknownEnvironmentError, classify
 from gym_bridge.core.journal import JOURNAL_BY_DEFAULT, RunFingerprint, RunJournal, journal_dir_for
 from gym_bridge.core.health import HealthSettings, ToolCallAlarm, tool_call_health
 from gym_bridge.core.metrics import summarize
 from gym_bridge.core.record import RolloutRecord
-from gym_bridge.core.registry import get_environment, remote_url, resolve_tasks
-from gym_bridge.core.rollout_file import RolloutWriter, input_row, locked_output, prepare_resume, read_records
+from gym_bridge.core.registry import TaskSet, get_environment, remote_url, resolve_tasks
+from gym_bridge.core.rollout_file import RolloutWriter, input_row, locked_output, read_records, resume_records
 from gym_bridge.core.task import Task, iter_jsonl, parse_task, routing_name
 
 
@@ -37,6 +37,19 @@ def select_tasks(*, env_names: Sequence[str] = (), data_paths: Sequence[str | Pa
     Each row is checked like `gym-bridge data validate` does (routing, tools, the environment's
     `row_schema` / `validate_row`). Raises DataError / UnknownEnvironmentError before anything runs.
     """
+    return list(_selected(env_names, data_paths, limit).tasks)
+
+
+def select_ready_tasks(*, env_names: Sequence[str] = (), data_paths: Sequence[str | Path] = (), limit: int | None = None) -> TaskSet:
+    """`select_tasks`, routed once and with each environment ready (`check_ready`): the `TaskSet` an
+    eval run checks once and hands to `run_eval`. Raises what `select_tasks` and `check_ready` raise."""
+    selected = _selected(env_names, data_paths, limit)
+    ensure_ready(selected.env_classes.values())
+    return selected
+
+
+def _selected(env_names: Sequence[str], data_paths: Sequence[str | Path], limit: int | None) -> TaskSet:
+    """The tasks of `select_tasks`, routed and row-checked (not yet `check_ready`)."""
     for name in env_names:
         get_environment(name)
     sources: list[tuple[Path, str | None]] = []
@@ -62,8 +75,9 @@ def select_tasks(*, env_names: Sequence[str] = (), data_paths: Sequence[str | Pa
                 continue
             per_env[task.env_name] += 1
             tasks.append(task)
-    check_rows(tasks, resolve_tasks(tasks))
-    return tasks
+    env_classes = resolve_tasks(tasks)
+    check_rows(tasks, env_classes)
+    return TaskSet(tuple(tasks), env_classes)
 
 
 def check_rows(tasks: Sequence[Task], env_classes: dict[str, type[Environment]]) -> None:
@@ -97,7 +111,8 @@ def metrics_path_for(output: str | Path) -> Path:
 class RolloutSource(Protocol):
     """What `run_eval` runs: the local `Engine`, or `gym_bridge.scale.ray_runner.RayRollouts`."""
 
-    def stream(self, tasks: Sequence[Task], *, repeats: int = 1, skip: Iterable[tuple[int, int]] = ()) -> AsyncIterator[RolloutRecord]: ...
+    def stream(self, tasks: Sequence[Task] | TaskSet, *, repeats: int = 1,
+               skip: Iterable[tuple[int, int]] = ()) -> AsyncIterator[RolloutRecord]: ...
 
 
 def replica_metrics(engine: Engine | RolloutSource) -> dict[str, Any]:
@@ -111,7 +126,7 @@ def replica_metrics(engine: Engine | RolloutSource) -> dict[str, Any]:
 
 async def run_eval(
     engine: Engine | RolloutSource,
-    tasks: Sequence[Task],
+    tasks: Sequence[Task] | TaskSet,
     *,
     output: str | Path,
     num_repeats: int = 1,
@@ -122,61 +137,97 @@ async def run_eval(
 ) -> EvalResult:
     """Run every (task, repeat) not already in `output` and write records plus `.metrics.json`.
 
-    With `journal` (a local `Engine` only), rollouts commit each finished turn to `<output>.journal/`, and a run with
+    With `journal` (a local `Engine`, or Ray workers: `RayRollouts`), rollouts commit each finished turn to `<output>.journal/`, and a run with
     `resume` continues the episodes a killed run left in flight from their last finished turn (`gym_bridge.core.resume`).
     None: `JOURNAL_BY_DEFAULT`, or on when resuming a run that left a journal.
 
     Tool-call health is watched as records arrive (`health`: when to warn, see `ToolCallAlarm`);
     the summary holds it under `tool_call_health` and the warnings raised under `alarms`.
 
-    Raises OutputLockedError when another process is writing `output`.
+    Tasks given as a `TaskSet` (`select_ready_tasks`) are not routed or checked again. Raises
+    OutputLockedError when another process is writing `output`.
     """
-    output = Path(output)
-    ensure_ready(resolve_tasks(tasks).values())  # a refused run (no sandbox, say) leaves `output` as it was
+    ready = ready_tasks(tasks)  # a refused run (no sandbox, say) leaves `output` as it was
     with locked_output(output):
-        skip = prepare_resume(output, tasks) if resume else set()
-        if journal is None:
-            journal = JOURNAL_BY_DEFAULT or (resume and journal_dir_for(output).exists())
-        run_journal = _prepare_journal(engine, tasks, output, resume=resume, finished=skip) if journal else None
-        started, cpu_started = time.perf_counter(), time.process_time()
-        this_run: list[dict[str, Any]] = []
-        alarm = ToolCallAlarm(health or HealthSettings())
-        try:
-            with RolloutWriter(output, append=resume) as writer:
-                async for record in engine.stream(tasks, repeats=num_repeats, skip=skip):
-                    row = record.to_dict()
-                    writer.write(row)
-                    if run_journal is not None:
-                        run_journal.finish((record.task_index, record.repeat_index))
-                    this_run.append(row)
-                    alarm.observe(row)
-                    if on_record is not None:
-                        on_record(row)
-        finally:
-            if run_journal is not None:
-                await run_journal.close()
-                assert isinstance(engine, Engine)
-                engine.journal = None
-        wall_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
-        records = read_records(output)
-        summary = summarize(records, wall_s=wall_s, this_run=this_run, num_repeats=num_repeats)
-        summary["tool_call_health"], summary["alarms"] = tool_call_health(records), alarm.alarms
-        summary["cpu_s"] = round(cpu_s, 3)  # this process's CPU time over the run: what generation costs the client
-        summary.update(replica_metrics(engine))
-        metrics_path = metrics_path_for(output)
-        metrics_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        return await run_eval_locked(engine, ready, output=output, num_repeats=num_repeats, resume=resume, on_record=on_record,
+                                     health=health, journal=journal)
+
+
+async def run_eval_locked(
+    engine: Engine | RolloutSource,
+    tasks: TaskSet,
+    *,
+    output: str | Path,
+    num_repeats: int = 1,
+    resume: bool = False,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+    health: HealthSettings | None = None,
+    journal: bool | None = None,
+) -> EvalResult:
+    """`run_eval` for a caller that holds `locked_output(output)` already (the CLI takes it before loading
+    a model) and has checked its tasks once (`select_ready_tasks`). The summary is computed from the
+    records in memory (those a resumed run kept, then this run's), not by reading `output` back."""
+    output = Path(output)
+    kept = resume_records(output, tasks.tasks) if resume else {}
+    skip = set(kept)
+    if journal is None:
+        journal = JOURNAL_BY_DEFAULT or (resume and journal_dir_for(output).exists())
+    run_journal = (_prepare_journal(engine, tasks.tasks, output, resume=resume, finished=skip, repeats=num_repeats)
+                   if journal else None)
+    started, cpu_started = time.perf_counter(), time.process_time()
+    this_run: list[dict[str, Any]] = []
+    alarm = ToolCallAlarm(health or HealthSettings())
+    complete = False
+    try:
+        with RolloutWriter(output, append=resume) as writer:
+            async for record in engine.stream(tasks, repeats=num_repeats, skip=skip):
+                row = record.to_dict()
+                writer.write(row)
+                if run_journal is not None:
+                    run_journal.finish((record.task_index, record.repeat_index))
+                this_run.append(row)
+                alarm.observe(row)
+                if on_record is not None:
+                    on_record(row)
+        complete = True
+    finally:
+        if run_journal is not None:
+            await run_journal.close(complete=complete)
+            _detach_journal(engine)
+    wall_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
+    records = [*kept.values(), *this_run]
+    summary = summarize(records, wall_s=wall_s, this_run=this_run, num_repeats=num_repeats)
+    summary["tool_call_health"], summary["alarms"] = tool_call_health(records), alarm.alarms
+    summary["cpu_s"] = round(cpu_s, 3)  # this process's CPU time over the run: what generation costs the client
+    summary.update(replica_metrics(engine))
+    metrics_path = metrics_path_for(output)
+    metrics_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return EvalResult(summary=summary, output=output, metrics_path=metrics_path)
 
 
 def _prepare_journal(engine: Engine | RolloutSource, tasks: Sequence[Task], output: Path, *, resume: bool,
-                     finished: set[tuple[int, int]]) -> RunJournal | None:
-    """The run's journal beside `output`, set on `engine` (None for rollouts that do not run in this process: Ray)."""
-    if not isinstance(engine, Engine):
-        return None
-    journal = RunJournal.prepare(journal_dir_for(output), RunFingerprint.of_engine(engine.config, tasks), resume=resume,
-                                 finished=finished)
-    engine.journal = journal
+                     finished: set[tuple[int, int]], repeats: int) -> RunJournal:
+    """The run's journal beside `output`, set on `engine` (for Ray, the workers commit to it: `attach_journal`)."""
+    fingerprint_of, attach = getattr(engine, "journal_fingerprint", None), getattr(engine, "attach_journal", None)
+    if isinstance(engine, Engine):
+        fingerprint = RunFingerprint.of_engine(engine.config, tasks)
+    elif callable(fingerprint_of) and callable(attach):
+        fingerprint = fingerprint_of(tasks, group_size=repeats)
+    else:
+        raise ConfigError(f"--journal: {type(engine).__name__} runs rollouts that cannot be journaled; run without --journal")
+    journal = RunJournal.prepare(journal_dir_for(output), fingerprint, resume=resume, finished=finished)
+    if isinstance(engine, Engine):
+        engine.journal = journal
+    elif callable(attach):
+        attach(journal)
     return journal
+
+
+def _detach_journal(engine: Engine | RolloutSource) -> None:
+    if isinstance(engine, Engine):
+        engine.journal = None
+    else:
+        getattr(engine, "attach_journal")(None)
 
 
 def record_environment(record: dict[str, Any], source: str) -> type[Environment]:

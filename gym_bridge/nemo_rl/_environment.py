@@ -27,12 +27,14 @@ from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import FAILURE_KINDS, Environment
 from gym_bridge.core.dialects.responses import final_text
-from gym_bridge.core.policy import BackendError, ChatRequest, ChatTurn
+from gym_bridge.core.policy import ChatRequest, ChatTurn
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.task import Task, parse_task
 from gym_bridge.core.template.chat_template import ChatTemplate, ToolFormat
 from gym_bridge.core.template.check import check_append_only
+from gym_bridge.core.errors import ConfigError, DataError
+from gym_bridge.policies.remote import RequestTimeoutError
 
 try:  # NeMo RL is not on the package index; its classes are used when it is installed
     from nemo_rl.environments.interfaces import EnvironmentInterface as _Interface
@@ -81,7 +83,7 @@ class TurnFeed:
         try:
             return await asyncio.wait_for(turns.get(), self.idle_timeout_s)
         except TimeoutError:
-            raise BackendError(f"NeMo RL sent no next turn within {self.idle_timeout_s:g} s (the sample was dropped)") from None
+            raise RequestTimeoutError(f"NeMo RL sent no next turn within {self.idle_timeout_s:g} s (the sample was dropped)") from None
 
 
 @dataclass
@@ -123,7 +125,7 @@ class GymBridgeEnvironment(_Interface):  # type: ignore[misc]  # nemo_rl's base 
             from gym_bridge.policies.remote import load_tokenizer
 
             if not config.get("tokenizer"):
-                raise ValueError("GymBridgeEnvironment needs config['tokenizer']: the policy's tokenizer path")
+                raise ConfigError("GymBridgeEnvironment needs config['tokenizer']: the policy's tokenizer path")
             tokenizer = load_tokenizer(str(config["tokenizer"])).tokenizer
         self.template = ChatTemplate(tokenizer, tool_format=config.get("tool_format"))
         check_append_only(self.template)
@@ -205,7 +207,7 @@ class GymBridgeEnvironment(_Interface):  # type: ignore[misc]  # nemo_rl's base 
     async def _start(self, meta: dict[str, Any]) -> tuple[str, _Session]:
         row = meta.get(ROW_KEY)
         if row is None:
-            raise ValueError(f"metadata has no {ROW_KEY!r}: build the data with gym_bridge.nemo_rl.datum_from_row")
+            raise DataError(f"metadata has no {ROW_KEY!r}: build the data with gym_bridge.nemo_rl.datum_from_row")
         index = next(self._counter)
         task = parse_task(dict(row), index=index, source=f"nemo_rl sample {meta.get('idx', index)}")
         env_class: type[Environment] = resolve_tasks([task])[task.env_name]

@@ -8,8 +8,9 @@ ships on PyPI; `RemotePolicy` calls OpenAI-compatible servers (vLLM, serve-model
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gym_bridge._lazy import lazy_homes
 
 if TYPE_CHECKING:
     from gym_bridge.policies.chat_api import ChatAPIPolicy
@@ -36,7 +37,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_HOMES[name]), name)
+__getattr__, __dir__ = lazy_homes(globals(), _HOMES, listed=__all__)

@@ -26,8 +26,9 @@ from typing import Any, Literal
 from gym_bridge.core.dialects.chat import to_chat_tool, to_openai_messages
 from gym_bridge.core.dialects.responses import from_chat_messages, to_responses_tool
 from gym_bridge.core.items import TOKEN_FIELDS
-from gym_bridge.core.policy import BackendError, CallTokens, ChatRequest, ChatToolCall, ChatTurn, ContextOverflowError, SamplingParams
-from gym_bridge.policies.remote import CONTEXT_OVERFLOW_PATTERN
+from gym_bridge.core.policy import CallTokens, ChatRequest, ChatToolCall, ChatTurn, ContextOverflowError, SamplingParams
+from gym_bridge.policies.remote import CONTEXT_OVERFLOW_PATTERN, RequestTimeoutError
+from gym_bridge.core.errors import BackendAnswerError, MissingExtraError
 
 ChatApi = Literal["chat", "responses"]
 
@@ -62,9 +63,8 @@ class ChatAPIPolicy:
         try:
             import openai  # noqa: F401
         except ImportError:  # pragma: no cover - openai is a dependency
-            from gym_bridge.core.errors import MissingDependencyError
 
-            raise MissingDependencyError("ChatAPIPolicy needs the openai package: pip install openai") from None
+            raise MissingExtraError("ChatAPIPolicy needs the openai package: pip install openai") from None
         self.model = model
         self.base_url = base_url
         self.api: ChatApi = api
@@ -103,16 +103,16 @@ class ChatAPIPolicy:
                     return await self._chat_completions(request)
                 return await self._responses(request)
         except TimeoutError:
-            raise BackendError(f"{self.api} API call did not finish within {self.max_call_s:g} s") from None
+            raise RequestTimeoutError(f"{self.api} API call did not finish within {self.max_call_s:g} s") from None
         except openai.BadRequestError as error:
             message = _message(error)
             if getattr(error, "code", None) == "context_length_exceeded" or CONTEXT_OVERFLOW_PATTERN.search(message):
                 raise ContextOverflowError(message) from None
-            raise BackendError(f"{self.api} API rejected the request (400): {message}") from None
+            raise BackendAnswerError(f"{self.api} API rejected the request (400): {message}") from None
         except openai.APIStatusError as error:
-            raise BackendError(f"{self.api} API answered HTTP {error.status_code}: {_message(error)}") from None
+            raise BackendAnswerError(f"{self.api} API answered HTTP {error.status_code}: {_message(error)}") from None
         except openai.APIError as error:  # connection errors, timeouts, undecodable answers
-            raise BackendError(f"{self.api} API: {type(error).__name__}: {error}") from None
+            raise BackendAnswerError(f"{self.api} API: {type(error).__name__}: {error}") from None
 
     async def _chat_completions(self, request: ChatRequest) -> ChatTurn:
         sampling = request.sampling
@@ -138,7 +138,7 @@ class ChatAPIPolicy:
         completion = await self._openai().chat.completions.create(**params)
         turn = chat_turn_from_completion(_as_dict(completion))
         if self.token_ids and turn.tokens is None:
-            raise BackendError(
+            raise BackendAnswerError(
                 f"{self.base_url} answered without prompt_token_ids/generation_token_ids/generation_log_probs on the message; "
                 "training over chat completions needs NeMo RL's server (expose_http_server) or gym-bridge serve-model"
             )
@@ -183,7 +183,7 @@ def chat_turn_from_completion(completion: dict[str, Any]) -> ChatTurn:
     """A chat-completions answer as a `ChatTurn`; raises `BackendError` when it has no choice."""
     choices = completion.get("choices") or []
     if not choices or not isinstance(choices[0].get("message"), dict):
-        raise BackendError(f"chat completion has no message: {json.dumps(completion)[:200]}")
+        raise BackendAnswerError(f"chat completion has no message: {json.dumps(completion)[:200]}")
     choice = choices[0]
     message = choice["message"]
     calls = tuple(
@@ -211,10 +211,10 @@ def call_tokens(message: Mapping[str, Any]) -> CallTokens | None:
     if not present:
         return None
     if len(present) != len(TOKEN_FIELDS):
-        raise BackendError(f"the message carries {present} but not all of {list(TOKEN_FIELDS)}")
+        raise BackendAnswerError(f"the message carries {present} but not all of {list(TOKEN_FIELDS)}")
     prompt, generation, logprobs = (message[field] for field in TOKEN_FIELDS)
     if not all(isinstance(value, list) for value in (prompt, generation, logprobs)) or len(generation) != len(logprobs):
-        raise BackendError(f"malformed token fields: {len(generation)} generation ids and {len(logprobs)} log-probs")
+        raise BackendAnswerError(f"malformed token fields: {len(generation)} generation ids and {len(logprobs)} log-probs")
     return CallTokens(prompt_token_ids=[int(t) for t in prompt], generation_token_ids=[int(t) for t in generation],
                       generation_log_probs=[float(v) for v in logprobs])
 
@@ -256,7 +256,7 @@ def _as_dict(answer: Any) -> dict[str, Any]:
         answer = answer.model_dump()
     if isinstance(answer, dict):
         return answer
-    raise BackendError(f"the API answered {type(answer).__name__}, not a JSON object")
+    raise BackendAnswerError(f"the API answered {type(answer).__name__}, not a JSON object")
 
 
 def _message(error: Any) -> str:

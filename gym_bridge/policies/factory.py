@@ -13,14 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from gym_bridge.core.errors import GymBridgeError, MissingDependencyError
+from gym_bridge._lazy import install_hint
+from gym_bridge.core.errors import ConfigError, MissingExtraError
 
 if TYPE_CHECKING:
     from gym_bridge.core.policy import ChatPolicy, Policy
 
 PolicyKind = Literal["embedded", "transformers", "remote", "vllm", "chat"]
 POLICY_KINDS: tuple[PolicyKind, ...] = ("embedded", "transformers", "remote", "vllm", "chat")
-TRANSFORMERS_HINT = "pip install torch transformers (dependencies of gym-bridge itself)"
+TRANSFORMERS_HINT = install_hint("local")
+"""torch and transformers (the embedded model, `--backend transformers`) come with the `local` extra."""
 
 
 @dataclass(frozen=True)
@@ -58,21 +60,21 @@ def build_policy(spec: PolicySpec) -> Policy | ChatPolicy:
     """The policy `spec` describes. Raises GymBridgeError for settings that do not fit its kind and
     MissingDependencyError (with the install command) when the kind's extra is missing."""
     if spec.kind not in POLICY_KINDS:
-        raise GymBridgeError(f"policy kind must be one of {', '.join(POLICY_KINDS)}, got {spec.kind!r}")
+        raise ConfigError(f"policy kind must be one of {', '.join(POLICY_KINDS)}, got {spec.kind!r}")
     if spec.kind in ("embedded", "transformers"):
         return _transformers(None if spec.kind == "embedded" else spec.model, spec)
     if spec.kind == "vllm":
         return _vllm(spec)
     if not spec.base_urls:
-        raise GymBridgeError(f"a {spec.kind} policy needs at least one base URL")
+        raise ConfigError(f"a {spec.kind} policy needs at least one base URL")
     if not spec.model:
-        raise GymBridgeError(f"a {spec.kind} policy at {spec.base_urls[0]} needs the served model's name")
+        raise ConfigError(f"a {spec.kind} policy at {spec.base_urls[0]} needs the served model's name")
     options = _timeouts(spec)
     if spec.kind == "chat":
         from gym_bridge.policies.chat_api import ChatAPIPolicy
 
         if len(spec.base_urls) != 1:
-            raise GymBridgeError(f"a chat policy talks to exactly one base URL, got {len(spec.base_urls)}")
+            raise ConfigError(f"a chat policy talks to exactly one base URL, got {len(spec.base_urls)}")
         return ChatAPIPolicy(model=spec.model, base_url=spec.base_urls[0], api=spec.api, api_key=spec.api_key, **options)
     from gym_bridge.policies.remote import RemotePolicy
 
@@ -92,7 +94,8 @@ def _transformers(model: str | None, spec: PolicySpec) -> Policy:
     try:
         from gym_bridge.policies.transformers import TransformersPolicy
     except ImportError as error:
-        raise MissingDependencyError(f"a transformers policy needs torch and transformers ({error}): {TRANSFORMERS_HINT}") from None
+        what = "the embedded model" if spec.kind == "embedded" else "a transformers policy"
+        raise MissingExtraError(f"{what} needs torch and transformers ({error}): {TRANSFORMERS_HINT}") from None
     settings = {"max_batch_size": spec.max_batch_size, "batch_wait_s": spec.batch_wait_s}
     options: dict[str, Any] = {key: value for key, value in settings.items() if value is not None}
     return TransformersPolicy.from_pretrained(model, device=spec.device, max_batch_tokens=spec.max_batch_tokens,

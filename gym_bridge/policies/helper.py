@@ -13,7 +13,7 @@ import os
 import threading
 from typing import Literal
 
-from gym_bridge.core.errors import GymBridgeError
+from gym_bridge.core.errors import ConfigError
 from gym_bridge.core.helper_model import HelperModel
 from gym_bridge.core.policy import SamplingParams
 from gym_bridge.core.template.chat_template import ChatTemplate
@@ -55,7 +55,7 @@ def _load(
 ) -> HelperModel:
     sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
     if api not in HELPER_APIS:
-        raise GymBridgeError(f"helper model api must be one of {', '.join(HELPER_APIS)}, got {api!r}")
+        raise ConfigError(f"helper model api must be one of {', '.join(HELPER_APIS)}, got {api!r}")
     api_key = os.environ.get(api_key_env) or None
     if base_url is None:
         local = build_policy(PolicySpec(kind="transformers", model=model))
@@ -65,7 +65,7 @@ def _load(
         return HelperModel(local, ChatTemplate(template_tokenizer(local.tokenizer), eos_token_ids=sorted(local.eos_token_ids)), sampling)
     if api != "completions":
         if not model:
-            raise GymBridgeError(f"a helper model at {base_url} with api={api!r} needs the served model's name")
+            raise ConfigError(f"a helper model at {base_url} with api={api!r} needs the served model's name")
         chat_api: Literal["chat", "responses"] = "chat" if api == "chat" else "responses"  # checked against HELPER_APIS above
         chat = build_policy(PolicySpec(kind="chat", model=model, base_urls=(base_url,), api=chat_api, api_key=api_key,
                                        request_timeout_s=request_timeout_s, max_retries=max_retries))
@@ -78,7 +78,7 @@ def _load(
         tokenizer = str(embedded_model_path())
     loaded = load_tokenizer(tokenizer)
     if not model:
-        raise GymBridgeError(f"a helper model at {base_url} needs the served model's name")
+        raise ConfigError(f"a helper model at {base_url} needs the served model's name")
     remote = build_policy(PolicySpec(kind="remote", model=model, base_urls=(base_url,), api_key=api_key,
                                      request_timeout_s=request_timeout_s, max_retries=max_retries,
                                      vocab_size=len(loaded.tokenizer)))

@@ -45,6 +45,7 @@ from yarl import URL
 
 from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest, SamplingParams
 from gym_bridge.policies.router import ReplicaRouter
+from gym_bridge.core.errors import BackendAnswerError
 
 if TYPE_CHECKING:
     import httpx
@@ -211,10 +212,10 @@ def parse_completion(data: Any, *, request: GenerationRequest, vocab_size: int |
         raise _RetryableAnswer(f"text is not a string: {_preview(text)}")
     prompt_ids = choice.get("prompt_token_ids")
     if prompt_ids is not None and prompt_ids != _as_list(request.prompt_ids):
-        raise BackendError("the server generated for other prompt ids than those sent (does a proxy rewrite prompts?)")
+        raise BackendAnswerError("the server generated for other prompt ids than those sent (does a proxy rewrite prompts?)")
     mode = choice.get("logprobs_mode")
     if mode is not None and mode != request.sampling.logprobs_mode:
-        raise BackendError(f"asked for {request.sampling.logprobs_mode} log-probs, the server returned {mode} ones")
+        raise BackendAnswerError(f"asked for {request.sampling.logprobs_mode} log-probs, the server returned {mode} ones")
     return Generation(token_ids=token_ids, logprobs=token_logprobs, finish_reason=finish_reason, text=text)
 
 
@@ -315,12 +316,12 @@ async def served_models(base_url: str, *, api_key: str | None = None, timeout_s:
         unreachable.refused = error.refused
         raise unreachable from None
     if answer.status != 200:
-        raise BackendError(f"{url} answered {answer.status}: {error_message(answer)}")
+        raise BackendAnswerError(f"{url} answered {answer.status}: {error_message(answer)}")
     try:
         data = orjson.loads(answer.body)["data"]
         return [entry for entry in data if isinstance(entry, dict) and "id" in entry]
     except (orjson.JSONDecodeError, KeyError, TypeError):
-        raise BackendError(f"{url} answered something other than a model list: {_preview(answer.body)}") from None
+        raise BackendAnswerError(f"{url} answered something other than a model list: {_preview(answer.body)}") from None
 
 
 async def served_token_ids(base_url: str, text: str, *, model: str, api_key: str | None = None, timeout_s: float = 10.0) -> list[int] | None:
@@ -495,7 +496,7 @@ class RemotePolicy:
             generation.metrics.update(latency_s=time.perf_counter() - started, attempts=float(attempt + 1), server=float(server))
             return generation
         elapsed_s = time.perf_counter() - started
-        raise BackendError(
+        raise BackendAnswerError(
             f"{len(failures)} attempts failed in {elapsed_s:.1f} s (request timeout {self.request_timeout_s:g} s, "
             f"max_retries {self.max_retries}); last: {failures[-1]}"
         )
@@ -549,7 +550,7 @@ class RemotePolicy:
         url = self.base_urls[server] + "/completions"
         if status == 400 and CONTEXT_OVERFLOW_PATTERN.search(message):
             raise ContextOverflowError(f"{url}: {message}")
-        raise BackendError(f"{url} answered HTTP {status}: {message}")
+        raise BackendAnswerError(f"{url} answered HTTP {status}: {message}")
 
     def _usable(self, server: int, body: bytes, request: GenerationRequest) -> Generation:
         """The generation in a server's HTTP 200 answer. One that cannot be used counts as the server's
@@ -563,7 +564,7 @@ class RemotePolicy:
         except (_RetryableAnswer, BackendError) as error:
             self.router.finished(server, ok=False, down=True)
             if isinstance(error, BackendError):
-                raise BackendError(f"{self.base_urls[server]}: {error}") from None
+                raise BackendAnswerError(f"{self.base_urls[server]}: {error}") from None
             raise
         self.router.finished(server, ok=True)
         return generation

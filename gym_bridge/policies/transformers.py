@@ -35,7 +35,6 @@ from transformers import (
 )
 
 from gym_bridge.core.policy import (
-    BackendError,
     ContextOverflowError,
     FinishReason,
     Generation,
@@ -44,6 +43,7 @@ from gym_bridge.core.policy import (
 )
 from gym_bridge.core.template.chat_template import Tokenizer
 from gym_bridge.policies.batcher import Batcher, GatherRule, Waiting
+from gym_bridge.core.errors import BackendClosedError
 
 UTF8_MAX_BYTES_PER_CHAR = 4
 
@@ -141,7 +141,7 @@ class TransformersPolicy:
         for an empty prompt or ids outside the vocabulary.
         """
         if self._closed:
-            raise BackendError("TransformersPolicy is closed")
+            raise BackendClosedError("TransformersPolicy is closed")
         self._check_request(request)
         if request.sampling.max_new_tokens <= 0:
             return Generation(token_ids=[], logprobs=[], finish_reason="length", text="")

@@ -19,7 +19,7 @@ import os
 import threading
 from typing import Any
 
-from gym_bridge.core.errors import MissingDependencyError
+from gym_bridge.core.errors import BackendAnswerError, MissingDependencyError, MissingExtraError
 from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest, SamplingParams
 from gym_bridge.policies.batcher import Batcher, GatherRule, Waiting
 from gym_bridge.policies.remote import CONTEXT_OVERFLOW_PATTERN
@@ -32,7 +32,7 @@ def _vllm_sampling_params_class() -> Any:
     try:
         from vllm import SamplingParams as VLLMSamplingParams
     except ImportError:
-        raise MissingDependencyError(f"VLLMEnginePolicy needs vLLM: {INSTALL_HINT}") from None
+        raise MissingExtraError(f"VLLMEnginePolicy needs vLLM: {INSTALL_HINT}") from None
     return VLLMSamplingParams
 
 
@@ -111,7 +111,7 @@ class VLLMEnginePolicy:
             )
         mode = request.sampling.logprobs_mode
         if self.engine_logprobs_mode not in (None, mode) and request.sampling.temperature != 0:
-            raise BackendError(
+            raise BackendAnswerError(
                 f"the vllm.LLM returns {self.engine_logprobs_mode} log-probs but {mode} ones were asked for; create it with "
                 f"logprobs_mode='{mode}_logprobs'"
             )
@@ -159,22 +159,22 @@ class VLLMEnginePolicy:
 def to_generation(output: Any, request: GenerationRequest) -> Generation:
     """The `Generation` in a `vllm.RequestOutput`; raises `BackendError` when it is incomplete."""
     if not output.outputs:
-        raise BackendError("vLLM returned a RequestOutput without completions")
+        raise BackendAnswerError("vLLM returned a RequestOutput without completions")
     completion = output.outputs[0]
     token_ids = [int(token) for token in completion.token_ids]
     steps = completion.logprobs
     if steps is None or len(steps) != len(token_ids):
-        raise BackendError(f"vLLM returned {len(token_ids)} tokens but log-probs for {0 if steps is None else len(steps)}")
+        raise BackendAnswerError(f"vLLM returned {len(token_ids)} tokens but log-probs for {0 if steps is None else len(steps)}")
     logprobs = []
     for token, step in zip(token_ids, steps):
         entry = step.get(token) if hasattr(step, "get") else None
         if entry is None:
-            raise BackendError(f"vLLM's log-probs do not include the sampled token {token}")
+            raise BackendAnswerError(f"vLLM's log-probs do not include the sampled token {token}")
         logprobs.append(float(getattr(entry, "logprob", entry)))
     if completion.finish_reason not in ("stop", "length"):
-        raise BackendError(f"vLLM finished a request with reason {completion.finish_reason!r}")
+        raise BackendAnswerError(f"vLLM finished a request with reason {completion.finish_reason!r}")
     if len(token_ids) > request.sampling.max_new_tokens:
-        raise BackendError(f"vLLM returned {len(token_ids)} tokens for max_tokens={request.sampling.max_new_tokens}")
+        raise BackendAnswerError(f"vLLM returned {len(token_ids)} tokens for max_tokens={request.sampling.max_new_tokens}")
     return Generation(token_ids=token_ids, logprobs=logprobs, finish_reason=completion.finish_reason, text=completion.text)
 
 
@@ -209,7 +209,7 @@ def load_vllm_engine(
     try:
         from vllm import LLM
     except ImportError:
-        raise MissingDependencyError(f"--backend vllm needs vLLM: {INSTALL_HINT}") from None
+        raise MissingExtraError(f"--backend vllm needs vLLM: {INSTALL_HINT}") from None
     options: dict[str, Any] = {"max_model_len": max_model_len} if max_model_len else {}
     return LLM(model=model, seed=seed if seed is not None else 0, enforce_eager=True, logprobs_mode=f"{logprobs_mode}_logprobs",
                gpu_memory_utilization=gpu_memory_utilization, **options)

@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 from gym_bridge.core.engine import Engine, ensure_ready
 from gym_bridge.core.environment import Environment
-from gym_bridge.core.errors import GymBridgeError, MissingDependencyError
+from gym_bridge.core.errors import ConfigError, MissingExtraError, SetupError
+from gym_bridge.core.journal import RunFingerprint, RunJournal
 from gym_bridge.core.record import RolloutRecord
-from gym_bridge.core.registry import resolve_tasks
+from gym_bridge.core.registry import TaskSet, resolve_tasks
 from gym_bridge.core.task import Task
 from gym_bridge.core.trajectory import Trajectory
 from gym_bridge.scale import admission
@@ -74,7 +75,7 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise MissingDependencyError(f"running rollouts on Ray needs Ray: {INSTALL_HINT}") from None
+        raise MissingExtraError(f"running rollouts on Ray needs Ray: {INSTALL_HINT}") from None
     return ray
 
 
@@ -94,7 +95,7 @@ def check_reachable(address: str, *, timeout_s: float) -> None:
     if address.startswith("ray://"):
         host, sep, port = address.removeprefix("ray://").rpartition(":")
     if not sep or not port.isdigit():
-        raise GymBridgeError(f"--ray takes the head's host:port (as `ray start --head` prints) or `auto`, got {address!r}")
+        raise ConfigError(f"--ray takes the head's host:port (as `ray start --head` prints) or `auto`, got {address!r}")
     deadline = time.monotonic() + timeout_s
     try:
         with socket.create_connection((host, int(port)), timeout=timeout_s) as connection:
@@ -104,12 +105,12 @@ def check_reachable(address: str, *, timeout_s: float) -> None:
             if answer is not None and answer[3:4] != bytes([_SETTINGS_FRAME]):
                 answer += _more(connection)
     except OSError as error:
-        raise GymBridgeError(f"cannot reach the Ray cluster at {address}: {error}; is `ray start --head` running there?") from None
+        raise SetupError(f"cannot reach the Ray cluster at {address}: {error}; is `ray start --head` running there?") from None
     if answer is None:
-        raise GymBridgeError(f"{address} accepts connections but gave no Ray answer within {timeout_s:g} s "
+        raise SetupError(f"{address} accepts connections but gave no Ray answer within {timeout_s:g} s "
                              f"(--ray-connect-timeout-s): it is not a Ray head; {_CHECKS}")
     if len(answer) < 9 or answer[3] != _SETTINGS_FRAME:
-        raise GymBridgeError(f"{address} answered, but not as a Ray head ({answer[:40]!r}...: not gRPC); {_CHECKS}")
+        raise SetupError(f"{address} answered, but not as a Ray head ({answer[:40]!r}...: not gRPC); {_CHECKS}")
 
 
 def _more(connection: socket.socket) -> bytes:
@@ -163,7 +164,7 @@ def connect(options: RayOptions) -> Any:
     try:
         ray.init(**kwargs)
     except ConnectionError as error:
-        raise GymBridgeError(f"cannot join the Ray cluster at {options.address}: {error}") from None
+        raise SetupError(f"cannot join the Ray cluster at {options.address}: {error}") from None
     return ray
 
 
@@ -183,16 +184,37 @@ class RolloutWorker:
         from ray import cloudpickle
 
         self.engine: Engine = cloudpickle.loads(build_engine)()
+        self.journal: RunJournal | None = None
 
     def ready(self, samples: Sequence[Task]) -> dict[str, Any]:
         """Check that the environments of `samples` (one task of each) resolve and can run here
-        (`check_ready`); returns the worker's pid, node and model name."""
+        (`check_ready`); returns the worker's pid, node, model name and engine settings."""
         ensure_ready(resolve_tasks(samples).values())
-        return {"pid": os.getpid(), "model": self.engine.config.model_name, "node": socket.gethostname()}
+        return {"pid": os.getpid(), "model": self.engine.config.model_name, "node": socket.gethostname(), "config": self.engine.config}
 
-    async def run_group(self, task: Task, repeats: Sequence[int]) -> list[RolloutRecord]:
+    def journal_visible(self, directory: str) -> str | None:
+        """None when the driver's journal `directory` is there on this node, else why not (a node without the shared
+        file system)."""
+        if os.path.isdir(directory):
+            return None
+        return f"node {socket.gethostname()} does not see the journal directory {directory}"
+
+    async def run_group(self, task: Task, repeats: Sequence[int], journal: JournalSpec | None = None) -> list[RolloutRecord]:
+        """The records of `repeats` of `task`; with `journal`, each rollout commits its turns to this worker's segment of
+        it, and one sent again (`journal.resume`) continues from the turns any process committed."""
         env_class = resolve_tasks([task])[task.env_name]
+        self.engine.journal = self._join(journal)
+        if journal is not None and journal.resume:
+            assert self.engine.journal is not None
+            self.engine.journal.load([(task.index, repeat) for repeat in repeats])
         return list(await asyncio.gather(*(self.engine.rollout(task, repeat, env_class=env_class) for repeat in repeats)))
+
+    def _join(self, spec: JournalSpec | None) -> RunJournal | None:
+        if spec is None:
+            return None
+        if self.journal is None or str(self.journal.directory) != spec.directory:
+            self.journal = RunJournal.join(spec.directory, RunFingerprint.from_dict(spec.fingerprint))
+        return self.journal
 
     def replica_stats(self) -> dict[str, Any]:
         router = getattr(self.engine.policy, "router", None)
@@ -206,6 +228,17 @@ class RolloutWorker:
         aclose = getattr(self.engine.policy, "aclose", None)
         if aclose is not None:
             await aclose()
+
+
+@dataclass(frozen=True)
+class JournalSpec:
+    """What a worker needs to commit to the run's journal: its directory (on the driver's file system, which every
+    worker must see at the same path) and the run's fingerprint; `resume` when the group's rollouts may have turns
+    committed by an earlier process."""
+
+    directory: str
+    fingerprint: dict[str, Any]
+    resume: bool = False
 
 
 @dataclass
@@ -235,7 +268,7 @@ def resources_of(env_class: type[Environment], *, default_num_cpus: float) -> di
     custom: dict[str, float] = {}
     for key, value in requested.items():
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-            raise GymBridgeError(f"environment {env_class.name!r}: ray_resources[{key!r}] must be a non-negative number, got {value!r}")
+            raise ConfigError(f"environment {env_class.name!r}: ray_resources[{key!r}] must be a non-negative number, got {value!r}")
         if key in RESOURCE_KEYS:
             options[key] = value
         else:
@@ -270,7 +303,7 @@ class RayRollouts:
         self.build_engine = build_engine
         self.options = options or RayOptions()
         if self.options.num_workers < 1 or self.options.max_retries < 0:
-            raise GymBridgeError("Ray options: num_workers must be at least 1 and max_retries non-negative")
+            raise ConfigError("Ray options: num_workers must be at least 1 and max_retries non-negative")
         self.max_concurrency = max_concurrency
         self.engine_limits = dict(engine_limits or {})
         """Per-worker bounds for the admission statement: `engine` (the engine's max_concurrency), `per_env`,
@@ -283,16 +316,21 @@ class RayRollouts:
         self._pools: dict[tuple[tuple[str, Any], ...], list[_Worker]] = {}
         self._pool_of_env: dict[str, tuple[tuple[str, Any], ...]] = {}
         self._worker_class: Any = None
+        self.engine_config: Any = None
+        """The workers' `EngineConfig`, as the first one reported it (what a journal's fingerprint holds)."""
+        self.journal: RunJournal | None = None
+        """The run's journal (`attach_journal`): workers commit to it, and a group sent again continues from it."""
 
     # -- start-up -----------------------------------------------------------------------------------
 
-    def start(self, tasks: Sequence[Task], *, group_size: int = 1) -> None:
+    def start(self, tasks: Sequence[Task] | TaskSet, *, group_size: int = 1) -> None:
         """Join the cluster and start the workers the environments need; each checks it can run them.
 
-        Raises GymBridgeError (nothing has run yet) when Ray is missing, the cluster cannot be reached,
+        Raises a UserError (nothing has run yet) when Ray is missing, the cluster cannot be reached,
         no node has the resources an environment asks for, or an environment refuses to run there.
         """
-        env_classes = resolve_tasks(tasks)
+        env_classes = tasks.env_classes if isinstance(tasks, TaskSet) else resolve_tasks(tasks)
+        tasks = list(tasks.tasks) if isinstance(tasks, TaskSet) else tasks
         samples = {task.env_name: task for task in tasks}
         self._ray = ray = connect(self.options)
         if self._worker_class is None:
@@ -311,7 +349,7 @@ class RayRollouts:
                 continue
             room = placeable(options, cluster)
             if room < 1:
-                raise GymBridgeError(
+                raise SetupError(
                     f"no node of the Ray cluster has the resources {options} that environment(s) {', '.join(names)} ask for "
                     f"(cluster: {dict(cluster)}); add such a node or change ray_resources with --env-setting NAME.ray_resources=JSON"
                 )
@@ -334,8 +372,9 @@ class RayRollouts:
             for handle in handles:
                 self._ray.kill(handle)
             cause = getattr(error, "cause", None) or error
-            raise GymBridgeError(f"Ray workers for {', '.join(env_names)} could not start: {cause}") from None
+            raise SetupError(f"Ray workers for {', '.join(env_names)} could not start: {cause}") from None
         self.model_name = infos[0]["model"]
+        self.engine_config = infos[0]["config"]
         nodes = sorted({info["node"] for info in infos})
         self.report(f"ray: {len(handles)} workers for {', '.join(env_names)} on {len(nodes)} node(s), resources {dict(options)}, "
                     f"{self.worker_concurrency} rollouts each")
@@ -353,11 +392,41 @@ class RayRollouts:
         if problem is not None:
             self.report(f"warning: {problem}")
 
+    def journal_fingerprint(self, tasks: Sequence[Task], *, group_size: int = 1) -> RunFingerprint:
+        """The fingerprint of a run of the workers' engine over `tasks` (starting the workers first when needed)."""
+        if not self._pools or any(task.env_name not in self._pool_of_env for task in tasks):
+            self.start(tasks, group_size=group_size)
+        return RunFingerprint.of_engine(self.engine_config, tasks)
+
+    def attach_journal(self, journal: RunJournal | None) -> None:
+        """Have the workers journal their rollouts into `journal`'s directory (None: stop). Raises GymBridgeError when a
+        worker's node does not see the directory: on several nodes it must be on a shared file system."""
+        self.journal = journal
+        if journal is None:
+            return
+        journal.shared = True  # the workers commit; the driver marks each rollout done once its record is written
+        answers = self._ray.get([worker.handle.journal_visible.remote(str(journal.directory))
+                                 for pool in self._pools.values() for worker in pool if not worker.lost])
+        problems = sorted({answer for answer in answers if answer})
+        if problems:
+            raise SetupError(f"--journal with --ray: {'; '.join(problems)}. Put --output on a file system every node "
+                                 "mounts at the same path, or run without --journal")
+
+    def _journal_spec(self, group: _Group) -> JournalSpec | None:
+        journal = self.journal
+        if journal is None:
+            return None
+        resume = group.attempts > 0 or any(journal.has_state((group.task.index, repeat)) for repeat in group.repeats)
+        return JournalSpec(str(journal.directory), journal.fingerprint.to_dict(), resume)
+
     # -- running ------------------------------------------------------------------------------------
 
-    async def stream(self, tasks: Sequence[Task], *, repeats: int = 1, skip: Iterable[tuple[int, int]] = ()) -> AsyncIterator[RolloutRecord]:
-        """Yield a record for each (task, repeat) not in `skip`, a group's records together as its group finishes."""
-        env_classes = resolve_tasks(tasks)
+    async def stream(self, tasks: Sequence[Task] | TaskSet, *, repeats: int = 1,
+                     skip: Iterable[tuple[int, int]] = ()) -> AsyncIterator[RolloutRecord]:
+        """Yield a record for each (task, repeat) not in `skip`, a group's records together as its group
+        finishes (a `TaskSet` is not routed again)."""
+        env_classes = tasks.env_classes if isinstance(tasks, TaskSet) else resolve_tasks(tasks)
+        tasks = list(tasks.tasks) if isinstance(tasks, TaskSet) else tasks
         done = set(skip)
         groups = [_Group(task, [r for r in range(repeats) if (task.index, r) not in done]) for task in tasks]
         groups = [group for group in groups if group.repeats]
@@ -445,7 +514,7 @@ class RayRollouts:
                     break
                 continue
             worker.in_flight += size
-            reference = worker.handle.run_group.remote(group.task, group.repeats)
+            reference = worker.handle.run_group.remote(group.task, group.repeats, self._journal_spec(group))
             running[asyncio.wrap_future(reference.future())] = (group, worker)
         waiting.extend(reversed(blocked))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gym_bridge._lazy import lazy_names
+from gym_bridge._lazy import lazy_homes
 
 if TYPE_CHECKING:  # the names, for type checkers and linters; at run time `__getattr__` imports them
     from gym_bridge.trl._async_api import async_seams  # noqa: F401
@@ -35,4 +35,4 @@ _ASYNC_PARTS = {
 }
 """What the async recipe and a vLLM server's worker extension name; not in `__all__`, so `import *` stays as it was."""
 
-__getattr__, __dir__ = lazy_names(globals(), _ADAPTER, __all__, elsewhere=_ASYNC_PARTS)
+__getattr__, __dir__ = lazy_homes(globals(), {**dict.fromkeys(__all__, _ADAPTER), **_ASYNC_PARTS})

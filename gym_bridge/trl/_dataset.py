@@ -14,7 +14,7 @@ import hashlib
 import json
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
@@ -76,6 +76,8 @@ class IndexedRow:
     """`file:line` (or `rows[i]`) it came from."""
     position: int
     """Order of registration in this process; the task index rollouts report."""
+    task: Task | None = None
+    """The row parsed (`load_dataset` in this process parsed it): a batch does not parse it again."""
 
 
 class TaskIndex:
@@ -90,10 +92,12 @@ class TaskIndex:
     def __contains__(self, key: object) -> bool:
         return key in self._rows
 
-    def add(self, key: str, row: dict[str, Any], source: str) -> IndexedRow:
+    def add(self, key: str, row: dict[str, Any], source: str, task: Task | None = None) -> IndexedRow:
         entry = self._rows.get(key)
         if entry is None:
-            entry = self._rows[key] = IndexedRow(row=row, source=source, position=len(self._rows))
+            position = len(self._rows)
+            task = None if task is None else replace(task, index=position, source=source)
+            entry = self._rows[key] = IndexedRow(row=row, source=source, position=position, task=task)
         return entry
 
     def get(self, key: str) -> IndexedRow | None:
@@ -180,8 +184,8 @@ def load_dataset(
         tasks = []
         for origin, row in rows[:limit] if limit is not None else rows:
             task = parse_task(row, index=0, source=origin, default_env=default_env)
-            if routing_name(task.row) is None:
-                task = parse_task({**task.row, "environment": task.env_name}, index=0, source=origin)
+            if routing_name(task.row) is None:  # the default environment written into the row (parsed once)
+                task = replace(task, row={**task.row, "environment": task.env_name})
             tasks.append((task, origin))
         if not tasks:
             raise DataError("holds no rows", source=str(source) if isinstance(source, (str, Path)) else f"rows#{position}")
@@ -199,7 +203,7 @@ def load_dataset(
     columns: dict[str, list[str]] = {name: [] for name in COLUMNS}
     for task, origin in chosen:
         key = task_key(task.row)
-        registry.add(key, task.row, origin)
+        registry.add(key, task.row, origin, task)
         columns["prompt"].append(to_prompt(task, key))
         columns["task_key"].append(key)
         columns["env_name"].append(task.env_name)

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gym_bridge.core.environment import FAILURE_KINDS
+from gym_bridge.core.errors import ConfigError
 
 __all__ = ["env_reward", "reward_metrics"]
 
@@ -22,7 +23,7 @@ def env_reward(prompts: list[Any], completions: list[Any], env_reward: list[floa
     not come from a gym_bridge rollout function.
     """
     if env_reward is None:
-        raise ValueError("env_reward needs the rows of gym_bridge's rollout: pass rollout_func=gym_bridge.trl.rollout to GRPOTrainer")
+        raise ConfigError("env_reward needs the rows of gym_bridge's rollout: pass rollout_func=gym_bridge.trl.rollout to GRPOTrainer")
     log_metric, log_extra = kwargs.get("log_metric"), kwargs.get("log_extra")
     if log_metric is not None:
         metrics = reward_metrics(

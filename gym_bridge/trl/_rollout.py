@@ -34,14 +34,13 @@ from gym_bridge.trl._rewards import env_reward, reward_metrics
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.training_row import TrainingRow, to_training_row
 from gym_bridge.core.dialects.responses import item_text
-from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
+from gym_bridge.core.engine import Engine, EngineConfig, ready_tasks
 from gym_bridge.core.environment import Environment
-from gym_bridge.core.errors import DataError, GymBridgeError
+from gym_bridge.core.errors import ConfigError, DataError, SetupError, TokenPolicyRequiredError
 from gym_bridge.core.health import ToolCallAlarm
 from gym_bridge.core.template.parsers import get_reasoning_parser, get_tool_parser
 from gym_bridge.core.policy import SamplingParams
 from gym_bridge.core.record import RolloutRecord, with_train_step
-from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.task import Task, parse_task
 from gym_bridge.core.template.chat_template import ChatTemplate
 
@@ -103,7 +102,7 @@ class TRLRollout:
         A rollout that fails while running is a masked row, never an exception.
         """
         state = self.prepare(trainer)
-        jobs = [self._task(state, prompt, trainer) for prompt in prompts]
+        jobs = self._tasks(state, prompts, trainer)
         repeats = repeat_indices(prompts, group_size=_group_size(trainer), offset=_rank(trainer) * len(prompts))
         with generation_context(state.backend, trainer):
             if state.ray is not None:
@@ -113,7 +112,7 @@ class TRLRollout:
         _check_token_ids(records)
         if state.batches == 0 and records and all(record.failed for record in records):
             first = records[0]
-            raise GymBridgeError(
+            raise SetupError(
                 f"every rollout of the first batch failed; the first as {first.failure_kind}: {first.failure_reason}"
             )
         state.batches += 1
@@ -141,18 +140,15 @@ class TRLRollout:
         state = self.prepare(trainer)
         dataset = trainer.train_dataset if dataset is None else dataset
         prompts = list(dataset["prompt"]) if "prompt" in (getattr(dataset, "column_names", None) or []) else []
-        seen: set[str] = set()
-        for prompt in prompts:
-            self._task(state, prompt, trainer)
-            seen.add(key_from_prompt(prompt) or "")
-        return len(seen)
+        self._tasks(state, prompts, trainer)
+        return len({key_from_prompt(prompt) for prompt in prompts})
 
     def _new_state(self, trainer: Any) -> _TrainerState:
         options, args = self.options, trainer.args
         _check_trainer(trainer)
         max_completion_length = options.max_completion_length or getattr(args, "max_completion_length", None)
         if not max_completion_length:
-            raise ValueError("set GRPOConfig(max_completion_length=...): gym_bridge enforces it over all turns of a rollout")
+            raise ConfigError("set GRPOConfig(max_completion_length=...): gym_bridge enforces it over all turns of a rollout")
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
         eos_token_ids = tuple(getattr(trainer, "eos_token_ids", None) or [tokenizer.eos_token_id])
         backend, policy = pick_backend(trainer, options)
@@ -178,13 +174,25 @@ class TRLRollout:
                              alarm=ToolCallAlarm(options.health),
                              ray=on_ray(options, backend, policy, template, config))
 
-    def _task(self, state: _TrainerState, prompt: Any, trainer: Any) -> tuple[Task, type[Environment]]:
-        key = key_from_prompt(prompt)
-        if key is None:
-            raise DataError(f"prompt {_short(prompt)} does not identify a gym_bridge task; {NOT_A_TASK}")
-        cached = state.tasks.get(key)
-        if cached is not None:
-            return cached
+    def _tasks(self, state: _TrainerState, prompts: Sequence[Any], trainer: Any) -> list[tuple[Task, type[Environment]]]:
+        """The task and environment class of each prompt, kept per trainer: a row new to this trainer is
+        parsed once (not at all when `load_dataset` parsed it in this process), and a batch's new rows are
+        routed in one pass with their environments checked ready once."""
+        keys: list[str] = []
+        new: dict[str, Task] = {}
+        for prompt in prompts:
+            key = key_from_prompt(prompt)
+            if key is None:
+                raise DataError(f"prompt {_short(prompt)} does not identify a gym_bridge task; {NOT_A_TASK}")
+            keys.append(key)
+            if key not in state.tasks and key not in new:
+                new[key] = self._new_task(state, key, prompt, trainer)
+        if new:
+            env_classes = ready_tasks(new.values()).env_classes
+            state.tasks.update((key, (task, env_classes[task.env_name])) for key, task in new.items())
+        return [state.tasks[key] for key in keys]
+
+    def _new_task(self, state: _TrainerState, key: str, prompt: Any, trainer: Any) -> Task:
         entry = REGISTRY.get(key)
         if entry is None and not state.datasets_indexed:
             for dataset in _trainer_datasets(trainer):
@@ -196,11 +204,7 @@ class TRLRollout:
                 f"prompt {_short(prompt)} carries task key {key}, which is neither in the trainer's datasets nor among "
                 f"the rows loaded in this process; {NOT_A_TASK}"
             )
-        task = parse_task(entry.row, index=entry.position, source=entry.source)
-        env_class = resolve_tasks([task])[task.env_name]
-        ensure_ready([env_class])
-        cached = state.tasks[key] = (task, env_class)
-        return cached
+        return entry.task or parse_task(entry.row, index=entry.position, source=entry.source)
 
 
 def make_rollout(**options: Any) -> TRLRollout:
@@ -321,7 +325,7 @@ def _check_token_ids(records: Sequence[RolloutRecord]) -> None:
     for record in records:
         for item in record.output:
             if item.get("generation_token_ids") == [] and item.get("type") == "message" and item_text(item):
-                raise GymBridgeError(
+                raise TokenPolicyRequiredError(
                     "the policy returned text without token ids; training needs a token-in/token-out policy "
                     "(TransformersPolicy, VLLMEnginePolicy, RemotePolicy)"
                 )
@@ -332,7 +336,7 @@ def _check_token_ids(records: Sequence[RolloutRecord]) -> None:
 
 def _check_trainer(trainer: Any) -> None:
     if getattr(trainer, "tools", None) or getattr(trainer, "environment_factories", None) is not None:
-        raise ValueError(
+        raise ConfigError(
             "GRPOTrainer got tools= (or environment_factory=) together with gym_bridge.trl.rollout; remove them: "
             "gym_bridge runs each task's environment and tools itself, and TRL would run its own tool loop on top"
         )

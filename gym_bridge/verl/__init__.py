@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gym_bridge._lazy import lazy_names
+from gym_bridge._lazy import lazy_homes
 
 if TYPE_CHECKING:  # the names, for type checkers and linters; at run time `__getattr__` imports them
     from gym_bridge.verl._agent_loop import (  # noqa: F401
@@ -28,4 +28,4 @@ _ADAPTER = "gym_bridge.verl._agent_loop"
 _LIGHT = {"AGENT_LOOP_CONFIG": "gym_bridge.verl._data"}
 """Names that need no verl: the recipe asks for the YAML's path before verl starts."""
 
-__getattr__, __dir__ = lazy_names(globals(), _ADAPTER, __all__, elsewhere=_LIGHT)
+__getattr__, __dir__ = lazy_homes(globals(), {**dict.fromkeys(__all__, _ADAPTER), **_LIGHT})

@@ -28,9 +28,9 @@ from gym_bridge.verl._data import AGENT_LOOP_CONFIG, AGENT_NAME, ROW_COLUMN, che
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.training_row import to_training_row
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
-from gym_bridge.core.errors import MissingDependencyError
+from gym_bridge.core.errors import BackendAnswerError, ConfigError, GenerationAbortedError, MissingExtraError
 from gym_bridge.core.health import HealthSettings, ToolCallAlarm
-from gym_bridge.core.policy import BackendError, ContextOverflowError, FinishReason, Generation, GenerationRequest, SamplingParams
+from gym_bridge.core.policy import ContextOverflowError, FinishReason, Generation, GenerationRequest, SamplingParams
 from gym_bridge.core.record import RolloutRecord, with_train_step
 from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.rollout_file import RolloutWriter
@@ -40,7 +40,7 @@ try:
     from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
     from verl.utils.dataset.rl_dataset import RLHFDataset
 except ImportError as error:  # verl, or what its agent loop imports without declaring it (cachetools, fastapi, uvicorn)
-    raise MissingDependencyError(f"gym_bridge.verl needs verl 0.9.1: pip install 'gym-bridge[verl]' ({error})") from None
+    raise MissingExtraError(f"gym_bridge.verl needs verl 0.9.1: pip install 'gym-bridge[verl]' ({error})") from None
 
 __all__ = [
     "AGENT_LOOP_CONFIG", "AGENT_NAME", "REWARD_EXTRA_KEYS", "ROW_COLUMN", "GymBridgeAgentLoop", "GymBridgeDataset", "RolloutSlots",
@@ -118,7 +118,7 @@ class VerlServerPolicy:
         self.generate_s += time.perf_counter() - started
         self.calls += 1
         if output.stop_reason in ("aborted", "abort"):  # the plain client, or partial rollouts off: verl does not resume it
-            raise BackendError("verl aborted the generation (rollouts paused, e.g. for a weight update)")
+            raise GenerationAbortedError("verl aborted the generation (rollouts paused, e.g. for a weight update)")
         ids = [int(token) for token in output.token_ids]
         logprobs = self._logprobs(output.log_probs, len(ids))
         if output.num_preempted is not None:
@@ -131,7 +131,7 @@ class VerlServerPolicy:
         if values is None or (not self.with_logprobs and len(values) != count):
             return [0.0] * count
         if len(values) != count:
-            raise BackendError(f"verl returned {count} token ids but {len(values)} log-probs")
+            raise BackendAnswerError(f"verl returned {count} token ids but {len(values)} log-probs")
         return [float(value) for value in values]
 
     def _observe_versions(self, extra: Mapping[str, Any]) -> int | None:
@@ -304,7 +304,7 @@ class RolloutSlots:
 
     def __init__(self, *, max_concurrency: int, per_env_concurrency: int | None) -> None:
         if max_concurrency < 1 or (per_env_concurrency is not None and per_env_concurrency < 1):
-            raise ValueError(f"max_concurrency and per_env_concurrency must be positive, got {max_concurrency} and {per_env_concurrency}")
+            raise ConfigError(f"max_concurrency and per_env_concurrency must be positive, got {max_concurrency} and {per_env_concurrency}")
         self.max_concurrency = max_concurrency
         self.per_env_concurrency = per_env_concurrency
         self.in_flight = 0

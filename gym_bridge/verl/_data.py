@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gym_bridge.core.errors import DataError, GymBridgeError, MissingDependencyError, UnknownEnvironmentError
+from gym_bridge.core.errors import ConfigError, DataError, MissingExtraError, UnknownEnvironmentError
 from gym_bridge.core.output_file import check_not_an_input, replaced_atomically
 from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.task import Task, load_tasks, parse_task, routing_name
@@ -39,7 +39,7 @@ def _pyarrow() -> Any:
         import pyarrow
         import pyarrow.parquet  # noqa: F401
     except ImportError:
-        raise MissingDependencyError("verl data needs pyarrow: pip install 'gym-bridge[verl]'") from None
+        raise MissingExtraError("verl data needs pyarrow: pip install 'gym-bridge[verl]'") from None
     return pyarrow
 
 
@@ -91,7 +91,7 @@ def write_verl_parquet(inputs: Sequence[str | Path], output: str | Path, *, defa
     pyarrow = _pyarrow()
     check_not_an_input(output, inputs)
     if Path(output).suffix in (".jsonl", ".json"):
-        raise GymBridgeError(f"--output {output}: to-verl writes parquet; name the file .parquet")
+        raise ConfigError(f"--output {output}: to-verl writes parquet; name the file .parquet")
     tasks: list[Task] = []
     for path in inputs:
         if not Path(path).is_file():

@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from gym_bridge.core.errors import GymBridgeError
+from gym_bridge.core.errors import ConfigError
 from gym_bridge.core.health import HealthSettings
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ def _show(args: argparse.Namespace) -> int:
     from gym_bridge.view.reading import iter_rollouts, require_some, select
 
     if args.n < 0:
-        raise GymBridgeError("-n must be >= 0")
+        raise ConfigError("-n must be >= 0")
     skipped: list[Skipped] = []
     selection = select(iter_rollouts(args.rollouts, skipped=skipped), envs=args.env, failed=args.failed, sort=args.sort, limit=args.n)
     require_some(skipped, selection.total)
@@ -121,9 +121,9 @@ def _view(args: argparse.Namespace) -> int:
     from gym_bridge.view.report import write_report
 
     if len(args.rollouts) > 2:
-        raise GymBridgeError("view takes one rollout file, or two to compare")
+        raise ConfigError("view takes one rollout file, or two to compare")
     if args.max_detail < 0:
-        raise GymBridgeError("--max-detail must be >= 0")
+        raise ConfigError("--max-detail must be >= 0")
     skipped: list[Skipped] = []
     report = write_report(args.rollouts, output=args.output, envs=args.env, failed=args.failed, sort=args.sort,
                           tokenizer=args.tokenizer, max_detail=args.max_detail, seed=args.seed, skipped=skipped)

@@ -4,10 +4,9 @@ ids (NeMo RL's chat endpoint) gives records with a token stream, checked to be c
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 
 from gym_bridge.core.engine import Engine, EngineConfig
-from gym_bridge.core.policy import CallTokens, ChatRequest, ChatTurn
+from gym_bridge.core.policy import CallTokens, ChatTurn, ScriptedChatPolicy
 from gym_bridge.core.task import parse_task
 from tests.support.invariants import assert_token_invariants
 
@@ -15,27 +14,20 @@ CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_
 ROW = {"responses_create_params": {"input": "Weather in Oslo?"}, "environment": "weather"}
 
 
-@dataclass
-class TokenChat:
-    """Answers each call with the next (text, prompt ids, generation ids); keeps the requests."""
-
-    turns: list[tuple[str, list[int], list[int]]]
-    requests: list[ChatRequest] = field(default_factory=list)
-
-    async def chat(self, request: ChatRequest) -> ChatTurn:
-        self.requests.append(request)
-        text, prompt, generation = self.turns[len(self.requests) - 1]
-        tokens = None if prompt is None else CallTokens(prompt, generation, [-0.5] * len(generation))
-        return ChatTurn(text=text, tokens=tokens)
+def token_chat(turns: list[tuple[str, list[int] | None, list[int] | None]]) -> ScriptedChatPolicy:
+    """Answers each call with the next (text, prompt ids, generation ids), each sampled id at log-prob -0.5."""
+    return ScriptedChatPolicy({"": [ChatTurn(text=text, tokens=None if prompt is None or generation is None else
+                                             CallTokens(prompt, generation, [-0.5] * len(generation)))
+                                    for text, prompt, generation in turns]})
 
 
-def rollout(policy: TokenChat):
+def rollout(policy: ScriptedChatPolicy):
     return asyncio.run(Engine(policy, None, EngineConfig()).rollout(parse_task(ROW, index=0)))
 
 
 def test_contiguous_calls_give_a_token_stream_and_send_the_ids_back():
     # call 1: prompt [1, 2, 3], sampled [10, 11]; call 2: the server rendered the tool output as [20, 21]
-    policy = TokenChat([(CALL, [1, 2, 3], [10, 11]), ("Cold.", [1, 2, 3, 10, 11, 20, 21], [30, 31])])
+    policy = token_chat([(CALL, [1, 2, 3], [10, 11]), ("Cold.", [1, 2, 3, 10, 11, 20, 21], [30, 31])])
     record = rollout(policy)
     assert record.failure_kind is None and record.reward == 1.0
     tokens = record.tokens
@@ -49,12 +41,12 @@ def test_contiguous_calls_give_a_token_stream_and_send_the_ids_back():
 
 
 def test_a_prompt_that_rewrites_earlier_tokens_fails_the_rollout():
-    policy = TokenChat([(CALL, [1, 2, 3], [10, 11]), ("Cold.", [1, 2, 3, 12, 11, 20], [30])])
+    policy = token_chat([(CALL, [1, 2, 3], [10, 11]), ("Cold.", [1, 2, 3, 12, 11, 20], [30])])
     record = rollout(policy)
     assert record.failure_kind == "infra" and record.mask_sample
     assert "call 2 do not start with the 5 tokens of the earlier calls (first difference at position 3)" in record.failure_reason
 
 
 def test_token_ids_on_some_calls_only_fail_the_rollout():
-    policy = TokenChat([(CALL, None, None), ("Cold.", [1, 2, 3], [30])])
+    policy = token_chat([(CALL, None, None), ("Cold.", [1, 2, 3], [30])])
     assert rollout(policy).failure_kind == "infra"

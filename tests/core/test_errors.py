@@ -1,4 +1,4 @@
-"""The error tree (every error under GymBridgeError, on one branch) and the boundary's classification table."""
+"""The error tree (every error under GymBridgeError, on one branch, only leaves raised) and the boundary's classification table."""
 
 import ast
 import builtins
@@ -13,7 +13,9 @@ from gym_bridge.core.errors import (
     AbortedCall,
     BackendError,
     ContextOverflowError,
+    ConfigError,
     DataError,
+    ErrorAnswer,
     GymBridgeError,
     RolloutError,
     RolloutFailure,
@@ -66,7 +68,7 @@ def test_every_error_derives_from_gym_bridge_error_on_exactly_one_branch():
             private.append(key)
         elif not issubclass(cls, GymBridgeError):
             off_tree.append(key)
-        elif issubclass(cls, UserError) == issubclass(cls, RolloutError):
+        elif sum(issubclass(cls, branch) for branch in (UserError, RolloutError, ErrorAnswer)) != 1:
             two_branches.append(key)
         if issubclass(cls, RolloutError):
             assert cls.failure_kind in FAILURE_KINDS, key
@@ -88,6 +90,16 @@ def test_the_user_errors_and_rollout_errors_importable_from_their_old_places_are
     assert issubclass(TokenPolicyRequiredError, UserError) and issubclass(TokenPolicyRequiredError, TypeError)
     assert issubclass(EmbeddedModelUnavailableError, UserError)  # a missing extra: the CLI exits 2 with the hint
     assert issubclass(DataError, ValueError)  # old `except ValueError` still catch it
+
+
+def test_user_mistakes_the_adapters_raised_as_value_error_are_user_errors_that_still_are_value_errors():
+    from gym_bridge.adapters.nemo_gym_server import AgentServer, AgentServerSettings
+    from gym_bridge.core.dialects.chat import ApiError
+
+    with pytest.raises(ConfigError, match="--env NAME") as raised:
+        AgentServer(AgentServerSettings(envs=()), policy=object())
+    assert isinstance(raised.value, ValueError) and isinstance(raised.value, UserError)
+    assert issubclass(ApiError, ErrorAnswer) and not issubclass(ApiError, UserError)  # an HTTP answer, not a CLI exit
 
 
 class Boom(Exception):
@@ -127,3 +139,45 @@ def test_the_boundary_names_the_call_and_works_without_a_bound():
     assert failure(TimeoutError(), step="setup") == ("env", "setup did not return in time")
     original = RolloutFailure("infra", "x")
     assert classify(original, step="verify") is original
+
+
+def raised_names(path: pathlib.Path) -> list[tuple[int, str]]:
+    """(line, class name) of every `raise Name(...)` / `raise module.Name(...)` / `raise Name` in a file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            target = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            if isinstance(target, ast.Name):
+                found.append((node.lineno, target.id))
+            elif isinstance(target, ast.Attribute):
+                found.append((node.lineno, target.attr))
+    return found
+
+
+def branch_names() -> set[str]:
+    """gym_bridge's error classes that another error class derives from, and the root: the ones never raised."""
+    found = exception_classes()
+    ours = {name for _, name in found.values()}
+    bases: set[str] = set()
+    for folder in ("gym_bridge", "environments"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef) and node.name in ours:
+                    bases |= {base.id if isinstance(base, ast.Name) else base.attr for base in node.bases
+                              if isinstance(base, (ast.Name, ast.Attribute))}
+    return (bases & ours) | {"GymBridgeError"}
+
+
+def test_the_branch_scan_sees_the_tree_s_branches_and_not_its_leaves():
+    branches = branch_names()
+    assert {"GymBridgeError", "UserError", "RolloutError", "BackendError", "MissingDependencyError"} <= branches
+    assert not {"DataError", "ContextOverflowError", "ServerUnreachableError"} & branches
+
+
+def test_only_leaf_error_classes_are_raised():
+    """A raise names the concept (DataError, ConfigError, ...), never a branch (UserError, RolloutError, BackendError,
+    ...) or the root: a caller can catch exactly what it handles, and the tree says what can happen."""
+    branches = branch_names()
+    raised = [f"{path.relative_to(ROOT)}:{line} raises {name}" for folder in ("gym_bridge", "environments")
+              for path in sorted((ROOT / folder).rglob("*.py")) for line, name in raised_names(path) if name in branches]
+    assert raised == []

@@ -100,3 +100,31 @@ def test_commits_of_one_moment_share_an_fsync(tmp_path, monkeypatch):
     asyncio.run(journal.close())
     states = RunJournal.prepare(tmp_path / "j", fingerprint(), resume=True)
     assert all(states.restore((i, 0)) is not None for i in range(50))
+
+
+def test_segments_of_several_processes_are_read_in_attempt_order_and_a_done_rollout_is_dropped(tmp_path):
+    """Ray workers each write a segment; a later attempt (in a segment whose name sorts first) continues the events of
+    an earlier one, whatever the order of the file names."""
+    driver = RunJournal.prepare(tmp_path / "j", fingerprint(), resume=False)
+    driver.shared = True  # as RayRollouts.attach_journal sets it
+    late = RunJournal.join(tmp_path / "j", fingerprint())
+    early = RunJournal.join(tmp_path / "j", fingerprint())
+
+    async def commits() -> None:
+        await early.commit((0, 0), attempt=1, at=0, events=[{"t": "model", "ids": [1]}, {"t": "tool", "out": "a"}],
+                           budgets={"seconds": 1.0}, kind="replay")
+        await late.commit((0, 0), attempt=2, at=2, events=[{"t": "model", "ids": [2]}], budgets={"seconds": 2.0}, kind="replay")
+        await early.commit((1, 0), attempt=1, at=0, events=[{"t": "model", "ids": [9]}], budgets={}, kind="replay")
+
+    asyncio.run(commits())
+    assert sorted(tmp_path.joinpath("j").glob("*.log"))[1] == late.segment  # the later attempt's file sorts first
+    driver.finish((1, 0))  # its record was written
+    asyncio.run(driver.close())
+    reader = RunJournal.join(tmp_path / "j", fingerprint())
+    reader.load([(0, 0), (1, 0)])
+    state = reader.restore((0, 0))
+    assert state is not None and [event.get("ids") for event in state.events] == [[1], None, [2]]
+    assert state.attempt == 2 and state.budgets == {"seconds": 2.0}
+    assert reader.restore((1, 0)) is None
+    with pytest.raises(JournalError, match="another run"):
+        RunJournal.join(tmp_path / "j", fingerprint(model="other")).load([(0, 0)])

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass, field
 
 import pytest
 
@@ -13,7 +12,7 @@ from gym_bridge.core.agent_loop import RolloutContext
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.environment import Environment, tool
 from gym_bridge.core.items import TOKEN_FIELDS
-from gym_bridge.core.policy import ChatRequest, ChatTurn, Generation, ScriptedPolicy
+from gym_bridge.core.policy import ChatTurn, Generation, ScriptedChatPolicy, ScriptedPolicy
 from gym_bridge.core.registry import register
 from gym_bridge.core.task import parse_task
 from gym_bridge.core.template.chat_template import ChatTemplate
@@ -61,16 +60,9 @@ register(LookupEnv)
 register(AskTwiceEnv)
 
 
-@dataclass
-class ScriptedChat:
-    """A chat policy answering with the next text; keeps the requests."""
-
-    texts: list[str]
-    requests: list[ChatRequest] = field(default_factory=list)
-
-    async def chat(self, request: ChatRequest) -> ChatTurn:
-        self.requests.append(request)
-        return ChatTurn(text=self.texts[len(self.requests) - 1], usage={"input_tokens": 1, "output_tokens": 2})
+def scripted_chat(texts: list[str]) -> ScriptedChatPolicy:
+    """A chat policy answering with the next text, each turn reporting 1 input and 2 output tokens."""
+    return ScriptedChatPolicy({"": [ChatTurn(text=text, usage={"input_tokens": 1, "output_tokens": 2}) for text in texts]})
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +92,7 @@ def without_tokens(output):
 def test_token_and_chat_policies_write_the_same_items(template, env):
     texts = [CALL, "It is A.", "B is unknown."]
     tokens = run(token_policy(template, texts), template, env)
-    chat_policy = ScriptedChat(texts)
+    chat_policy = scripted_chat(texts)
     chat = run(chat_policy, None, env)
     assert tokens.failure_kind is None and chat.failure_kind is None, (tokens.failure_reason, chat.failure_reason)
     assert without_tokens(tokens.output) == without_tokens(chat.output)
@@ -141,7 +133,7 @@ def test_the_starter_picks_the_transcript_once_by_policy_kind(template):
     start = {"task": task, "tools": (), "session_id": "0-0", "max_tokens": 100}
     tokens = transcript_starter(token_policy(template, ["x"]), template)(trajectory=Trajectory(prompt_ids=[]), **start)
     assert isinstance(tokens, TokenTranscript) and tokens.trajectory.prompt_ids == template.prompt_ids(task.messages, None)
-    messages = transcript_starter(ScriptedChat(["x"]), None)(trajectory=Trajectory(prompt_ids=[]), **start)
+    messages = transcript_starter(scripted_chat(["x"]), None)(trajectory=Trajectory(prompt_ids=[]), **start)
     assert isinstance(messages, MessageTranscript) and messages.messages == list(task.messages)
     with pytest.raises(ValueError, match="needs a ChatTemplate"):
         transcript_starter(token_policy(template, ["x"]), None)

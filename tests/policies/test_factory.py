@@ -98,5 +98,5 @@ def test_a_missing_vllm_gives_the_install_hint(monkeypatch) -> None:
 
 def test_a_missing_transformers_gives_the_install_hint(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "gym_bridge.policies.transformers", None)
-    with pytest.raises(MissingDependencyError, match="pip install torch transformers"):
+    with pytest.raises(MissingDependencyError, match=r"a transformers policy needs torch and transformers .*pip install 'gym-bridge\[local\]'"):
         build_policy(PolicySpec(kind="transformers"))

@@ -81,3 +81,47 @@ def policy_settings(build_engine) -> dict:  # type: ignore[no-untyped-def]
     """The `POLICY_SETTINGS` of the policy `build_engine()` makes (in a Ray worker process, or here)."""
     policy = build_engine().policy
     return {name: getattr(policy, name) for name in POLICY_SETTINGS}
+
+
+@dataclass
+class TurnAnsweringPolicy:
+    """Answers `turns[k]` when the prompt holds k finished assistant turns (so an episode continued on another worker
+    gets the same answers), after `delay_s`; appends each call's prompt digest to `call_log` (shared by all workers)."""
+
+    template: object
+    turns: list[Generation]
+    delay_s: float
+    call_log: str
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        import hashlib
+        import os
+
+        line = hashlib.sha1(repr(list(request.prompt_ids)).encode()).hexdigest() + "\n"
+        fd = os.open(self.call_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+        await asyncio.sleep(self.delay_s)
+        done = self.template.decode(list(request.prompt_ids)).count("<|im_start|>assistant") - 1  # type: ignore[attr-defined]
+        return self.turns[min(done, len(self.turns) - 1)]
+
+
+@dataclass(frozen=True)
+class TurnEngine:
+    """Builds an engine whose policy answers by turn (`TurnAnsweringPolicy`), logging every model call to `call_log`."""
+
+    call_log: str
+    texts: tuple[str, ...] = WEATHER_TURNS
+    delay_s: float = 0.0
+
+    def __call__(self) -> Engine:
+        from gym_bridge.core.template.chat_template import ChatTemplate
+        from gym_bridge.policies.embedded import load_embedded_tokenizer
+
+        tokenizer = load_embedded_tokenizer()
+        template = ChatTemplate(tokenizer)
+        turns = [turn for turn in scripted_policy(tokenizer, self.texts).script[""] if isinstance(turn, Generation)]
+        policy = TurnAnsweringPolicy(template, turns, self.delay_s, self.call_log)
+        return Engine(policy, template, EngineConfig(model_name="scripted"))

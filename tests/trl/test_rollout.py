@@ -338,3 +338,39 @@ def test_an_environment_that_refuses_to_run_stops_the_first_batch(smol_tokenizer
     with pytest.raises(GymBridgeError, match="install the frobnicator"):
         make_rollout(policy=policy)(list(dataset["prompt"]) * 2, Trainer(smol_tokenizer, dataset=dataset))
     assert policy.calls == [], "no rollout may start when an environment refuses"
+
+
+def test_a_batch_parses_routes_and_checks_its_rows_once(smol_tokenizer, turn, monkeypatch):
+    """Issue 29 item 6: a row `load_dataset` parsed is not parsed again by a batch; a batch's new rows are
+    routed once each and each environment checked ready once; a later batch of the same rows does none of it."""
+    import gym_bridge.trl._rollout as trl_module
+    import gym_bridge.trl._dataset as trl_dataset
+    import gym_bridge.core.registry as registry
+    import gym_bridge.core.task as task_module
+
+    second_weather = {"responses_create_params": {"input": "Weather in Rome?"}, "environment": "weather"}
+    rows = [{**row, "case": "parsed-once"} for row in [*ROWS, second_weather]]  # keys no other test registered
+    counts = {"parsed": 0, "routed": 0, "ready": 0}
+
+    def counting(key, real):
+        def call(*args, **kwargs):
+            counts[key] += 1
+            return real(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(registry, "_route", counting("routed", registry._route))
+    parse = counting("parsed", task_module.parse_task)
+    for module in (task_module, trl_module, trl_dataset):
+        monkeypatch.setattr(module, "parse_task", parse)
+    for name in ("weather", "math"):
+        monkeypatch.setattr(gym_bridge.get_environment(name), "check_ready", classmethod(lambda cls: counts.__setitem__("ready", counts["ready"] + 1)))
+    own = load_dataset(rows)
+    assert counts == {"parsed": 3, "routed": 3, "ready": 0}  # load_dataset: each row parsed and routed once
+    rollout = make_rollout(policy=ScriptedPolicy({"": [turn("\\boxed{12}")] * 8}))
+    trainer = Trainer(smol_tokenizer, dataset=own)
+    counts.update(parsed=0, routed=0)
+    run(rollout, prompts_of(own, group_size=2), trainer)
+    # 6 prompts of 3 rows: no parse (today: 3), 3 routings, one readiness check per environment (today: one per row, 3)
+    assert counts == {"parsed": 0, "routed": 3, "ready": 2}
+    run(rollout, prompts_of(own, group_size=2), trainer)
+    assert counts == {"parsed": 0, "routed": 3, "ready": 2}  # the same trainer's next batch: nothing again

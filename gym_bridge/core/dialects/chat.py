@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from gym_bridge.core.errors import UserError
+from gym_bridge.core.errors import ErrorAnswer
 from gym_bridge.core.items import TOKEN_FIELDS
 from gym_bridge.core.policy import LogprobsMode, SamplingParams
 
@@ -29,7 +29,7 @@ LOGPROBS_MODES: dict[str, LogprobsMode] = {"raw": "raw", "raw_logprobs": "raw", 
 """vLLM's `logprobs_mode` names and the policy mode each means."""
 
 
-class ApiError(UserError):
+class ApiError(ErrorAnswer):
     """An error answer: HTTP status, message, and the OpenAI error type."""
 
     def __init__(self, status: int, message: str, kind: str = "BadRequestError", *, code: str | None = None) -> None:
