@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from gym_bridge._lazy import lazy_homes
 from gym_bridge.core.answer import last_boxed, last_tagged
-from gym_bridge.core.agent_loop import AgentLoop, Limits, RolloutContext, RolloutFailure, ToolCallingLoop
+from gym_bridge.core.agent_loop import AgentLoop, FailRollout, Limits, RolloutContext, ToolCallingLoop
+from gym_bridge.core.errors import RolloutFailure as RolloutFailure  # FailRollout's old name, not in __all__
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.environment import Environment, FailureKind, RowProblem, ToolError, Toolset, VerifyResult, schema_problems, tool
 from gym_bridge.core.errors import (
@@ -58,7 +59,7 @@ __all__ = [
     "draw_split", "final_text", "last_boxed", "last_tagged", "output_text", "remote_url", "run_in_process",
     "schema_problems", "tool",
     # an environment's own agent loop, helper models
-    "AgentLoop", "HelperModel", "Limits", "RolloutContext", "RolloutFailure", "ToolCallingLoop",
+    "AgentLoop", "FailRollout", "HelperModel", "Limits", "RolloutContext", "ToolCallingLoop",
     # routing and running
     "ChatTemplate", "Engine", "EngineConfig", "RolloutRecord", "configure", "get_environment", "known_environments",
     "load_tasks", "parse_task", "register", "summarize",

@@ -14,7 +14,7 @@ PUBLIC = {
     "draw_split", "final_text", "last_boxed", "last_tagged", "output_text", "remote_url", "run_in_process",
     "schema_problems", "tool",
     # an environment's own agent loop, helper models
-    "AgentLoop", "HelperModel", "Limits", "RolloutContext", "RolloutFailure", "ToolCallingLoop",
+    "AgentLoop", "FailRollout", "HelperModel", "Limits", "RolloutContext", "ToolCallingLoop",
     # routing and running
     "ChatTemplate", "Engine", "EngineConfig", "RolloutRecord", "configure", "get_environment", "known_environments",
     "load_tasks", "parse_task", "register", "summarize",

@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from gym_bridge.core.errors import RolloutFailure
+from gym_bridge.core.errors import FailRollout
 from gym_bridge.core.policy import Generation, GenerationRequest, Policy
 
 __all__ = ["HeldPolicy", "RolloutDeadline", "parks_calls"]
@@ -58,7 +58,7 @@ class RolloutDeadline:
 
     @asynccontextmanager
     async def model_call(self) -> AsyncIterator[None]:
-        """One model call. Raises RolloutFailure(`timeout`) when a parkable call runs past `generation_timeout_s`."""
+        """One model call. Raises FailRollout(`timeout`) when a parkable call runs past `generation_timeout_s`."""
         if not self.parked:
             yield
             return
@@ -71,7 +71,7 @@ class RolloutDeadline:
                     self._release()
         except TimeoutError:
             if bound.expired():
-                raise RolloutFailure("timeout", f"a model call did not return within generation_timeout_s={self.generation_timeout_s:g} s "
+                raise FailRollout("timeout", f"a model call did not return within generation_timeout_s={self.generation_timeout_s:g} s "
                                                 "(time parked by the trainer included)") from None
             raise
 
