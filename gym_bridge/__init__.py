@@ -29,7 +29,8 @@ from gym_bridge.core.errors import (
     UnknownEnvironmentError,
     UserError,
 )
-from gym_bridge.core.helper_model import HelperModel
+from gym_bridge.core.text_model import HelperModel as HelperModel  # TextModel's old name, not in __all__
+from gym_bridge.core.text_model import TextModel
 from gym_bridge.core.dialects.responses import final_text, output_text
 from gym_bridge.core.items import TOKEN_FIELDS, Item
 from gym_bridge.core.metrics import summarize
@@ -59,7 +60,7 @@ __all__ = [
     "draw_split", "final_text", "last_boxed", "last_tagged", "output_text", "remote_url", "run_in_process",
     "schema_problems", "tool",
     # an environment's own agent loop, helper models
-    "AgentLoop", "FailRollout", "HelperModel", "Limits", "RolloutContext", "ToolCallingLoop",
+    "AgentLoop", "FailRollout", "Limits", "RolloutContext", "TextModel", "ToolCallingLoop",
     # routing and running
     "ChatTemplate", "Engine", "EngineConfig", "RolloutRecord", "configure", "get_environment", "known_environments",
     "load_tasks", "parse_task", "register", "summarize",
@@ -74,7 +75,8 @@ __all__ = [
 _LAZY = {
     "trl": "gym_bridge.trl", "verl": "gym_bridge.verl", "nemo_rl": "gym_bridge.nemo_rl",
     "TransformersPolicy": "gym_bridge.policies.transformers",
-    "load_helper_model": "gym_bridge.policies.helper",
+    "load_text_model": "gym_bridge.policies.text_model",
+    "load_helper_model": "gym_bridge.policies.text_model",  # load_text_model's old name
     "HarnessEnvironment": "gym_bridge.capture",
 }
 

@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any, ClassVar
 
-from gym_bridge import Environment, HelperModel, Item, RolloutContext, FailRollout, Task, ToolError, VerifyResult, tool
+from gym_bridge import Environment, TextModel, Item, RolloutContext, FailRollout, Task, ToolError, VerifyResult, tool
 
 from environments.user_sim.generate import prepare_user_sim_rows
 
@@ -77,7 +77,7 @@ class UserSimEnvironment(Environment):
                 "user_max_retries", "max_user_turns")
     simulator: ClassVar[str | None] = None
     """`scripted` or `policy` for every row; None lets each row choose (`user_sim.simulator`, default scripted)."""
-    user: ClassVar[HelperModel | None] = None
+    user: ClassVar[TextModel | None] = None
     """The policy-driven user; when None it is built from the settings below (default: the embedded model)."""
     user_model: ClassVar[str | None] = None
     user_base_url: ClassVar[str | None] = None
@@ -170,13 +170,13 @@ class UserSimEnvironment(Environment):
         view += [{"role": "user" if role == "assistant" else "assistant", "content": text} for role, text in self.transcript]
         return view
 
-    async def user_model_instance(self) -> HelperModel:
+    async def user_model_instance(self) -> TextModel:
         if self.user is not None:
             return self.user
-        from gym_bridge import load_helper_model
+        from gym_bridge import load_text_model
 
         return await asyncio.to_thread(
-            load_helper_model, self.user_model, base_url=self.user_base_url, api=self.user_api, tokenizer=self.user_tokenizer,
+            load_text_model, self.user_model, base_url=self.user_base_url, api=self.user_api, tokenizer=self.user_tokenizer,
             request_timeout_s=self.user_request_timeout_s, max_retries=self.user_max_retries,
         )
 

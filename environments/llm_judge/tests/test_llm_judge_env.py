@@ -9,7 +9,7 @@ import time
 import pytest
 
 from environments.llm_judge import EQUAL, NOT_EQUAL, LLMJudgeEnvironment, extract_answer, parse_verdict
-from gym_bridge import BackendError, Engine, EngineConfig, Generation, HelperModel, SamplingParams, ScriptedPolicy, configure
+from gym_bridge import BackendError, Engine, EngineConfig, Generation, TextModel, SamplingParams, ScriptedPolicy, configure
 from gym_bridge.core.items import message_item
 from gym_bridge.core.registry import get_environment
 from gym_bridge.core.task import load_tasks, parse_task
@@ -25,7 +25,7 @@ ROW = {
 
 def judge_env(smol_template, script: dict) -> tuple[type[LLMJudgeEnvironment], ScriptedPolicy]:
     policy = ScriptedPolicy(script)
-    judge = HelperModel(policy, smol_template)
+    judge = TextModel(policy, smol_template)
     return type("ScriptedJudge", (LLMJudgeEnvironment,), {"judge": judge}), policy
 
 

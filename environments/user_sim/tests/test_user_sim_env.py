@@ -6,7 +6,7 @@ import asyncio
 import json
 
 from environments.user_sim import UserSimEnvironment, matches
-from gym_bridge import Engine, EngineConfig, Generation, HelperModel, SamplingParams, ScriptedPolicy
+from gym_bridge import Engine, EngineConfig, Generation, TextModel, SamplingParams, ScriptedPolicy
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.dialects.responses import item_text
 from gym_bridge.core.task import load_tasks, parse_task
@@ -78,7 +78,7 @@ def test_a_policy_driven_user_sees_the_conversation_from_its_side(smol_template,
 
     class PolicyUser(UserSimEnvironment):
         simulator = "policy"
-        user = HelperModel(user_policy, smol_template)
+        user = TextModel(user_policy, smol_template)
 
     record = run([turn("Who am I speaking with?"), turn(submit(FIELDS))], PolicyUser, smol_template)
     assert record.reward == 1.0 and user_lines(record) == [f"I am {FIELDS['guest_name']}."]
@@ -87,7 +87,7 @@ def test_a_policy_driven_user_sees_the_conversation_from_its_side(smol_template,
     # the desk's question reached the simulated user as a *user* turn, its own opening as an assistant turn
     assert seen.index("assistant\n" + HOTEL["responses_create_params"]["input"][1]["content"]) < seen.index("user\nWho am I speaking with?")
 
-    PolicyUser.user = HelperModel(done, smol_template)
+    PolicyUser.user = TextModel(done, smol_template)
     ended = run([turn("Anything else?")], PolicyUser, smol_template)
     assert (ended.reward, ended.verify_metrics["ended_by"]) == (0.0, "user")
 

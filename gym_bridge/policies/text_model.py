@@ -1,4 +1,4 @@
-"""Build a `HelperModel` (a judge, a simulated user) from plain settings, once per process.
+"""Build a `TextModel` (a judge, a simulated user) from plain settings, once per process.
 
 Environments name their helper model with strings a user can pass on the command line: a local
 model folder (none: the embedded SmolLM2), or an OpenAI-compatible server (`base_url`, spoken
@@ -14,7 +14,7 @@ import threading
 from typing import Literal
 
 from gym_bridge.core.errors import ConfigError
-from gym_bridge.core.helper_model import HelperModel
+from gym_bridge.core.text_model import TextModel
 from gym_bridge.core.policy import SamplingParams
 from gym_bridge.core.template.chat_template import ChatTemplate
 from gym_bridge.policies.factory import PolicySpec, build_policy
@@ -23,7 +23,7 @@ HELPER_APIS = ("completions", "chat", "responses")
 _loading = threading.Lock()
 
 
-def load_helper_model(
+def load_text_model(
     model: str | None = None,
     *,
     base_url: str | None = None,
@@ -34,7 +34,7 @@ def load_helper_model(
     max_new_tokens: int = 512,
     request_timeout_s: float = 60.0,
     max_retries: int = 2,
-) -> HelperModel:
+) -> TextModel:
     """The helper model for these settings (cached: equal settings give the same object).
 
     Without `base_url`: the transformers model in folder `model` (None: the embedded model).
@@ -52,7 +52,7 @@ def load_helper_model(
 def _load(
     model: str | None, base_url: str | None, api: str, tokenizer: str | None, api_key_env: str, temperature: float, max_new_tokens: int,
     request_timeout_s: float, max_retries: int,
-) -> HelperModel:
+) -> TextModel:
     sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
     if api not in HELPER_APIS:
         raise ConfigError(f"helper model api must be one of {', '.join(HELPER_APIS)}, got {api!r}")
@@ -62,14 +62,14 @@ def _load(
         from gym_bridge.policies.transformers import TransformersPolicy, template_tokenizer  # loaded by now
 
         assert isinstance(local, TransformersPolicy)
-        return HelperModel(local, ChatTemplate(template_tokenizer(local.tokenizer), eos_token_ids=sorted(local.eos_token_ids)), sampling)
+        return TextModel(local, ChatTemplate(template_tokenizer(local.tokenizer), eos_token_ids=sorted(local.eos_token_ids)), sampling)
     if api != "completions":
         if not model:
             raise ConfigError(f"a helper model at {base_url} with api={api!r} needs the served model's name")
         chat_api: Literal["chat", "responses"] = "chat" if api == "chat" else "responses"  # checked against HELPER_APIS above
         chat = build_policy(PolicySpec(kind="chat", model=model, base_urls=(base_url,), api=chat_api, api_key=api_key,
                                        request_timeout_s=request_timeout_s, max_retries=max_retries))
-        return HelperModel(chat, None, sampling)
+        return TextModel(chat, None, sampling)
     from gym_bridge.policies.remote import load_tokenizer
 
     if tokenizer is None:
@@ -82,4 +82,8 @@ def _load(
     remote = build_policy(PolicySpec(kind="remote", model=model, base_urls=(base_url,), api_key=api_key,
                                      request_timeout_s=request_timeout_s, max_retries=max_retries,
                                      vocab_size=len(loaded.tokenizer)))
-    return HelperModel(remote, ChatTemplate(loaded.tokenizer, eos_token_ids=loaded.eos_token_ids), sampling)
+    return TextModel(remote, ChatTemplate(loaded.tokenizer, eos_token_ids=loaded.eos_token_ids), sampling)
+
+
+load_helper_model = load_text_model
+"""`load_text_model`'s name before issue 29."""

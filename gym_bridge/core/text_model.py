@@ -1,9 +1,9 @@
 """A model an environment asks for text: an LLM judge, a simulated user.
 
-`HelperModel` puts any generation backend behind one call, chat messages in and text out: a
+`TextModel` puts any generation backend behind one call, chat messages in and text out: a
 token-in/token-out `Policy` with the chat template it renders prompts with (transformers, vLLM,
 a remote server), or a `ChatPolicy` (hosted chat APIs). Its calls are not trained on, so a chat
-API is fine here. `gym_bridge.policies.helper.load_helper_model` builds one from settings.
+API is fine here. `gym_bridge.policies.text_model.load_text_model` builds one from settings.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from gym_bridge.core.template.chat_template import ChatTemplate
 
 
 @dataclass(frozen=True)
-class HelperModel:
+class TextModel:
     """A policy used by an environment, not trained: `await complete(messages)` returns its reply."""
 
     policy: Policy | ChatPolicy
@@ -49,3 +49,7 @@ class HelperModel:
         if generation.text is not None:
             return generation.text.strip()
         return self.template.tokenizer.decode(generation.token_ids, skip_special_tokens=True).strip()
+
+
+HelperModel = TextModel
+"""`TextModel`'s name before issue 29; environments written against it keep working."""
