@@ -2,7 +2,8 @@
 
 It speaks the part of vLLM's server that gym_bridge and its users need — `/v1/models`,
 `/health`, `/v1/completions` (token-id prompts, `return_token_ids`, log-probs), `/v1/chat/completions`
-(tools in, `tool_calls` out, the same token fields) and `/tokenize` / `/detokenize` — so environments
+(tools in, `tool_calls` out as the model family's parser reads them and the capture endpoint answers them,
+the same token fields) and `/tokenize` / `/detokenize` — so environments
 can be developed against a laptop CPU and the remote policy can be tested over real HTTP. Every
 request goes through the one policy, which batches concurrent requests into one `generate`.
 Malformed requests (deeply nested JSON included) get a 400 with a message in vLLM's error shape,
@@ -30,20 +31,22 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
 import pydantic
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, StrictInt
 
-from gym_bridge.core.dialects.chat import MAX_CHOICES, ApiError, ChatBody, MessageIn, SamplingBody, ToolIn, from_chat_tool
+from gym_bridge.core.conversation import AssistantMessage, TemplateMessage
+from gym_bridge.core.dialects.chat import MAX_CHOICES, ApiError, ChatBody, MessageIn, SamplingBody, ToolIn, answer_choice, chat_completion, from_chat_tool
+from gym_bridge.core.dialects.completions import CompletionBody, completion_logprobs
 from gym_bridge.core.dialects.template_view import template_messages
 from gym_bridge.disconnect import ClientDisconnected, unless_disconnected
 from gym_bridge.core.errors import SetupError
 from gym_bridge.core.policy import ContextOverflowError, Generation, GenerationRequest, LogprobsMode, SamplingParams
 from gym_bridge.core.template.chat_template import ChatTemplate
-from gym_bridge.core.toolcall import parse_turn
+from gym_bridge.core.transcript import answer_message
 
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 DEFAULT_CHAT_MAX_TOKENS = 1024
@@ -65,14 +68,6 @@ def _busy(limit: int) -> dict[str, Any]:
 
 
 # -- request bodies ---------------------------------------------------------------------------
-
-
-class CompletionBody(SamplingBody):
-    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
-    max_tokens: Annotated[int, Field(ge=1)] = 16
-    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    echo: bool = False
-    suffix: str | None = None
 
 
 class TokenizeBody(BaseModel):
@@ -212,7 +207,8 @@ async def completions(request: Request) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": index, "text": text, "logprobs": None, "finish_reason": generation.finish_reason,
                                   "stop_reason": stop_reason, "logprobs_mode": sampling.logprobs_mode}
         if body.logprobs is not None:
-            choice["logprobs"] = _completion_logprobs(generation, as_ids=body.return_tokens_as_token_ids, state=state)
+            choice["logprobs"] = completion_logprobs(_token_strings(generation.token_ids, as_ids=body.return_tokens_as_token_ids, state=state),
+                                                     generation.logprobs)
         if body.return_token_ids:
             choice["prompt_token_ids"] = list(prompt_ids)
             choice["token_ids"] = list(generation.token_ids)
@@ -252,20 +248,21 @@ async def chat_completions(request: Request) -> dict[str, Any]:
     choices = []
     for index, ((_, sampling), generation) in enumerate(zip(jobs, generations)):
         text, stop_reason = _final_text(generation, sampling, body, state)
-        message, finish_reason = _assistant_message(text, generation, parse_tools=use_tools)
-        choice: dict[str, Any] = {"index": index, "message": message, "logprobs": None, "finish_reason": finish_reason,
-                                  "stop_reason": stop_reason, "logprobs_mode": sampling.logprobs_mode}
+        message = _assistant_message(state.template, text, prompt_ids=prompt_ids, tools=tools)
+        choice = answer_choice(index, message, generation.finish_reason)
+        choice.update(stop_reason=stop_reason, logprobs_mode=sampling.logprobs_mode)
         if body.logprobs:
             choice["logprobs"] = {"content": _chat_logprobs(generation, as_ids=body.return_tokens_as_token_ids, state=state)}
             if body.return_tokens_as_token_ids:
-                message.update(prompt_token_ids=list(prompt_ids), generation_token_ids=list(generation.token_ids),
-                               generation_log_probs=list(generation.logprobs))
+                message["prompt_token_ids"] = list(prompt_ids)
+                message["generation_token_ids"] = list(generation.token_ids)
+                message["generation_log_probs"] = list(generation.logprobs)
         if body.return_token_ids:
             choice["token_ids"] = list(generation.token_ids)
         choices.append(choice)
     completion_tokens = sum(len(generation.token_ids) for generation in generations)
-    answer: dict[str, Any] = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                              "model": state.model_name, "choices": choices, "usage": _usage(len(prompt_ids), completion_tokens)}
+    answer = chat_completion(choices, model=state.model_name, prompt_tokens=len(prompt_ids), completion_tokens=completion_tokens,
+                             completion_id=f"chatcmpl-{uuid.uuid4().hex}")
     if body.return_token_ids:
         answer["prompt_token_ids"] = list(prompt_ids)
     return answer
@@ -420,20 +417,6 @@ def _token_strings(ids: list[int], *, as_ids: bool, state: ServerState) -> list[
     return [state.policy.tokenizer.decode([token], skip_special_tokens=False) for token in ids]
 
 
-def _completion_logprobs(generation: Generation, *, as_ids: bool, state: ServerState) -> dict[str, Any]:
-    tokens = _token_strings(generation.token_ids, as_ids=as_ids, state=state)
-    offsets, position = [], 0
-    for token in tokens:
-        offsets.append(position)
-        position += len(token)
-    return {
-        "text_offset": offsets,
-        "token_logprobs": list(generation.logprobs),
-        "tokens": tokens,
-        "top_logprobs": [{token: logprob} for token, logprob in zip(tokens, generation.logprobs)],
-    }
-
-
 def _chat_logprobs(generation: Generation, *, as_ids: bool, state: ServerState) -> list[dict[str, Any]]:
     tokens = _token_strings(generation.token_ids, as_ids=as_ids, state=state)
     return [
@@ -458,7 +441,7 @@ def required_prefix(body: ChatBody) -> list[int] | None:
     return None
 
 
-def splice_prefix(template: ChatTemplate, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+def splice_prefix(template: ChatTemplate, messages: list[TemplateMessage], tools: list[dict[str, Any]] | None,
                   prompt_ids: list[int], prefix: list[int]) -> list[int]:
     """`prefix` (the exact ids of the conversation up to the last assistant message, its end-of-turn
     token aside) followed by the rendered prompt from that message's end-of-turn token on.
@@ -479,22 +462,15 @@ def splice_prefix(template: ChatTemplate, messages: list[dict[str, Any]], tools:
     return model + prompt_ids[positions[count - 1]:]
 
 
-def _assistant_message(text: str, generation: Generation, *, parse_tools: bool) -> tuple[dict[str, Any], str]:
-    """The assistant message of a chat choice and its finish reason (`tool_calls` when it calls tools)."""
-    message: dict[str, Any] = {"role": "assistant", "content": text, "tool_calls": []}
-    if not parse_tools:
-        return message, generation.finish_reason
-    parsed = parse_turn(text)
-    if not parsed.calls or any(call.error for call in parsed.calls):
-        return message, generation.finish_reason  # no call, or a malformed one: the text as written
-    message["content"] = parsed.content or None
-    message["tool_calls"] = [
-        {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
-        for call in parsed.calls
-    ]
-    if parsed.reasoning:
-        message["reasoning_content"] = parsed.reasoning
-    return message, "tool_calls" if generation.finish_reason == "stop" else generation.finish_reason
+def _assistant_message(template: ChatTemplate, text: str, *, prompt_ids: list[int], tools: list[dict[str, Any]] | None) -> AssistantMessage:
+    """The assistant message of a chat choice: `text` read with the model family's parsers, answered by the
+    rule the capture endpoint answers with (`answer_message`), so one model answers alike through both;
+    `tool_calls` is always there, as vLLM gives it."""
+    parsed = template.parse(text, prompt_ids=prompt_ids, tools=tools or ())
+    message = answer_message(parsed, text, tools_offered=bool(tools),
+                             call_id=lambda n, call: template.call_id(uuid.uuid4().hex[:24], written=call.call_id))
+    message.setdefault("tool_calls", [])
+    return message
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

@@ -63,9 +63,11 @@ def test_sbatch_serves_what_the_async_trainer_needs():
     path = REPO / "slurm" / "trl_async_grpo.sbatch"
     subprocess.run(["bash", "-n", str(path)], check=True)
     text = re.sub(r"\\\n\s*", " ", path.read_text())
-    server = next(line for line in text.splitlines() if "vllm serve" in line)
-    for needed in ("VLLM_SERVER_DEV_MODE=1", "--weight-transfer-config '{\"backend\": \"nccl\"}'", "--logprobs-mode processed_logprobs",
-                   "--served-model-name policy"):
+    server = next(line for line in text.splitlines() if "vllm.entrypoints.openai.api_server" in line)
+    for needed in ("VLLM_SERVER_DEV_MODE=1", '"${TRANSFER[@]}"', "--logprobs-mode processed_logprobs", "--served-model-name policy"):
         assert needed in server, needed
+    # the transfer: TRL's NCCL engine on GPUs, gym_bridge's file receiver on CPU nodes
+    assert "TRANSFER=(--weight-transfer-config '{\"backend\": \"nccl\"}')" in text
+    assert "TRANSFER=(--worker-extension-cls gym_bridge.trl.FileWeightReceiver)" in text
     trainer = next(line for line in text.splitlines() if "recipes/trl_async_grpo.py" in line)
-    assert '--set server.url="$VLLM_URL"' in trainer and "--set server.launch=false" in trainer
+    assert "--set server.url=$VLLM_URL" in trainer and "--set server.launch=false" in trainer

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gym_bridge.core.trajectory import TokenView
+from gym_bridge.core.trajectory import TokenView, extends
 
 
 @dataclass(frozen=True)
@@ -42,11 +42,6 @@ class Assembly:
     @property
     def last(self) -> TokenView | None:
         return self.segments[-1] if self.segments else None
-
-
-def extends(context: Sequence[int], prompt: Sequence[int]) -> bool:
-    """Whether `prompt` starts with every id of `context` (and is at least as long)."""
-    return len(prompt) >= len(context) and list(prompt[: len(context)]) == list(context)
 
 
 def assemble(calls: Sequence[CapturedCall]) -> Assembly:

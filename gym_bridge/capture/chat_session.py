@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import json
 import secrets
-import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gym_bridge.capture.assembly import CapturedCall
-from gym_bridge.capture.session import SessionState
+from gym_bridge.capture.session import _Session
+from gym_bridge.core.conversation import Message, appended, assistant_message, tool_call
+from gym_bridge.core.dialects.chat import MessageIn, answer_choice, chat_completion
 from gym_bridge.core.items import TOKEN_FIELDS, function_call_output_item, user_message_item
+from gym_bridge.core.trajectory import extends
 from gym_bridge.core.policy import BackendError, CallTokens, ChatPolicy, ChatRequest, ChatTurn
 
 
@@ -30,7 +33,7 @@ NO_TOKENS = ("the chat policy answered without token ids; a harness behind a cha
 
 
 @dataclass(kw_only=True)
-class ChatCaptureSession(SessionState):
+class ChatCaptureSession(_Session):
     """Serves one rollout's calls from a chat policy with token ids; mutated only by `chat_completions` (`responses` goes through it)."""
 
     policy: ChatPolicy
@@ -38,6 +41,10 @@ class ChatCaptureSession(SessionState):
     """The token ids of every answered assistant message, by `_answer_key`."""
     _seen: list[dict[str, Any]] = field(default_factory=list)
     """The last request's messages and the answer (to tell which messages a request adds)."""
+
+    async def responses(self, data: Any) -> dict[str, Any]:
+        """The answer to one `/v1/responses` body (served as the chat-completions call it means)."""
+        return await self._responses(data, self.chat_completions)
 
     async def chat_completions(self, data: Any) -> dict[str, Any]:
         """The answer to one request body, as OpenAI's API gives it; raises ApiError for a 4xx/5xx."""
@@ -53,26 +60,21 @@ class ChatCaptureSession(SessionState):
                 raise self._backend_failed(BackendError(NO_TOKENS))
             return self._answer(messages, turn, turn.tokens)
 
-    def _chat_message(self, message: Any) -> dict[str, Any]:  # one of `ChatBody.messages`
-        """A request message in chat-completions shape; an answered assistant message gets its call's token ids back."""
-        out: dict[str, Any] = {"role": message.role, "content": message.text()}
-        if message.role == "tool":
-            out["tool_call_id"] = message.tool_call_id or ""
-        if message.role == "assistant":
-            calls = [{"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": call.function.arguments}}
-                     for call in message.tool_calls or []]
-            if calls:
-                out["tool_calls"] = calls
+    def _chat_message(self, message: MessageIn) -> Message:
+        """A request message in the conversation's form; an answered assistant message gets its call's token ids back."""
+        out = message.to_message()
+        if out["role"] == "assistant":
             tokens = self._tokens.get(_answer_key(out))
             if tokens is not None:
-                out.update(zip(TOKEN_FIELDS, (list(tokens.prompt_token_ids), list(tokens.generation_token_ids),
-                                              list(tokens.generation_log_probs))))
+                out["prompt_token_ids"] = list(tokens.prompt_token_ids)
+                out["generation_token_ids"] = list(tokens.generation_token_ids)
+                out["generation_log_probs"] = list(tokens.generation_log_probs)
         return out
 
-    def _input_items(self, messages: list[dict[str, Any]]) -> None:
+    def _input_items(self, messages: Sequence[Message]) -> None:
         """Tool outputs and user messages that extend the last answered conversation become input items."""
         seen = self._seen
-        if not seen or [_plain(m) for m in messages[: len(seen)]] != seen:
+        if not seen or appended(seen, [_plain(m) for m in messages]) is None:
             return
         for message in messages[len(seen):]:
             if message["role"] == "tool":
@@ -80,41 +82,32 @@ class ChatCaptureSession(SessionState):
             elif message["role"] == "user":
                 self.output.append(user_message_item(message["content"], item_id=self._item_id("msg")))
 
-    def _answer(self, messages: list[dict[str, Any]], turn: ChatTurn, tokens: CallTokens) -> dict[str, Any]:
+    def _answer(self, messages: Sequence[Message], turn: ChatTurn, tokens: CallTokens) -> dict[str, Any]:
         previous = self.calls[-1] if self.calls else None
         prompt = list(tokens.prompt_token_ids)
-        if previous is not None and prompt[: len(previous.prompt_ids) + len(previous.completion_ids)] == previous.prompt_ids + previous.completion_ids:
+        if previous is not None and extends(previous.prompt_ids + previous.completion_ids, prompt):
             self.token_in_calls += 1
         self.calls.append(CapturedCall(prompt_ids=prompt, completion_ids=list(tokens.generation_token_ids),
                                        logprobs=list(tokens.generation_log_probs)))
         self.last_finish_reason = turn.finish_reason
-        message: dict[str, Any] = {"role": "assistant", "content": turn.text}
-        if turn.tool_calls:
-            message["content"] = turn.text or None
-            message["tool_calls"] = [{"id": f"call_{self.label or 'capture'}_{len(self.calls)}x{n}", "type": "function",
-                                      "function": {"name": call.name, "arguments": call.arguments}}
-                                     for n, call in enumerate(turn.tool_calls)]
-        if turn.reasoning:
-            message["reasoning_content"] = turn.reasoning
+        calls = [tool_call(f"call_{self.label or 'capture'}_{len(self.calls)}x{n}", call.name, call.arguments)
+                 for n, call in enumerate(turn.tool_calls)]
+        message = assistant_message((turn.text or None) if calls else turn.text, calls, reasoning=turn.reasoning)
         self._tokens[_answer_key(message)] = tokens
-        self._append_turn(message, reasoning=message.get("reasoning_content") or "", prompt_ids=tokens.prompt_token_ids,
-                          completion_ids=tokens.generation_token_ids, logprobs=tokens.generation_log_probs)
+        self._append_turn(message, prompt_ids=tokens.prompt_token_ids, completion_ids=tokens.generation_token_ids,
+                          logprobs=tokens.generation_log_probs)
         self._seen = [_plain(m) for m in messages] + [_plain(message)]
-        finish = "tool_calls" if turn.tool_calls and turn.finish_reason == "stop" else turn.finish_reason
-        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(tokens.generation_token_ids),
-                 "total_tokens": len(prompt) + len(tokens.generation_token_ids)}
-        return {"id": f"chatcmpl-{secrets.token_hex(12)}", "object": "chat.completion", "created": int(time.time()),
-                "model": self.model_name, "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
-                "usage": usage}
+        choice = answer_choice(0, message, turn.finish_reason)
+        return chat_completion([choice], model=self.model_name, prompt_tokens=len(prompt),
+                               completion_tokens=len(tokens.generation_token_ids), completion_id=f"chatcmpl-{secrets.token_hex(12)}")
 
 
-
-def _answer_key(message: dict[str, Any]) -> str:
+def _answer_key(message: Mapping[str, Any]) -> str:
     """What identifies an assistant message the session answered: its text and its call ids."""
     return json.dumps([message.get("content") or "", [call["id"] for call in message.get("tool_calls") or []]])
 
 
-def _plain(message: dict[str, Any]) -> dict[str, Any]:
+def _plain(message: Mapping[str, Any]) -> dict[str, Any]:
     """A message without token fields or reasoning (what a harness may or may not send back)."""
     plain = {key: value for key, value in message.items() if key not in TOKEN_FIELDS and key != "reasoning_content"}
     return {**plain, "content": plain.get("content") or ""}

@@ -18,25 +18,24 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import pydantic
 
 from gym_bridge.capture.assembly import CapturedCall
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.bounded.call import call_bounded
-from gym_bridge.core.dialects.chat import ApiError, ChatBody, MessageIn, from_chat_tool
+from gym_bridge.core.conversation import AssistantMessage, TemplateMessage, appended
+from gym_bridge.core.dialects.chat import ApiError, ChatBody, MessageIn, answer_choice, chat_completion, from_chat_tool
 from gym_bridge.core.dialects.responses_api import ResponsesBody, check_stateless, to_chat_body, to_response
 from gym_bridge.core.dialects.template_view import template_messages
 from gym_bridge.core.items import TOKEN_FIELDS, Item, function_call_item, function_call_output_item, message_item, reasoning_item, user_message_item
-from gym_bridge.core.template.parsers.call import ParsedTurn
 from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest, Policy, SamplingParams
 from gym_bridge.core.template.chat_template import ChatTemplate
-from gym_bridge.core.transcript import OFF_LOOP_TOKENIZE_CHARS, TOKENIZE_TIMEOUT_S
+from gym_bridge.core.transcript import OFF_LOOP_TOKENIZE_CHARS, TOKENIZE_TIMEOUT_S, answer_message, read_turn
 
 _Body = TypeVar("_Body", bound=pydantic.BaseModel)
 _Answer = TypeVar("_Answer")
@@ -66,16 +65,48 @@ class EndpointError:
 class _Context:
     """What the next call may extend: the conversation as rendered, and its exact ids."""
 
-    messages: list[dict[str, Any]]
+    messages: list[TemplateMessage]
     tools: list[dict[str, Any]] | None
     ids: list[int]
     last_token: int | None
 
 
+class SessionState(Protocol):
+    """A capture session as the endpoint and the harness loop use it, whatever its policy kind
+    (`CaptureSession` for a token policy, `ChatCaptureSession` for a chat policy with token ids)."""
+
+    model_name: str
+    token: str
+    """The session's key: in the URL path and accepted as the API key."""
+    calls: list[CapturedCall]
+    output: list[Item]
+    errors: list[EndpointError]
+    stop: SessionStop | None
+    stopped: asyncio.Event
+    last_finish_reason: str
+    token_in_calls: int
+
+    @property
+    def final_answer(self) -> str | None: ...
+
+    def fail(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None) -> ApiError: ...
+
+    async def chat_completions(self, data: Any) -> dict[str, Any]:
+        """The answer to one `/v1/chat/completions` body, as OpenAI's API gives it (not streamed:
+        the server streams it); raises ApiError for a 4xx/5xx."""
+        ...
+
+    async def responses(self, data: Any) -> dict[str, Any]:
+        """The answer to one `/v1/responses` body as a Responses `response` object."""
+        ...
+
+    async def close(self) -> None: ...
+
+
 @dataclass(kw_only=True)
-class SessionState:
-    """What every capture session keeps and answers with, whatever its policy kind: the calls,
-    their items, the errors it answered and why it stopped."""
+class _Session:
+    """What both capture sessions keep and how they admit and answer calls, whatever their policy kind:
+    the calls, their items, the errors they answered and why they stopped."""
 
     sampling: SamplingParams
     limits: Limits
@@ -221,11 +252,12 @@ class SessionState:
         self._items += 1
         return f"{prefix}_{self.label or 'capture'}_{self._items}"
 
-    def _append_turn(self, message: dict[str, Any], *, reasoning: str, prompt_ids: Sequence[int], completion_ids: Sequence[int],
+    def _append_turn(self, message: AssistantMessage, *, prompt_ids: Sequence[int], completion_ids: Sequence[int],
                      logprobs: Sequence[float]) -> None:
         """The Responses items of one answered call (reasoning, message, function calls), the last one
         carrying the call's token fields."""
         items: list[Any] = []
+        reasoning = message.get("reasoning_content")
         if reasoning:
             items.append(reasoning_item(reasoning, item_id=self._item_id("rs")))
         calls = message.get("tool_calls") or []
@@ -237,21 +269,17 @@ class SessionState:
         items[-1].update(zip(TOKEN_FIELDS, (list(prompt_ids), list(completion_ids), list(logprobs))))
         self.output.extend(items)
 
-    async def chat_completions(self, data: Any) -> dict[str, Any]:
-        """The answer to one `/v1/chat/completions` body, as OpenAI's API gives it (not streamed:
-        the server streams it); raises ApiError for a 4xx/5xx."""
-        raise NotImplementedError
-
-    async def responses(self, data: Any) -> dict[str, Any]:
+    async def _responses(self, data: Any, chat_completions: Callable[[Any], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
         """The answer to one `/v1/responses` body as a Responses `response` object: the request is
-        served as the chat-completions call it means, so capture and token-in are the chat path's."""
+        served as the chat-completions call it means (by `chat_completions`), so capture and token-in
+        are the chat path's."""
         body = self._validated(ResponsesBody, data)
         try:
             check_stateless(body)
             chat = to_chat_body(body)
         except ApiError as error:
             raise self.fail(error.status, error.message, code=error.code) from None
-        return to_response(await self.chat_completions(chat), request=body)
+        return to_response(await chat_completions(chat), request=body)
 
     def _validated(self, model: type[_Body], data: Any) -> _Body:
         """`data` as a `model` request body; a recorded 400 naming the fields that are wrong."""
@@ -276,7 +304,7 @@ class SessionState:
         return body
 
 
-async def _tokenized(render: Callable[[], list[int]], messages: list[dict[str, Any]]) -> list[int]:
+async def _tokenized(render: Callable[[], list[int]], messages: list[TemplateMessage]) -> list[int]:
     """`render()`, in a worker thread when `messages` hold `OFF_LOOP_TOKENIZE_CHARS` characters or more
     (as the engine tokenizes long tool outputs): a megabyte stalled every rollout's calls for seconds."""
     size = sum(len(content) for message in messages if isinstance(content := message.get("content"), str))
@@ -291,12 +319,16 @@ def _problems(error: pydantic.ValidationError) -> str:
 
 
 @dataclass(kw_only=True)
-class CaptureSession(SessionState):
+class CaptureSession(_Session):
     """Serves one rollout's calls from a token policy; mutated only by `chat_completions` (`responses` goes through it)."""
 
     policy: Policy
     template: ChatTemplate
     _context: _Context | None = None
+
+    async def responses(self, data: Any) -> dict[str, Any]:
+        """The answer to one `/v1/responses` body (served as the chat-completions call it means)."""
+        return await self._responses(data, self.chat_completions)
 
     async def chat_completions(self, data: Any) -> dict[str, Any]:
         """The answer to one request body, as OpenAI's API gives it; raises ApiError for a 4xx/5xx."""
@@ -313,18 +345,17 @@ class CaptureSession(SessionState):
             generation = await self._sampled(sampling, self.policy.generate(request))
             return self._answer(messages, tools, prompt_ids, generation)
 
-    async def _prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    async def _prompt_ids(self, messages: list[TemplateMessage], tools: list[dict[str, Any]] | None) -> list[int]:
         """The previous ids plus the rendered new messages when the request extends the last answer; else a whole render.
         A long request is tokenized in a worker thread, so the other rollouts' calls go on meanwhile."""
         context, template = self._context, self.template
-        if context is not None and tools == context.tools and messages[: len(context.messages)] == context.messages:
-            new = messages[len(context.messages):]
-            if new and all(message["role"] in ("tool", "user") for message in new):
-                closing = template.closing_text(context.last_token)
-                delta = await _tokenized(lambda: template.encode(template.delta_text(new, closing_sampled=closing)), new)
-                self.token_in_calls += 1
-                self._input_items(new)
-                return context.ids + delta
+        new = appended(context.messages, messages) if context is not None and tools == context.tools else None
+        if context is not None and new and all(message["role"] in ("tool", "user") for message in new):
+            closing = template.closing_text(context.last_token)
+            delta = await _tokenized(lambda: template.encode(template.delta_text(new, closing_sampled=closing)), new)
+            self.token_in_calls += 1
+            self._input_items(new)
+            return context.ids + delta
         try:
             ids: list[int] = await _tokenized(lambda: template.prompt_ids(messages, tools), messages)
         except TimeoutError:
@@ -333,40 +364,21 @@ class CaptureSession(SessionState):
             raise self.fail(400, f"the chat template cannot render these messages: {type(error).__name__}: {error}") from None
         return ids
 
-    def _answer(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+    def _answer(self, messages: list[TemplateMessage], tools: list[dict[str, Any]] | None,
                 prompt_ids: list[int], generation: Generation) -> dict[str, Any]:
         ids = generation.token_ids
-        last_token = ids[-1] if ids and ids[-1] in self.template.eos_token_ids else None
-        text = self.template.tokenizer.decode(ids[:-1] if last_token is not None else ids, skip_special_tokens=False)
-        parsed = self.template.parse(text, prompt_ids=prompt_ids, tools=tools or ())
-        if not tools and parsed.calls:  # no tools offered: a call-shaped text is plain content
-            parsed = ParsedTurn(reasoning=parsed.reasoning, content=parsed.content or text)
-        message = self._message(parsed)
+        parsed, text, last_token = read_turn(self.template, ids, text=None, prompt_ids=prompt_ids, tools=tools or ())
+        number = len(self.calls)
+        message = answer_message(parsed, text, tools_offered=bool(tools),
+                                 call_id=lambda n, call: self.template.call_id(f"{number}x{n}", written=call.call_id))
         self.last_finish_reason = generation.finish_reason
         self.calls.append(CapturedCall(prompt_ids=list(prompt_ids), completion_ids=list(ids), logprobs=list(generation.logprobs)))
-        self._append_turn(message, reasoning=parsed.reasoning, prompt_ids=prompt_ids, completion_ids=generation.token_ids,
-                          logprobs=generation.logprobs)
+        self._append_turn(message, prompt_ids=prompt_ids, completion_ids=generation.token_ids, logprobs=generation.logprobs)
         echoed = template_messages([MessageIn.model_validate(message)], tool_format=self.template.tool_format)
         self._context = _Context(messages=messages + echoed, tools=tools, ids=list(prompt_ids) + list(ids), last_token=last_token)
-        finish = "tool_calls" if message.get("tool_calls") and generation.finish_reason == "stop" else generation.finish_reason
-        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids), "total_tokens": len(prompt_ids) + len(ids)}
-        return {"id": f"chatcmpl-{secrets.token_hex(12)}", "object": "chat.completion", "created": int(time.time()),
-                "model": self.model_name, "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
-                "usage": usage}
-
-    def _message(self, parsed: ParsedTurn) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
-        good = [call for call in parsed.calls if call.error is None]
-        if good:
-            message["content"] = parsed.content or None
-            message["tool_calls"] = [
-                {"id": self.template.call_id(f"{len(self.calls)}x{n}", written=call.call_id), "type": "function",
-                 "function": {"name": call.name, "arguments": call.arguments}}
-                for n, call in enumerate(good)
-            ]
-        if parsed.reasoning:
-            message["reasoning_content"] = parsed.reasoning
-        return message
+        choice = answer_choice(0, message, generation.finish_reason)
+        return chat_completion([choice], model=self.model_name, prompt_tokens=len(prompt_ids), completion_tokens=len(ids),
+                               completion_id=f"chatcmpl-{secrets.token_hex(12)}")
 
     def _input_items(self, new: list[dict[str, Any]]) -> None:
         for message in new:

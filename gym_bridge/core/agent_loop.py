@@ -24,6 +24,7 @@ from gym_bridge.core.errors import RolloutFailure as RolloutFailure  # the old n
 from gym_bridge.core.items import function_call_output_item
 from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn
 from gym_bridge.core.policy import ChatPolicy, Generation, Policy, SamplingParams
+from gym_bridge.core.record import LoopFinish
 from gym_bridge.core.task import Task
 from gym_bridge.core.template.chat_template import ChatTemplate, ToolOutput
 from gym_bridge.core.trajectory import Trajectory
@@ -219,13 +220,13 @@ class RolloutContext:
 class AgentLoop(Protocol):
     """Drives one rollout; returns its finish reason (`answer`, `max_turns`, `length`, `budget`)."""
 
-    async def run(self, ctx: RolloutContext) -> str: ...
+    async def run(self, ctx: RolloutContext) -> LoopFinish: ...
 
 
 class ToolCallingLoop:
     """Generate; if the turn calls tools, run them and continue; stop on an answer or a limit."""
 
-    async def run(self, ctx: RolloutContext) -> str:
+    async def run(self, ctx: RolloutContext) -> LoopFinish:
         for turn in range(ctx.limits.max_turns):
             step = await ctx.generate()
             if step is None:

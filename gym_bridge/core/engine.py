@@ -25,12 +25,12 @@ from gym_bridge.core.errors import FailRollout, Step, classify
 from gym_bridge.core.items import Item
 from gym_bridge.core.journal import RolloutKey, RunJournal
 from gym_bridge.core.policy import ChatPolicy, Policy, SamplingParams, is_token_policy
-from gym_bridge.core.record import RolloutRecord
+from gym_bridge.core.record import RolloutFinish, RolloutRecord
 from gym_bridge.core.registry import TaskSet, resolve_tasks
 from gym_bridge.core.resume import RolloutResume, resume_rollout
 from gym_bridge.core.task import Task
 from gym_bridge.core.template.chat_template import ChatTemplate
-from gym_bridge.core.template.check import check_append_only, template_report
+from gym_bridge.core.template.check import TemplateCheck, check_append_only, template_report
 from gym_bridge.core.trajectory import TokenView, Trajectory
 from gym_bridge.core.transcript import Transcript, transcript_starter
 
@@ -52,7 +52,7 @@ class EngineConfig:
     a weight update (`parks_calls = True`: verl's agent loop, async workers). Such a call's time, parked time
     included, does not count against `deadline_s`; this bounds it instead. Unused for other policies."""
     model_name: str = ""
-    template_check: str = "error"
+    template_check: TemplateCheck = "error"
     """`error`: refuse a template that is not append-only; `warn`: warn and use the streamed
     rendering; `off`: skip the check (a template already checked elsewhere)."""
     tool_parser: str | None = None
@@ -146,7 +146,7 @@ class Engine:
         started = time.perf_counter()
         tools = task.tools if task.tools is not None else tuple(spec.schema for spec in env_class.tool_specs().values())
         trajectory = Trajectory(prompt_ids=[])
-        finish = "failed"
+        finish: RolloutFinish = "failed"
         failure: FailRollout | None = None
         verify_result: VerifyResult | None = None
         env: Environment | None = None
@@ -191,7 +191,7 @@ class Engine:
         return self._record(task, repeat_index, env_class, trajectory, tokens, finish, failure, verify_result,
                             time.perf_counter() - started)
 
-    def _record(self, task: Task, repeat_index: int, env_class: type[Environment], trajectory: Trajectory, tokens: TokenView, finish: str,
+    def _record(self, task: Task, repeat_index: int, env_class: type[Environment], trajectory: Trajectory, tokens: TokenView, finish: RolloutFinish,
                 failure: FailRollout | None, verify_result: VerifyResult | None, latency_s: float) -> RolloutRecord:
         components: dict[str, float]
         if failure is not None:

@@ -113,5 +113,3 @@ def function_call_item(name: str, arguments: str, *, call_id: str, item_id: str)
 def function_call_output_item(output: str, *, call_id: str) -> FunctionCallOutputItem:
     return {"type": "function_call_output", "call_id": call_id, "output": output}
 
-
-ChatMessage = dict[str, Any]

@@ -15,11 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, Sequence, TypeGuard, runtime_checkable
 
+from gym_bridge.core.conversation import FinishReason as FinishReason
+from gym_bridge.core.conversation import Message
 from gym_bridge.core.errors import BackendAnswerError, BackendError as BackendError
 from gym_bridge.core.errors import ContextOverflowError as ContextOverflowError
 from gym_bridge.core.errors import TokenPolicyRequiredError as TokenPolicyRequiredError
 
-FinishReason = Literal["stop", "length"]
 LogprobsMode = Literal["raw", "processed"]
 """`raw`: log-softmax of the model's logits. `processed`: log-softmax of the logits divided by the
 temperature, which is what TRL's trainer recomputes for its importance-sampling correction
@@ -97,7 +98,7 @@ class ChatToolCall:
 class ChatRequest:
     """One model turn of a conversation kept as messages (chat policies only)."""
 
-    messages: Sequence[dict[str, Any]]
+    messages: Sequence[Message]
     """The conversation so far in chat-completions shape: `system`/`user` messages, `assistant`
     messages with `tool_calls` (`{id, type: "function", function: {name, arguments}}`), and
     `tool` messages with `tool_call_id`."""

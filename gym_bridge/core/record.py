@@ -8,18 +8,20 @@ result, identity (`env`, `env_path`, `task_index`, `repeat_index`), the flat `to
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 from gym_bridge.core.environment import FailureKind
 from gym_bridge.core.items import Item
 from gym_bridge.core.task import RECORD_FIELDS, Task
 from gym_bridge.core.trajectory import TokenView
 
-__all__ = ["RECORD_FIELDS", "FinishReason", "RolloutRecord"]
+__all__ = ["RECORD_FIELDS", "LoopFinish", "RolloutFinish", "RolloutRecord"]
 
-FinishReason = str
-"""`answer`, `max_turns`, `length` (a model call hit its token limit), `budget` (the
-completion token budget ran out), or `failed`."""
+LoopFinish = Literal["answer", "max_turns", "length", "budget"]
+"""How an agent loop ended a rollout: `answer`, `max_turns`, `length` (a model call hit its token
+limit) or `budget` (the completion token budget ran out). One model call's end is `FinishReason`."""
+RolloutFinish = Literal[LoopFinish, "failed"]
+"""How a rollout ended: as its loop ended it, or `failed` (its record carries the failure kind)."""
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,7 @@ class RolloutRecord:
     mask_sample: bool
     failure_kind: FailureKind | None
     failure_reason: str | None
-    finish_reason: FinishReason
+    finish_reason: RolloutFinish
     turns: int
     tool_calls: int
     latency_s: float

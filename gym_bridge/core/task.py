@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from gym_bridge.core.errors import DataError
-from gym_bridge.core.dialects.responses import to_chat_messages
-from gym_bridge.core.items import ChatMessage
+from gym_bridge.core.dialects.chat import ApiError
+from gym_bridge.core.dialects.responses import to_messages
+from gym_bridge.core.conversation import Message
 
 ROUTING_KEYS = ("agent_ref", "environment", "env_class", "task_source")
 RECORD_FIELDS = (
@@ -37,7 +38,7 @@ class Task:
     row: dict[str, Any]
     """The input row, untouched; verifier metadata lives here."""
     env_name: str
-    messages: tuple[ChatMessage, ...]
+    messages: tuple[Message, ...]
     """The prompt as chat messages (Responses `developer` becomes `system`)."""
     tools: tuple[dict[str, Any], ...] | None
     """Tool schemas from the row (Responses format), or None to use the environment's."""
@@ -146,9 +147,9 @@ def parse_task(row: Any, *, index: int, source: str = "", default_env: str | Non
     if not isinstance(task_input, (str, list)) or (isinstance(task_input, list) and not all(isinstance(m, dict) for m in task_input)):
         raise DataError("must be a string or a list of message objects", source=source, field=field)
     try:
-        messages = to_chat_messages(task_input)
-    except (ValueError, KeyError, TypeError, json.JSONDecodeError) as error:
-        raise DataError(str(error), source=source, field=field) from None
+        messages = to_messages(task_input)
+    except ApiError as error:
+        raise DataError(error.message, source=source, field=field) from None
     env_name = routing_name(row) or default_env
     if not env_name:
         raise DataError(

@@ -1,8 +1,8 @@
 """The default turn parser, for text whose model family is not known (chat APIs that return calls
-as text, `serve-model`): a `<think>` block is split off, then the turn is read as Hermes/Qwen
+as text): a `<think>` block is split off, then the turn is read as Hermes/Qwen
 `<tool_call>` calls or, failing that, as Llama 3 / plain JSON (call objects anywhere in the turn,
 one or a list of them, optionally after `<|python_tag|>` or in a ```json fence). Token rollouts use the
-family's own parser instead (`gym_bridge.core.template.parsers`).
+family's own parser instead (`gym_bridge.core.template.parsers`), and so do serve-model and the capture endpoint.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gym_bridge.core.record import FinishReason, RolloutRecord
+from gym_bridge.core.record import RolloutFinish, RolloutRecord
 
 __all__ = ["TrainingRow", "to_training_row"]
 
@@ -42,7 +42,7 @@ class TrainingRow:
     env_name: str
     turns: int
     tool_calls: int
-    finish_reason: FinishReason
+    finish_reason: RolloutFinish
     parse_errors: int
     unparsed_tool_calls: int
     harness_rewrites: int

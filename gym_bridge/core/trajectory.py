@@ -2,17 +2,30 @@
 
 The stream starts with the prompt ids and only ever appends: model tokens (trainable, with the
 log-prob they were sampled under) or environment tokens (masked, log-prob 0.0). Each model call
-records the prompt it saw, which is by construction the whole stream before it.
+records the prompt it saw, which is by construction the whole stream before it. That rule, "the
+next prompt extends everything seen so far", is checked in one place (`extends`, `first_difference`)
+wherever a prompt comes from outside: a chat server's ids, a harness's calls, their assembly.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gym_bridge.core.items import Item
 
 Segment = Literal["prompt", "model", "env"]
+
+
+def extends(context: Sequence[int], prompt: Sequence[int]) -> bool:
+    """Whether `prompt` starts with every id of `context` (and is at least as long)."""
+    return len(prompt) >= len(context) and list(prompt[: len(context)]) == list(context)
+
+
+def first_difference(context: Sequence[int], prompt: Sequence[int]) -> int:
+    """The first position where `prompt` departs from `context` (the shorter length when one is a prefix of the other)."""
+    return next((i for i, (a, b) in enumerate(zip(prompt, context)) if a != b), min(len(prompt), len(context)))
 
 
 @dataclass(frozen=True)

@@ -17,14 +17,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol, Sequence
 
 from gym_bridge.core.bounded.call import call_bounded
-from gym_bridge.core.errors import RolloutFailure
-from gym_bridge.core.items import POLICY_VERSION_FIELD, TOKEN_FIELDS, ChatMessage, Item, function_call_item, message_item, reasoning_item, user_message_item
+from gym_bridge.core.conversation import AssistantMessage, Message, assistant_message, tool_call, tool_message
+from gym_bridge.core.dialects.template_view import task_template_messages
+from gym_bridge.core.errors import FailRollout
+from gym_bridge.core.items import POLICY_VERSION_FIELD, TOKEN_FIELDS, Item, function_call_item, message_item, reasoning_item, user_message_item
 from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn
 from gym_bridge.core.policy import CallTokens, ChatPolicy, ChatRequest, ChatTurn, Generation, GenerationRequest, Policy, SamplingParams, is_token_policy
 from gym_bridge.core.task import Task
 from gym_bridge.core.template.chat_template import ChatTemplate, ToolOutput
 from gym_bridge.core.toolcall import parse_turn
-from gym_bridge.core.trajectory import TokenView, Trajectory
+from gym_bridge.core.trajectory import TokenView, Trajectory, extends, first_difference
 
 OFF_LOOP_TOKENIZE_CHARS = 8192
 """Environment messages at least this long are tokenized in a worker thread, off the event loop."""
@@ -113,7 +115,7 @@ class TokenTranscript(_Conversation):
         self.policy, self.template = policy, template
         self._last_token: int | None = None
         """The end-of-turn token the model sampled last, whose closing the next delta must not repeat."""
-        trajectory.prompt_ids = template.prompt_ids(task.messages, tools or None)
+        trajectory.prompt_ids = template.prompt_ids(task_template_messages(task.messages), tools or None)
 
     async def generate(self, sampling: SamplingParams) -> tuple[Generation, ParsedTurn]:
         trajectory, template = self.trajectory, self.template
@@ -121,13 +123,8 @@ class TokenTranscript(_Conversation):
         generation = await self.policy.generate(GenerationRequest(prompt_ids=prompt_ids, sampling=sampling, session_id=self.session_id))
         trajectory.append_model(generation.token_ids, generation.logprobs)
         ids = generation.token_ids
-        self._last_token = ids[-1] if ids and ids[-1] in template.eos_token_ids else None
-        text = generation.text
-        if text is None:
-            text = template.decode(ids[:-1] if self._last_token is not None else ids)
-        elif self._last_token is not None:
-            text = text.removesuffix(template.closing_text(self._last_token))
-        parsed, items = self.add_turn(template.parse(text, prompt_ids=prompt_ids, tools=self.tools), self._call_id)
+        turn, _, self._last_token = read_turn(template, ids, text=generation.text, prompt_ids=prompt_ids, tools=self.tools)
+        parsed, items = self.add_turn(turn, self._call_id)
         last: Any = items[-1]
         last["prompt_token_ids"] = prompt_ids
         last["generation_token_ids"] = list(ids)
@@ -178,7 +175,7 @@ class MessageTranscript(_Conversation):
                  trajectory: Trajectory, session_id: str, max_tokens: int) -> None:
         super().__init__(trajectory=trajectory, session_id=session_id, tools=tools, max_tokens=max_tokens)
         self.policy = policy
-        self.messages: list[ChatMessage] = list(task.messages)
+        self.messages: list[Message] = list(task.messages)
 
     async def generate(self, sampling: SamplingParams) -> tuple[Generation, ParsedTurn]:
         """One call of the chat policy: items and an assistant message, plus the call's tokens when
@@ -192,15 +189,9 @@ class MessageTranscript(_Conversation):
         else:
             self._append_call_tokens(tokens)
         parsed, items = self.add_turn(_parsed_chat_turn(turn), lambda item_id, call: item_id)
-        message: ChatMessage = {"role": "assistant", "content": parsed.content}
-        if parsed.calls:
-            message["tool_calls"] = [{"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
-                                     for call in parsed.calls]
+        message = assistant_message(parsed.content, [tool_call(call.call_id or "", call.name, call.arguments) for call in parsed.calls])
         if tokens is not None:
-            fields = dict(zip(TOKEN_FIELDS, (list(tokens.prompt_token_ids), list(tokens.generation_token_ids), list(tokens.generation_log_probs))))
-            last: Any = items[-1]
-            last.update(fields)
-            message.update(fields)
+            _carry_tokens(message, items[-1], tokens)
         self.trajectory.output.extend(items)
         self.messages.append(message)
         generation = Generation(token_ids=list(tokens.generation_token_ids) if tokens else [],
@@ -216,9 +207,9 @@ class MessageTranscript(_Conversation):
             trajectory.prompt_ids = prompt
         else:
             seen = trajectory.context_ids()
-            if not trajectory.prompt_ids or prompt[: len(seen)] != seen:
-                at = next((i for i, (a, b) in enumerate(zip(prompt, seen)) if a != b), min(len(prompt), len(seen)))
-                raise RolloutFailure(
+            if not trajectory.prompt_ids or not extends(seen, prompt):
+                at = first_difference(seen, prompt)
+                raise FailRollout(
                     "infra",
                     f"the model server's prompt token ids for call {trajectory.model_calls + 1} do not start with the "
                     f"{len(seen)} tokens of the earlier calls (first difference at position {at}); the server must keep "
@@ -228,13 +219,39 @@ class MessageTranscript(_Conversation):
         trajectory.append_model(list(tokens.generation_token_ids), list(tokens.generation_log_probs))
 
     async def append_tool_outputs(self, outputs: Sequence[ToolOutput]) -> bool:
-        self.messages.extend({"role": "tool", "tool_call_id": out.call_id, "name": out.name, "content": out.content} for out in outputs)
+        self.messages.extend(tool_message(out.call_id, out.content, name=out.name) for out in outputs)
         return True
 
     async def append_user_message(self, content: str) -> bool:
         self.messages.append({"role": "user", "content": content})
         self.add_user_item(content)
         return True
+
+
+def read_turn(template: ChatTemplate, ids: Sequence[int], *, text: str | None, prompt_ids: Sequence[int],
+              tools: Sequence[dict[str, Any]]) -> tuple[ParsedTurn, str, int | None]:
+    """A sampled turn read with the model family's parsers: the parsed turn, its text (`text` as the
+    backend decoded it, else decoded here; without the end-of-turn token either way), and the
+    end-of-turn token it ended on (None when it did not end on one)."""
+    last_token = ids[-1] if ids and ids[-1] in template.eos_token_ids else None
+    if text is None:
+        text = template.decode(ids[:-1] if last_token is not None else ids)
+    elif last_token is not None:
+        text = text.removesuffix(template.closing_text(last_token))
+    return template.parse(text, prompt_ids=prompt_ids, tools=tools), text, last_token
+
+
+def answer_message(parsed: ParsedTurn, text: str, *, tools_offered: bool, call_id: Callable[[int, ParsedCall], str]) -> AssistantMessage:
+    """The assistant message a chat server answers for a sampled turn (`text`, read by `read_turn` into
+    `parsed`), the one rule of serve-model and the capture endpoint: content and reasoning apart, and
+    each call named `call_id(n, call)`. With no tools offered, call-shaped text is content; a turn
+    whose calls do not all parse is answered as written (as vLLM's tool parsers do)."""
+    if not tools_offered and parsed.calls:
+        return assistant_message(parsed.content or text, reasoning=parsed.reasoning)
+    if any(call.error is not None for call in parsed.calls):
+        return assistant_message(text)
+    calls = [tool_call(call_id(n, call), call.name, call.arguments) for n, call in enumerate(parsed.calls)]
+    return assistant_message((parsed.content or None) if calls else parsed.content, calls, reasoning=parsed.reasoning)
 
 
 class StartTranscript(Protocol):
@@ -266,6 +283,16 @@ def transcript_starter(policy: Policy | ChatPolicy, template: ChatTemplate | Non
         return MessageTranscript(chat_policy, task=task, tools=tools, trajectory=trajectory, session_id=session_id,
                                  max_tokens=max_tokens)
     return start_messages
+
+
+def _carry_tokens(message: AssistantMessage, last_item: Item, tokens: CallTokens) -> None:
+    """Put a chat call's token ids on its assistant message (sent back, so the server keeps the prefix
+    exact) and on its last item (the record's)."""
+    message["prompt_token_ids"] = list(tokens.prompt_token_ids)
+    message["generation_token_ids"] = list(tokens.generation_token_ids)
+    message["generation_log_probs"] = list(tokens.generation_log_probs)
+    last: Any = last_item
+    last.update(zip(TOKEN_FIELDS, (message["prompt_token_ids"], message["generation_token_ids"], message["generation_log_probs"])))
 
 
 def _parsed_chat_turn(turn: ChatTurn) -> ParsedTurn:

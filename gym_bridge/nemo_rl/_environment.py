@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 from gym_bridge.core.loop_thread import LoopThread
 from gym_bridge.verl._data import row_from_columns
 from gym_bridge.core.agent_loop import Limits
+from gym_bridge.core.dialects.template_view import task_template_messages
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import FAILURE_KINDS, Environment
 from gym_bridge.core.dialects.responses import final_text
@@ -269,7 +270,7 @@ def datum_from_row(datum_dict: Mapping[str, Any], task_data_spec: Any, tokenizer
     env_class = resolve_tasks([task])[task.env_name]
     tools = task.tools if task.tools is not None else tuple(spec.schema for spec in env_class.tool_specs().values())
     template = ChatTemplate(tokenizer, tool_format=tool_format)
-    text = template.prompt_text(task.messages, tools or None)
+    text = template.prompt_text(task_template_messages(task.messages), tools or None)
     token_ids = torch.tensor(template.encode(text), dtype=torch.int64)
     loss_multiplier = 1.0
     if max_seq_length is not None and len(token_ids) >= max_seq_length:

@@ -18,15 +18,13 @@ later calls, from which the server keeps the prompt's prefix exact. Those record
 from __future__ import annotations
 
 import asyncio
-import json
 import weakref
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from gym_bridge.core.dialects.chat import to_chat_tool, to_openai_messages
-from gym_bridge.core.dialects.responses import from_chat_messages, to_responses_tool
-from gym_bridge.core.items import TOKEN_FIELDS
-from gym_bridge.core.policy import CallTokens, ChatRequest, ChatToolCall, ChatTurn, ContextOverflowError, SamplingParams
+from gym_bridge.core.dialects.chat import chat_request, chat_turn_from_completion
+from gym_bridge.core.dialects.responses import chat_turn_from_response, responses_request
+from gym_bridge.core.policy import ChatRequest, ChatTurn, ContextOverflowError, SamplingParams
 from gym_bridge.policies.remote import CONTEXT_OVERFLOW_PATTERN, RequestTimeoutError
 from gym_bridge.core.errors import BackendAnswerError, MissingExtraError
 
@@ -116,19 +114,7 @@ class ChatAPIPolicy:
 
     async def _chat_completions(self, request: ChatRequest) -> ChatTurn:
         sampling = request.sampling
-        params: dict[str, Any] = {
-            "model": self.model,
-            "messages": to_openai_messages(request.messages),
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "max_completion_tokens": sampling.max_new_tokens,
-        }
-        if request.tools:
-            params["tools"] = [to_chat_tool(schema) for schema in request.tools]
-        if sampling.stop:
-            params["stop"] = list(sampling.stop)
-        if sampling.seed is not None:
-            params["seed"] = sampling.seed
+        params = chat_request(request, model=self.model)
         extra = self._extra_body(sampling)
         if self.token_ids:
             params["logprobs"], params["top_logprobs"] = True, 0
@@ -146,16 +132,7 @@ class ChatAPIPolicy:
 
     async def _responses(self, request: ChatRequest) -> ChatTurn:
         sampling = request.sampling
-        params: dict[str, Any] = {
-            "model": self.model,
-            "input": from_chat_messages(request.messages),
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "max_output_tokens": sampling.max_new_tokens,
-            "store": False,
-        }
-        if request.tools:
-            params["tools"] = [to_responses_tool(schema) for schema in request.tools]
+        params = responses_request(request, model=self.model)
         extra = self._extra_body(sampling)
         if extra:
             params["extra_body"] = extra
@@ -177,78 +154,6 @@ class ChatAPIPolicy:
     def close(self) -> None:
         """Forget every client (inside an event loop, `aclose` closes its client cleanly)."""
         self._clients.clear()
-
-
-def chat_turn_from_completion(completion: dict[str, Any]) -> ChatTurn:
-    """A chat-completions answer as a `ChatTurn`; raises `BackendError` when it has no choice."""
-    choices = completion.get("choices") or []
-    if not choices or not isinstance(choices[0].get("message"), dict):
-        raise BackendAnswerError(f"chat completion has no message: {json.dumps(completion)[:200]}")
-    choice = choices[0]
-    message = choice["message"]
-    calls = tuple(
-        ChatToolCall(name=call["function"]["name"], arguments=call["function"].get("arguments") or "{}")
-        for call in message.get("tool_calls") or [] if call.get("function")
-    )
-    reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
-    usage = completion.get("usage") or {}
-    return ChatTurn(
-        text=message.get("content") or "",
-        reasoning=reasoning if isinstance(reasoning, str) else "",
-        tool_calls=calls,
-        finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
-        usage={"input_tokens": int(usage.get("prompt_tokens") or 0), "output_tokens": int(usage.get("completion_tokens") or 0)},
-        tokens=call_tokens(message),
-    )
-
-
-def call_tokens(message: Mapping[str, Any]) -> CallTokens | None:
-    """The token fields NeMo RL's server puts on an answer's message, or None when there are none.
-
-    Raises `BackendError` when they are there but malformed (missing one, lengths that disagree).
-    """
-    present = [field for field in TOKEN_FIELDS if message.get(field) is not None]
-    if not present:
-        return None
-    if len(present) != len(TOKEN_FIELDS):
-        raise BackendAnswerError(f"the message carries {present} but not all of {list(TOKEN_FIELDS)}")
-    prompt, generation, logprobs = (message[field] for field in TOKEN_FIELDS)
-    if not all(isinstance(value, list) for value in (prompt, generation, logprobs)) or len(generation) != len(logprobs):
-        raise BackendAnswerError(f"malformed token fields: {len(generation)} generation ids and {len(logprobs)} log-probs")
-    return CallTokens(prompt_token_ids=[int(t) for t in prompt], generation_token_ids=[int(t) for t in generation],
-                      generation_log_probs=[float(v) for v in logprobs])
-
-
-def chat_turn_from_response(response: dict[str, Any], *, stop: tuple[str, ...] = ()) -> ChatTurn:
-    """A Responses answer as a `ChatTurn`: output text, reasoning summaries and `function_call` items.
-
-    Stop strings, which the Responses API lacks, cut the text after the first one.
-    """
-    texts: list[str] = []
-    reasoning: list[str] = []
-    calls: list[ChatToolCall] = []
-    for item in response.get("output") or []:
-        kind = item.get("type")
-        if kind == "message":
-            texts.extend(part.get("text") or "" for part in item.get("content") or [] if part.get("type") == "output_text")
-        elif kind == "reasoning":
-            reasoning.extend(part.get("text") or "" for part in item.get("summary") or [])
-            reasoning.extend(part.get("text") or "" for part in item.get("content") or [] if part.get("type") == "reasoning_text")
-        elif kind == "function_call":
-            calls.append(ChatToolCall(name=item.get("name", ""), arguments=item.get("arguments") or "{}"))
-    text = "".join(texts)
-    finish_reason: Literal["stop", "length"] = "stop"
-    details = response.get("incomplete_details") or {}
-    if response.get("status") == "incomplete" and details.get("reason") == "max_output_tokens":
-        finish_reason = "length"
-    cuts = [text.find(s) + len(s) for s in stop if s in text]
-    if cuts:
-        text, finish_reason, calls = text[: min(cuts)], "stop", []
-    usage = response.get("usage") or {}
-    return ChatTurn(
-        text=text, reasoning="\n".join(r for r in reasoning if r), tool_calls=tuple(calls), finish_reason=finish_reason,
-        usage={"input_tokens": int(usage.get("input_tokens") or 0), "output_tokens": int(usage.get("output_tokens") or 0)},
-    )
 
 
 def _as_dict(answer: Any) -> dict[str, Any]:

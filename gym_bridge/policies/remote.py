@@ -43,6 +43,7 @@ import aiohttp
 import orjson
 from yarl import URL
 
+from gym_bridge.core.dialects.completions import MalformedAnswerError, parse_completion, preview, request_fields
 from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest, SamplingParams
 from gym_bridge.policies.router import ReplicaRouter
 from gym_bridge.core.errors import BackendAnswerError
@@ -60,7 +61,6 @@ CONTEXT_OVERFLOW_PATTERN = re.compile(
 KEEPALIVE_S = 4.0
 """Idle pooled connections are closed after this long: below uvicorn's 5 s default (vLLM's server),
 so the client never reuses a connection the server is closing."""
-_TOKEN_ID_PREFIX = "token_id:"
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
 
@@ -118,143 +118,20 @@ def normalize_base_url(url: str) -> str:
     return url if parts.path not in ("", "/") else url + "/v1"
 
 
-def completion_body(request: GenerationRequest, *, model: str, echo_prompt: bool = True) -> dict[str, Any]:
-    """The `/v1/completions` body for one request.
-
-    Every sampling field is sent, neutral ones included (`min_p`, penalties), because vLLM fills
-    fields a request leaves out from the model's `generation_config.json`, and then the same
-    `SamplingParams` would sample differently on different backends. `top_k=0` (off) is sent as
-    vLLM's -1; stop strings stay in the text, as on every gym_bridge backend. `echo_prompt` asks
-    for `return_token_ids` (the server then echoes the prompt ids and sends the sampled ids).
-    """
-    body = _sampling_fields(request.sampling, model=model)
-    body["prompt"] = list(request.prompt_ids)
-    if echo_prompt:
-        body["return_token_ids"] = True
-    return body
-
-
-def _sampling_fields(sampling: SamplingParams, *, model: str) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "model": model,
-        "max_tokens": sampling.max_new_tokens,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "top_k": sampling.top_k if sampling.top_k > 0 else -1,
-        "min_p": 0.0,
-        "repetition_penalty": 1.0,
-        "presence_penalty": 0.0,
-        "frequency_penalty": 0.0,
-        "n": 1,
-        "stream": False,
-        "echo": False,
-        "logprobs": 0,
-        "return_tokens_as_token_ids": True,
-        "include_stop_str_in_output": True,
-    }
-    if sampling.stop:
-        body["stop"] = list(sampling.stop)
-    if sampling.seed is not None:
-        body["seed"] = sampling.seed
-    if sampling.logprobs_mode != "raw":
-        body["logprobs_mode"] = sampling.logprobs_mode  # serve-model honours it; vLLM fixes it at launch
-    return body
-
-
-def parse_completion(data: Any, *, request: GenerationRequest, vocab_size: int | None = None) -> Generation:
-    """The `Generation` in a `/v1/completions` answer.
-
-    Raises `_RetryableAnswer` for a malformed answer (ids outside `[0, vocab_size)` included) and
-    `BackendError` when the server answered for another prompt than the one sent (a proxy or server
-    that rewrites prompts).
-    """
-    if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
-        raise _RetryableAnswer(f"answer has no choices: {_preview(data)}")
-    choice = data["choices"][0]
-    if not isinstance(choice, dict):
-        raise _RetryableAnswer(f"choice is not an object: {_preview(choice)}")
-    logprobs = choice.get("logprobs")
-    if not isinstance(logprobs, dict):
-        logprobs = {}
-    token_logprobs = logprobs.get("token_logprobs")
-    token_ids = choice.get("token_ids")
-    listed_ids = _ids_from_token_strings(logprobs.get("tokens"))
-    if token_ids is None:
-        token_ids = listed_ids
-    if token_ids is None:
-        raise _RetryableAnswer(
-            "answer has no token ids: the server needs `return_token_ids` (vLLM >= 0.10.2) or "
-            "`return_tokens_as_token_ids` with log-probs"
-        )
-    if not isinstance(token_ids, list) or not all(type(token) is int for token in token_ids):
-        raise _RetryableAnswer(f"token_ids is not a list of integers: {_preview(token_ids)}")
-    if listed_ids is not None and listed_ids is not token_ids and listed_ids != token_ids:
-        raise _RetryableAnswer("token_ids and the log-prob tokens disagree")
-    if vocab_size is not None and token_ids and (min(token_ids) < 0 or max(token_ids) >= vocab_size):
-        outside = sorted({token for token in token_ids if not 0 <= token < vocab_size})
-        raise _RetryableAnswer(f"token ids outside the tokenizer's vocabulary [0, {vocab_size}): {_preview(outside)} "
-                               "(does this server serve another model than the tokenizer's?)")
-    if not isinstance(token_logprobs, list) or len(token_logprobs) != len(token_ids):
-        raise _RetryableAnswer(
-            f"answer has {len(token_ids)} token ids but log-probs {_preview(token_logprobs)}; log-probs must be on"
-        )
-    if not all(type(value) is float for value in token_logprobs):  # orjson gives floats; ints only for integral values
-        if not all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in token_logprobs):
-            raise _RetryableAnswer(f"log-probs are not all numbers: {_preview(token_logprobs)}")
-        token_logprobs = [float(value) for value in token_logprobs]
-    finish_reason = choice.get("finish_reason")
-    if finish_reason not in ("stop", "length"):
-        raise _RetryableAnswer(f"finish_reason {finish_reason!r} is neither 'stop' nor 'length'")
-    if len(token_ids) > request.sampling.max_new_tokens:
-        raise _RetryableAnswer(f"{len(token_ids)} tokens returned for max_tokens={request.sampling.max_new_tokens}")
-    text = choice.get("text")
-    if text is not None and not isinstance(text, str):
-        raise _RetryableAnswer(f"text is not a string: {_preview(text)}")
-    prompt_ids = choice.get("prompt_token_ids")
-    if prompt_ids is not None and prompt_ids != _as_list(request.prompt_ids):
-        raise BackendAnswerError("the server generated for other prompt ids than those sent (does a proxy rewrite prompts?)")
-    mode = choice.get("logprobs_mode")
-    if mode is not None and mode != request.sampling.logprobs_mode:
-        raise BackendAnswerError(f"asked for {request.sampling.logprobs_mode} log-probs, the server returned {mode} ones")
-    return Generation(token_ids=token_ids, logprobs=token_logprobs, finish_reason=finish_reason, text=text)
-
-
-def _as_list(ids: Sequence[int]) -> list[int]:
-    return ids if isinstance(ids, list) else list(ids)
-
-
-def _ids_from_token_strings(tokens: Any) -> list[int] | None:
-    """The ids in `return_tokens_as_token_ids` strings (`"token_id:42"`); None unless every token is one."""
-    if not isinstance(tokens, list):
-        return None
-    try:
-        ids = [int(token[9:]) for token in tokens if token[:9] == _TOKEN_ID_PREFIX]
-    except (TypeError, ValueError, KeyError):
-        return None
-    return ids if len(ids) == len(tokens) else None
-
-
-def _preview(value: Any, limit: int = 200) -> str:
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", errors="replace")
-    text = value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
 def error_message(answer: HttpAnswer) -> str:
     """The message of an error answer (OpenAI/vLLM `{"error": {"message"}}`, `{"message"}`, FastAPI `{"detail"}`)."""
     try:
         data = orjson.loads(answer.body)
     except orjson.JSONDecodeError:
-        return _preview(answer.body) or f"HTTP {answer.status}"
+        return preview(answer.body) or f"HTTP {answer.status}"
     if isinstance(data, dict):
         error = data.get("error")
         if isinstance(error, dict) and error.get("message"):
             return str(error["message"])
         for key in ("message", "detail", "error"):
             if data.get(key):
-                return data[key] if isinstance(data[key], str) else _preview(data[key])
-    return _preview(data)
+                return data[key] if isinstance(data[key], str) else preview(data[key])
+    return preview(data)
 
 
 def _retry_after_s(value: str | None) -> float | None:
@@ -321,7 +198,7 @@ async def served_models(base_url: str, *, api_key: str | None = None, timeout_s:
         data = orjson.loads(answer.body)["data"]
         return [entry for entry in data if isinstance(entry, dict) and "id" in entry]
     except (orjson.JSONDecodeError, KeyError, TypeError):
-        raise BackendAnswerError(f"{url} answered something other than a model list: {_preview(answer.body)}") from None
+        raise BackendAnswerError(f"{url} answered something other than a model list: {preview(answer.body)}") from None
 
 
 async def served_token_ids(base_url: str, text: str, *, model: str, api_key: str | None = None, timeout_s: float = 10.0) -> list[int] | None:
@@ -506,7 +383,7 @@ class RemotePolicy:
         key = (request.sampling, echo_prompt)
         head = self._heads.get(key)
         if head is None:
-            fields = _sampling_fields(request.sampling, model=self.model)
+            fields = request_fields(request.sampling, model=self.model)
             if echo_prompt:
                 fields["return_token_ids"] = True
             fields.update(self.extra_body)
@@ -559,13 +436,14 @@ class RemotePolicy:
             try:
                 data = orjson.loads(body)
             except orjson.JSONDecodeError:
-                raise _RetryableAnswer(f"answer is not JSON: {_preview(body)}") from None
+                raise _RetryableAnswer(f"answer is not JSON: {preview(body)}") from None
             generation = parse_completion(data, request=request, vocab_size=self.vocab_size)
-        except (_RetryableAnswer, BackendError) as error:
+        except (_RetryableAnswer, MalformedAnswerError) as error:
             self.router.finished(server, ok=False, down=True)
-            if isinstance(error, BackendError):
-                raise BackendAnswerError(f"{self.base_urls[server]}: {error}") from None
-            raise
+            raise _RetryableAnswer(str(error)) from None
+        except BackendError as error:
+            self.router.finished(server, ok=False, down=True)
+            raise BackendAnswerError(f"{self.base_urls[server]}: {error}") from None
         self.router.finished(server, ok=True)
         return generation
 

@@ -35,6 +35,7 @@ from gym_bridge.core.record import RolloutRecord, with_train_step
 from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.rollout_file import RolloutWriter
 from gym_bridge.core.template.chat_template import ChatTemplate
+from gym_bridge.core.template.check import TemplateCheck
 
 try:
     from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
@@ -217,7 +218,7 @@ class GymBridgeAgentLoop(AgentLoopBase):
     """
 
     def __init__(self, *args: Any, max_turns: int = 8, deadline_s: float = 600.0, generation_timeout_s: float = 3600.0,
-                 max_new_tokens_per_turn: int | None = None, template_check: str = "error", max_concurrency: int = 64,
+                 max_new_tokens_per_turn: int | None = None, template_check: TemplateCheck = "error", max_concurrency: int = 64,
                  per_env_concurrency: int | None = None, records_path: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.prompt_length = int(self.rollout_config.prompt_length)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gym_bridge.core.errors import DataError
-from gym_bridge.core.dialects.responses import item_text, to_chat_messages
+from gym_bridge.core.dialects.responses import item_text, to_messages
 from gym_bridge.core.items import TOKEN_FIELDS
 from gym_bridge.core.rollout_file import RolloutWriter, input_row
 from gym_bridge.view.reading import Skipped, numbered_rollouts, require_some
@@ -55,7 +55,7 @@ def _input_steps(row: Mapping[str, Any]) -> list[dict[str, Any]]:
     params = row.get("responses_create_params") or {}
     task_input = (params.get("input") if isinstance(params, Mapping) else None) or row.get("messages") or row.get("prompt") or ""
     steps = []
-    for message in to_chat_messages(task_input):
+    for message in to_messages(task_input):
         step: dict[str, Any] = {"source": _SOURCES.get(message["role"], "user"), "message": str(message.get("content") or "")}
         if step["source"] == "agent":
             step["is_copied_context"] = True

@@ -19,7 +19,9 @@ from itertools import islice
 from typing import Any
 
 from gym_bridge.core.errors import DataError
-from gym_bridge.core.dialects.responses import item_text, to_chat_messages
+from gym_bridge.core.conversation import tool_calls_of
+from gym_bridge.core.dialects.chat import ApiError
+from gym_bridge.core.dialects.responses import item_text, to_messages
 
 SORT_KEYS = ("reward", "best", "latency", "turns", "tokens", "file")
 """`--sort` choices: `reward` ascending (worst first), `best` (highest reward first), `latency`, `turns` and
@@ -105,14 +107,14 @@ def _input_turns(row: Mapping[str, Any]) -> list[Turn]:
     if task_input is None:
         task_input = row.get("messages") or row.get("prompt") or ""
     try:
-        messages = to_chat_messages(task_input)
-    except (ValueError, KeyError, TypeError, AttributeError):  # not messages: shown as the JSON it is
+        messages = to_messages(task_input)
+    except (ApiError, ValueError, KeyError, TypeError, AttributeError):  # not messages: shown as the JSON it is
         return [Turn("user", json.dumps(task_input, ensure_ascii=False))]
     turns = []
     for message in messages:
-        for call in message.get("tool_calls") or []:
-            function = call.get("function", {})
-            turns.append(Turn("tool_call", json.dumps(function.get("arguments"), ensure_ascii=False), name=function.get("name", "")))
+        for call in tool_calls_of(message):
+            function = call["function"]
+            turns.append(Turn("tool_call", function["arguments"], name=function["name"]))
         if message.get("content") or not message.get("tool_calls"):
             turns.append(Turn("tool_output" if message["role"] == "tool" else message["role"], str(message.get("content", ""))))
     return turns

@@ -97,3 +97,18 @@ def test_the_answered_message_goes_back_with_its_token_ids_and_the_calls_are_cap
 def test_a_chat_policy_without_token_ids_is_an_infra_failure_that_says_so() -> None:
     record = rollout(RecordingChat(tokens=False))
     assert record["failure_kind"] == "infra" and "answered without token ids" in record["failure_reason"]
+
+
+def test_the_session_interface_is_a_protocol_both_sessions_meet_without_inheriting_it() -> None:
+    """`SessionState` is what the endpoint and the harness loop need (a Protocol, checked by mypy --strict),
+    not a base class whose `chat_completions` raises NotImplementedError."""
+    import typing
+
+    from gym_bridge.capture.chat_session import ChatCaptureSession
+    from gym_bridge.capture.session import CaptureSession, SessionState
+
+    assert getattr(SessionState, "_is_protocol", False)
+    for session in (CaptureSession, ChatCaptureSession):
+        assert SessionState not in session.__mro__
+        assert {"chat_completions", "responses", "close"} <= set(vars(session)) | set(vars(session.__mro__[1]))
+    assert typing.get_type_hints(SessionState)["token"] is str

@@ -12,8 +12,8 @@ import pytest
 from gym_bridge.core.dialects.chat import (
     ApiError, ChatBody, MessageIn, ToolIn, from_chat_tool, to_chat_tool, to_openai_messages, tool_call_arguments,
 )
-from gym_bridge.core.dialects.responses import from_chat_messages, item_text, to_chat_messages, to_responses_tool
-from gym_bridge.core.dialects.responses_api import output_items, request_messages
+from gym_bridge.core.dialects.responses import from_chat_messages, item_text, to_messages, to_responses_tool
+from gym_bridge.core.dialects.responses_api import output_items
 from gym_bridge.core.dialects.template_view import template_messages, to_template_tool
 from gym_bridge.core.items import (
     function_call_item, function_call_output_item, message_item, reasoning_item, user_message_item,
@@ -57,21 +57,22 @@ def test_task_input_items_become_chat_messages():
         function_call_item("get_weather", '{"city": "Paris"}', call_id="call_1", item_id="fc_1"),
         function_call_output_item('{"t": 21}', call_id="call_1"),
     ]
-    assert to_chat_messages(task_input) == [
+    # one converter for task inputs and /v1/responses requests: the call keeps its id, the output names it
+    assert to_messages(task_input) == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
-        {"role": "tool", "content": '{"t": 21}'},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"t": 21}'},
     ]
-    assert to_chat_messages("hi") == [{"role": "user", "content": "hi"}]
+    assert to_messages("hi") == [{"role": "user", "content": "hi"}]
 
 
 def test_unknown_input_entries_are_named():
-    with pytest.raises(ValueError, match=r"input\[1\].role: unknown role 'robot'"):
-        to_chat_messages([{"role": "user", "content": "a"}, {"role": "robot", "content": "b"}])
-    with pytest.raises(ValueError, match=r"input\[0\]: .* got type 'web_search_call'"):
-        to_chat_messages([{"type": "web_search_call"}])
+    with pytest.raises(ApiError, match=r"input\[1\].role: expected user, system, developer or assistant, got 'robot'"):
+        to_messages([{"role": "user", "content": "a"}, {"role": "robot", "content": "b"}])
+    with pytest.raises(ApiError, match=r"input\[0\]: items of type 'web_search_call' are not supported"):
+        to_messages([{"type": "web_search_call"}])
 
 
 def _qwen_like_template(smol_tokenizer) -> ChatTemplate:
@@ -121,10 +122,9 @@ def test_chat_policy_messages_to_responses_input_and_back():
         {"type": "function_call", "call_id": "call_7", "name": "get_weather", "arguments": arguments},
         {"type": "function_call_output", "call_id": "call_7", "output": '{"t": 21}'},
     ]
-    # and back: the same roles, contents and call (Responses input messages carry no call ids)
-    again = to_chat_messages(items)
-    assert [(m["role"], m["content"]) for m in again] == [("system", "Be brief."), ("user", "Weather?"), ("assistant", ""), ("tool", '{"t": 21}')]
-    assert again[2]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": {"city": "Paris"}}
+    # and back: the same messages, the call and its output keeping the call's id
+    again = to_messages(items)
+    assert again == [messages[0], messages[1], {**messages[2], "content": None}, messages[3]]
 
 
 # -- chat-completions messages <-> the template's view ------------------------------------------
@@ -224,6 +224,22 @@ def test_responses_output_items_go_back_as_the_one_assistant_message_they_came_f
     items = output_items(completion)
     assert [item["type"] for item in items] == ["reasoning", "message", "function_call", "function_call"]
     outputs = [{"type": "function_call_output", "call_id": "call_1", "output": [{"type": "input_text", "text": "1"}]}]
-    back = request_messages([{"role": "user", "content": "add"}, *items, *outputs])
+    back = to_messages([{"role": "user", "content": "add"}, *items, *outputs])
     assert back[1] == {"role": "assistant", "content": "Let me add.", "tool_calls": message["tool_calls"]}
     assert back[2] == {"role": "tool", "tool_call_id": "call_1", "content": "1"} and len(back) == 3
+
+
+def test_a_tasks_calls_reach_the_template_with_their_ids_and_arguments_as_objects():
+    from gym_bridge.core.dialects.template_view import task_template_messages
+
+    messages = to_messages([{"role": "user", "content": "Weather?"},
+                            function_call_item("get_weather", '{"city": "Paris"}', call_id="call_1", item_id="fc_1"),
+                            function_call_output_item('{"t": 21}', call_id="call_1")])
+    assert task_template_messages(messages) == [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"t": 21}'},
+    ]
+    plain = to_messages("hi")
+    assert task_template_messages(plain) is plain  # no call: the messages as they are, nothing copied

@@ -273,9 +273,9 @@ def test_base_urls_are_normalized():
 
 def test_parse_completion_rejects_too_many_tokens():
     request = GenerationRequest(prompt_ids=[1], sampling=SamplingParams(max_new_tokens=1))
-    from gym_bridge.policies.remote import _RetryableAnswer
+    from gym_bridge.core.dialects.completions import MalformedAnswerError
 
-    with pytest.raises(_RetryableAnswer, match="2 tokens returned for max_tokens=1"):
+    with pytest.raises(MalformedAnswerError, match="2 tokens returned for max_tokens=1"):
         parse_completion(completion([5, 6], [-0.1, -0.2]), request=request)
 
 

@@ -154,7 +154,8 @@ def test_processed_logprobs_per_request(url):
 def test_chat_completions_parse_tool_calls(url, smol_tokenizer):
     """A scripted model reply (through /v1/completions' sibling logic) is hard with a random model, so the
     message parsing is checked on the chat endpoint's fields and on `_assistant_message` directly."""
-    from gym_bridge.core.policy import Generation
+    from gym_bridge.core.dialects.chat import answer_choice
+    from gym_bridge.core.template.chat_template import ChatTemplate
     from gym_bridge.server import _assistant_message
 
     tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]
@@ -166,12 +167,14 @@ def test_chat_completions_parse_tool_calls(url, smol_tokenizer):
         f"token_id:{token}" for token in choice["token_ids"]]
     assert "lookup" in smol_tokenizer.decode(answer["prompt_token_ids"])  # the tools reached the prompt
 
+    template, prompt, schemas = ChatTemplate(smol_tokenizer), answer["prompt_token_ids"], [{"name": "lookup"}]
     text = 'Sure.\n<tool_call>\n{"name": "lookup", "arguments": {"word": "a"}}\n</tool_call>'
-    message, finish = _assistant_message(text, Generation([1], [0.0], "stop"), parse_tools=True)
-    assert finish == "tool_calls" and message["content"] == "Sure."
+    message = _assistant_message(template, text, prompt_ids=prompt, tools=schemas)
+    assert answer_choice(0, message, "stop")["finish_reason"] == "tool_calls" and message["content"] == "Sure."
     assert message["tool_calls"][0]["function"] == {"name": "lookup", "arguments": '{"word": "a"}'}
-    message, finish = _assistant_message("<tool_call>{bad</tool_call>", Generation([1], [0.0], "stop"), parse_tools=True)
-    assert finish == "stop" and message["tool_calls"] == [] and message["content"] == "<tool_call>{bad</tool_call>"
+    message = _assistant_message(template, "<tool_call>{bad</tool_call>", prompt_ids=prompt, tools=schemas)
+    assert answer_choice(0, message, "stop")["finish_reason"] == "stop"
+    assert message["tool_calls"] == [] and message["content"] == "<tool_call>{bad</tool_call>"
 
 
 def test_chat_history_with_tool_calls_renders_like_the_engine(url, smol_template):
@@ -303,3 +306,63 @@ def test_eval_cli_refuses_a_tokenizer_that_does_not_match_the_server(tmp_path, c
         code = main(["eval", "--env", "math", "--limit", "1", "--base-url", other, "--no-progress", "--output", str(tmp_path / "o.jsonl")])
     assert code == 2
     assert "the embedded SmolLM2 tokenizer does not tokenize like the server's model 'org/other-model'" in capsys.readouterr().err
+
+
+class _ScriptedModel:
+    """serve-model's policy with the tiny model's tokenizer and config but canned turns (a random model
+    writes no tool call): `generate` pops the next scripted generation."""
+
+    def __init__(self, policy, turns):
+        self.tokenizer, self.model, self.eos_token_ids = policy.tokenizer, policy.model, policy.eos_token_ids
+        self.turns = list(turns)
+
+    async def generate(self, request):
+        return self.turns.pop(0)
+
+
+def test_one_model_answers_alike_through_serve_model_and_the_capture_endpoint(server, turn):
+    """The same sampled turns, answered by serve-model's chat route and by a capture session over the same
+    template: the same content, reasoning and calls (both read the turn with the model family's parsers
+    and answer by one rule; ids differ by design). On main serve-model read calls with the generic parser
+    and answered a malformed call as its text, capture dropped it."""
+    from gym_bridge.capture.session import CaptureSession
+    from gym_bridge.core.agent_loop import Limits
+    from gym_bridge.core.policy import ScriptedPolicy
+    from gym_bridge.core.template.chat_template import ChatTemplate
+
+    texts = ['Let me look.\n<tool_call>\n{"name": "lookup", "arguments": {"word": "a"}}\n</tool_call>',
+             "<tool_call>{bad</tool_call>",
+             'Two.\n<tool_call>\n{"name": "lookup", "arguments": {"word": "a"}}\n</tool_call>\n<tool_call>{bad</tool_call>',
+             "The word is a."]
+    _, policy = server
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]
+
+    def shape(message):
+        calls = [(call["function"]["name"], json.loads(call["function"]["arguments"])) for call in message.get("tool_calls") or []]
+        return message["content"], message.get("reasoning_content"), calls
+
+    served = []
+    app = build_app(_ScriptedModel(policy, [turn(text) for text in texts]), model_name=MODEL)
+    with app_in_thread(app) as url:
+        for _ in texts:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "Look up a."}], "tools": tools, "max_tokens": 64}
+            answer = post(url, "/v1/chat/completions", body).json()["choices"][0]
+            served.append((shape(answer["message"]), answer["finish_reason"]))
+
+    template = ChatTemplate(policy.tokenizer, eos_token_ids=sorted(policy.eos_token_ids))
+
+    async def captured():
+        session = CaptureSession(policy=ScriptedPolicy({"": [turn(text) for text in texts]}), template=template,
+                                 sampling=SamplingParams(max_new_tokens=64), limits=Limits(), model_name=MODEL, label="t")
+        out = []
+        for _ in texts:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "Look up a."}], "tools": tools}
+            answer = (await session.chat_completions(body))["choices"][0]
+            out.append((shape(answer["message"]), answer["finish_reason"]))
+        return out
+
+    assert served == asyncio.run(captured())
+    # the call is a call, a turn with a malformed call is answered as written, plain text is content
+    assert served[0] == (("Let me look.", None, [("lookup", {"word": "a"})]), "tool_calls")
+    assert served[1] == (("<tool_call>{bad</tool_call>", None, []), "stop")
+    assert served[3] == (("The word is a.", None, []), "stop")

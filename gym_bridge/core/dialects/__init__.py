@@ -1,9 +1,10 @@
-"""Dialects: every conversion between the conversation formats gym_bridge speaks.
+"""Dialects: every conversion between the conversation and the wire formats gym_bridge speaks.
 
-`responses` owns Responses items (the text of an item; items <-> chat messages), `chat` owns the
-chat-completions wire format (its messages, tool schemas, request bodies, streamed chunks and
-error answers), `responses_api` owns the `/v1/responses` wire format (its request model, response
-object and stream events, built from and onto the chat-completions form), and `template_view` owns
-the chat template's view of a conversation (messages and tool schemas as a chat template is given
-them). Trainer-free and server-free: plain dicts and pydantic models only.
+Each module owns one format in both directions (parse and build, request and answer), like
+pydantic-ai's one module per API: `completions` the `/v1/completions` format training runs on,
+`chat` the chat-completions format (its messages, tool schemas, request bodies, answers, streamed
+chunks, error answers), `responses` Responses items and the Responses API's requests and answers
+(one converter from a Responses `input` to the conversation), `responses_api` the `/v1/responses`
+endpoint served from a chat-completions one, and `template_view` the chat template's view of a
+conversation. The conversation itself is `gym_bridge.core.conversation`. Trainer-free and server-free.
 """

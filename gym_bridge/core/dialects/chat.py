@@ -3,7 +3,8 @@
 Owns the pydantic models of a `/v1/chat/completions` body (`ChatBody`, with `MessageIn`,
 `ToolIn`), which serve-model and the capture endpoint both validate against; tool schemas
 between the Responses form and the chat form (`to_chat_tool`, `from_chat_tool`); chat messages
-as the chat-completions API is sent them (`to_openai_messages`); a chat completion as the
+as the chat-completions API is sent them (`to_openai_messages`); a chat policy's request and the
+turn in its answer (`chat_request`, `chat_turn_from_completion`); a chat completion as the
 `chat.completion.chunk` objects of a streamed answer (`completion_chunks`); and `ApiError`, an
 error answer in OpenAI's shape. No web framework: the servers turn `ApiError` into their own responses.
 """
@@ -11,14 +12,16 @@ error answer in OpenAI's shape. No web framework: the servers turn `ApiError` in
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from gym_bridge.core.errors import ErrorAnswer
+from gym_bridge.core.conversation import AssistantMessage, FinishReason, Message, assistant_message, tool_call
+from gym_bridge.core.errors import BackendAnswerError, ErrorAnswer
 from gym_bridge.core.items import TOKEN_FIELDS
-from gym_bridge.core.policy import LogprobsMode, SamplingParams
+from gym_bridge.core.policy import CallTokens, ChatRequest, ChatToolCall, ChatTurn, LogprobsMode, SamplingParams
 
 MAX_CHOICES = 64
 """The most choices one request may ask for (prompts x n)."""
@@ -154,6 +157,24 @@ class MessageIn(BaseModel):
             return ""
         return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
 
+    def to_message(self) -> Message:
+        """This request message in the conversation's form (`developer` is `system`; arguments as sent,
+        an object as its JSON text); token fields are not carried."""
+        if self.role in ("system", "developer"):
+            return {"role": "system", "content": self.text()}
+        if self.role == "user":
+            return {"role": "user", "content": self.text()}
+        if self.role == "tool":
+            return {"role": "tool", "tool_call_id": self.tool_call_id or "", "content": self.text()}
+        calls = [tool_call(call.id, call.function.name, _arguments_text(call.function.arguments)) for call in self.tool_calls or []]
+        return assistant_message(self.text(), calls)
+
+
+def _arguments_text(arguments: str | dict[str, Any] | None) -> str:
+    if arguments is None:
+        return ""
+    return arguments if isinstance(arguments, str) else json.dumps(arguments)
+
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -213,24 +234,108 @@ def tool_call_arguments(arguments: str | dict[str, Any] | None) -> dict[str, Any
     return parsed
 
 
-def to_openai_messages(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def to_openai_messages(messages: Iterable[Message]) -> list[dict[str, Any]]:
     """Chat messages as the chat-completions API accepts them: tool messages keep only their id,
     an assistant message with tool calls has content None when empty, and the token fields
     NeMo RL's server reads stay on the assistant messages that carry them."""
     out: list[dict[str, Any]] = []
     for message in messages:
-        role = message["role"]
-        if role == "tool":
+        if message["role"] == "tool":
             out.append({"role": "tool", "tool_call_id": message.get("tool_call_id", ""), "content": message.get("content", "")})
-        elif role == "assistant":
+        elif message["role"] == "assistant":
             entry: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
             if message.get("tool_calls"):
-                entry.update(content=message.get("content") or None, tool_calls=message["tool_calls"])
-            entry.update({field: message[field] for field in TOKEN_FIELDS if field in message})
+                entry.update(content=message.get("content") or None, tool_calls=message.get("tool_calls"))
+            if "prompt_token_ids" in message:
+                entry["prompt_token_ids"] = message["prompt_token_ids"]
+            if "generation_token_ids" in message:
+                entry["generation_token_ids"] = message["generation_token_ids"]
+            if "generation_log_probs" in message:
+                entry["generation_log_probs"] = message["generation_log_probs"]
             out.append(entry)
         else:
-            out.append({"role": role, "content": message.get("content", "")})
+            out.append({"role": message["role"], "content": message.get("content", "")})
     return out
+
+
+# -- the client side: a request for a chat policy's turn, and the turn in the answer -----------
+
+
+def chat_request(request: ChatRequest, *, model: str) -> dict[str, Any]:
+    """The chat-completions request for one turn (sampling as given; the client adds its extras)."""
+    sampling = request.sampling
+    params: dict[str, Any] = {
+        "model": model,
+        "messages": to_openai_messages(request.messages),
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "max_completion_tokens": sampling.max_new_tokens,
+    }
+    if request.tools:
+        params["tools"] = [to_chat_tool(schema) for schema in request.tools]
+    if sampling.stop:
+        params["stop"] = list(sampling.stop)
+    if sampling.seed is not None:
+        params["seed"] = sampling.seed
+    return params
+
+
+def chat_turn_from_completion(completion: dict[str, Any]) -> ChatTurn:
+    """A chat-completions answer as a `ChatTurn`; raises `BackendError` when it has no choice."""
+    choices = completion.get("choices") or []
+    if not choices or not isinstance(choices[0].get("message"), dict):
+        raise BackendAnswerError(f"chat completion has no message: {json.dumps(completion)[:200]}")
+    choice = choices[0]
+    message = choice["message"]
+    calls = tuple(
+        ChatToolCall(name=call["function"]["name"], arguments=call["function"].get("arguments") or "{}")
+        for call in message.get("tool_calls") or [] if call.get("function")
+    )
+    reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
+    usage = completion.get("usage") or {}
+    return ChatTurn(
+        text=message.get("content") or "",
+        reasoning=reasoning if isinstance(reasoning, str) else "",
+        tool_calls=calls,
+        finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
+        usage={"input_tokens": int(usage.get("prompt_tokens") or 0), "output_tokens": int(usage.get("completion_tokens") or 0)},
+        tokens=call_tokens(message),
+    )
+
+
+def call_tokens(message: Mapping[str, Any]) -> CallTokens | None:
+    """The token fields NeMo RL's server puts on an answer's message, or None when there are none.
+
+    Raises `BackendError` when they are there but malformed (missing one, lengths that disagree).
+    """
+    present = [field for field in TOKEN_FIELDS if message.get(field) is not None]
+    if not present:
+        return None
+    if len(present) != len(TOKEN_FIELDS):
+        raise BackendAnswerError(f"the message carries {present} but not all of {list(TOKEN_FIELDS)}")
+    prompt, generation, logprobs = (message[field] for field in TOKEN_FIELDS)
+    if not all(isinstance(value, list) for value in (prompt, generation, logprobs)) or len(generation) != len(logprobs):
+        raise BackendAnswerError(f"malformed token fields: {len(generation)} generation ids and {len(logprobs)} log-probs")
+    return CallTokens(prompt_token_ids=[int(t) for t in prompt], generation_token_ids=[int(t) for t in generation],
+                      generation_log_probs=[float(v) for v in logprobs])
+
+
+# -- the server side: a chat.completion answer ------------------------------------------------
+
+
+def answer_choice(index: int, message: AssistantMessage, finish_reason: FinishReason) -> dict[str, Any]:
+    """One choice of a `chat.completion`: finish reason `tool_calls` when the message calls tools and the
+    turn ended on its own (`length` stays `length`)."""
+    finish = "tool_calls" if message.get("tool_calls") and finish_reason == "stop" else finish_reason
+    return {"index": index, "message": message, "logprobs": None, "finish_reason": finish}
+
+
+def chat_completion(choices: list[dict[str, Any]], *, model: str, prompt_tokens: int, completion_tokens: int,
+                    completion_id: str) -> dict[str, Any]:
+    """A `chat.completion` answer with its usage (`completion_id`: `chatcmpl-...`)."""
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+    return {"id": completion_id, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": choices, "usage": usage}
 
 
 def completion_chunks(completion: Mapping[str, Any], *, include_usage: bool) -> list[dict[str, Any]]:

@@ -16,9 +16,10 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
+from gym_bridge.core.conversation import Message
 from gym_bridge.core.dialects.chat import ApiError, to_chat_tool
+from gym_bridge.core.dialects.responses import STATELESS, to_messages, unsupported
 
-_STATELESS = "the gym_bridge capture endpoint is stateless (nothing is stored between calls): send the whole conversation as `input`"
 
 
 class ResponsesTool(BaseModel):
@@ -55,11 +56,11 @@ def check_stateless(body: ResponsesBody) -> None:
     `conversation`, `store: true`, `background: true`), naming the field."""
     for name in ("previous_response_id", "conversation"):
         if getattr(body, name) is not None:
-            raise _unsupported(f"{name} is not supported: {_STATELESS}")
+            raise unsupported(f"{name} is not supported: {STATELESS}")
     if body.store:
-        raise _unsupported(f"store=true is not supported: {_STATELESS}; send store=false or leave it out")
+        raise unsupported(f"store=true is not supported: {STATELESS}; send store=false or leave it out")
     if body.background:
-        raise _unsupported("background=true is not supported by the gym_bridge capture endpoint")
+        raise unsupported("background=true is not supported by the gym_bridge capture endpoint")
 
 
 def to_chat_body(body: ResponsesBody) -> dict[str, Any]:
@@ -69,63 +70,14 @@ def to_chat_body(body: ResponsesBody) -> dict[str, Any]:
 
     Raises ApiError 400 naming the entry for an input item or tool it cannot serve.
     """
-    messages = [{"role": "system", "content": body.instructions}] if body.instructions else []
-    messages += request_messages(body.input)
+    messages: list[Message] = [{"role": "system", "content": body.instructions}] if body.instructions else []
+    messages += to_messages(body.input)
     chat: dict[str, Any] = {"messages": messages, "model": body.model}
     if body.tools:
         chat["tools"] = [_chat_tool(tool, position) for position, tool in enumerate(body.tools)]
     settings = {"tool_choice": body.tool_choice, "max_tokens": body.max_output_tokens, "temperature": body.temperature, "top_p": body.top_p}
     chat.update({name: value for name, value in settings.items() if value is not None})
     return chat
-
-
-def request_messages(request_input: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A Responses `input` as chat-completions messages: an assistant message and the function
-    calls after it are one assistant message with `tool_calls` (ids and arguments strings as
-    given), a `function_call_output` is a tool message, reasoning items are left out (the chat
-    path does not send reasoning back either).
-
-    Raises ApiError 400 naming the entry it cannot serve (an unknown item, non-text content, a
-    `function_call_output` whose `call_id` no earlier `function_call` has, as OpenAI's API does).
-    """
-    if isinstance(request_input, str):
-        return [{"role": "user", "content": request_input}]
-    if not request_input:
-        raise ApiError(400, "input must not be empty")
-    messages: list[dict[str, Any]] = []
-    call_ids: set[str] = set()
-    for position, entry in enumerate(request_input):
-        kind = entry.get("type", "message")
-        if kind == "message":
-            role = entry.get("role")
-            if role not in ("user", "system", "developer", "assistant"):
-                raise ApiError(400, f"input[{position}].role: expected user, system, developer or assistant, got {role!r}")
-            messages.append({"role": role, "content": _content_text(entry.get("content"), f"input[{position}].content")})
-        elif kind == "function_call":
-            call_id = _field(entry, "call_id", position)
-            call_ids.add(call_id)
-            call = {"id": call_id, "type": "function",
-                    "function": {"name": _field(entry, "name", position), "arguments": entry.get("arguments") or "{}"}}
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":
-                last["tool_calls"] = [*last.get("tool_calls", []), call]
-            else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
-            output = _content_text(entry.get("output"), f"input[{position}].output")
-            call_id = _field(entry, "call_id", position)
-            if call_id not in call_ids:
-                raise ApiError(400, f"input[{position}]: no function_call found for function_call_output with call_id {call_id!r}: "
-                                    "send the function_call item it answers earlier in `input`")
-            messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
-        elif kind == "reasoning":
-            continue
-        elif kind == "item_reference":
-            raise _unsupported(f"input[{position}]: item_reference is not supported: {_STATELESS}")
-        else:
-            raise _unsupported(f"input[{position}]: items of type {kind!r} are not supported by the gym_bridge capture "
-                               "endpoint (only message, function_call, function_call_output and reasoning)")
-    return messages
 
 
 def to_response(completion: Mapping[str, Any], *, request: ResponsesBody) -> dict[str, Any]:
@@ -171,37 +123,11 @@ def output_items(completion: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def _chat_tool(tool: ResponsesTool, position: int) -> dict[str, Any]:
     if tool.type != "function":
-        raise _unsupported(f"tools[{position}]: tools of type {tool.type!r} are not supported by the gym_bridge capture endpoint "
+        raise unsupported(f"tools[{position}]: tools of type {tool.type!r} are not supported by the gym_bridge capture endpoint "
                            "(only function tools, which the harness runs)")
     if not tool.name:
         raise ApiError(400, f"tools[{position}].name: a function tool needs a name")
     return to_chat_tool({"name": tool.name, "description": tool.description or "", "parameters": tool.parameters})
-
-
-def _content_text(content: Any, where: str) -> str:
-    """The text of a message's content or a tool output: a string, or text parts joined."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise ApiError(400, f"{where}: expected a string or a list of text parts")
-    texts = []
-    for position, part in enumerate(content):
-        if not isinstance(part, Mapping) or part.get("type") not in ("input_text", "output_text", "text", "refusal"):
-            kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-            raise _unsupported(f"{where}[{position}]: only text parts are supported by the gym_bridge capture endpoint, got {kind!r}")
-        texts.append(str(part.get("text", part.get("refusal", ""))))
-    return "".join(texts)
-
-
-def _field(entry: Mapping[str, Any], name: str, position: int) -> str:
-    value = entry.get(name)
-    if not isinstance(value, str):
-        raise ApiError(400, f"input[{position}].{name}: a {entry.get('type')} item needs a string {name}")
-    return value
-
-
-def _unsupported(message: str) -> ApiError:
-    return ApiError(400, message, code="unsupported_parameter")
 
 
 def response_events(response: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gym_bridge.core.dialects.chat import MessageIn, to_chat_tool, tool_call_arguments
-from gym_bridge.core.items import ChatMessage
+from gym_bridge.core.conversation import Message, TemplateMessage
 
 
 def to_template_tool(schema: Mapping[str, Any]) -> dict[str, Any]:
@@ -22,14 +22,14 @@ def to_template_tool(schema: Mapping[str, Any]) -> dict[str, Any]:
     return to_chat_tool(schema)
 
 
-def template_messages(messages: Sequence[MessageIn], *, tool_format: str) -> list[ChatMessage]:
+def template_messages(messages: Sequence[MessageIn], *, tool_format: str) -> list[TemplateMessage]:
     """Chat-completions messages as gym_bridge's template renders them: `developer` as `system`,
     tool messages with their name and id, and tool calls written the way the model writes them
     (Hermes text for `tool_format` "hermes_system"), arguments as objects otherwise.
 
     Raises ApiError 400 for tool call arguments that are not a JSON object.
     """
-    rendered: list[ChatMessage] = []
+    rendered: list[TemplateMessage] = []
     for message in messages:
         role = "system" if message.role == "developer" else message.role
         entry: dict[str, Any] = {"role": role, "content": message.text()}
@@ -44,5 +44,25 @@ def template_messages(messages: Sequence[MessageIn], *, tool_format: str) -> lis
             else:
                 entry["tool_calls"] = [{"id": call.id, "type": "function", "function": parsed}
                                        for call, parsed in zip(message.tool_calls, calls)]
+        rendered.append(entry)
+    return rendered
+
+
+def task_template_messages(messages: Sequence[Message]) -> Sequence[Message] | list[TemplateMessage]:
+    """A task's messages as a template is given them: tool call arguments as objects (what
+    `apply_chat_template` expects); the messages themselves when none calls a tool (the common case, free).
+
+    Raises ApiError 400 for tool call arguments that are not a JSON object.
+    """
+    if not any("tool_calls" in message for message in messages):
+        return messages
+    rendered: list[TemplateMessage] = []
+    for message in messages:
+        entry: TemplateMessage = dict(message)
+        if message["role"] == "assistant" and message.get("tool_calls"):
+            entry["content"] = message["content"] or ""  # as a task's calls always reached the template
+            entry["tool_calls"] = [{"id": call["id"], "type": "function", "function": {
+                "name": call["function"]["name"], "arguments": tool_call_arguments(call["function"]["arguments"])}}
+                for call in message["tool_calls"]]
         rendered.append(entry)
     return rendered

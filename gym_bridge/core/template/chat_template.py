@@ -20,7 +20,7 @@ from gym_bridge.core.template.render import prepared_messages, render_chat
 from gym_bridge.core.dialects.responses import item_text
 from gym_bridge.core.dialects.template_view import to_template_tool
 from gym_bridge.core.errors import TemplateError
-from gym_bridge.core.items import ChatMessage
+from gym_bridge.core.conversation import TemplateMessage
 from gym_bridge.core.template.piece_encoder import PieceEncoder
 from gym_bridge.core.template.parsers import get_reasoning_parser, get_tool_parser, tool_parser_candidates
 from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn
@@ -120,7 +120,7 @@ class _DeltaPlan:
     pieces: tuple[str, ...] | None
     slots: tuple[tuple[int, str, Callable[[str], str] | None], ...] = ()
 
-    def join(self, messages: Sequence[ChatMessage]) -> str:
+    def join(self, messages: Sequence[Mapping[str, Any]]) -> str:
         assert self.pieces is not None
         out = [self.pieces[0]]
         for (index, name, transform), piece in zip(self.slots, self.pieces[1:]):
@@ -130,7 +130,7 @@ class _DeltaPlan:
         return "".join(out)
 
 
-def _describe(messages: Sequence[ChatMessage]) -> str:
+def _describe(messages: Sequence[Mapping[str, Any]]) -> str:
     return ", ".join(m["role"] + ("(tool_calls)" if m.get("tool_calls") else "") for m in messages)
 
 
@@ -216,7 +216,7 @@ class ChatTemplate:
 
     # -- rendering -------------------------------------------------------------------------
 
-    def _apply(self, conversation: list[ChatMessage], kwargs: dict[str, Any]) -> str:
+    def _apply(self, conversation: Sequence[Mapping[str, Any]], kwargs: dict[str, Any]) -> str:
         direct = self._direct_template()
         if direct is not None:
             try:  # render_chat prepares the messages itself
@@ -270,7 +270,7 @@ class ChatTemplate:
                 self._empty_tools = []
         return self._empty_tools
 
-    def render(self, messages: Sequence[ChatMessage], *, tools: Sequence[dict[str, Any]] | None, add_generation_prompt: bool) -> str:
+    def render(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[dict[str, Any]] | None, add_generation_prompt: bool) -> str:
         """`messages` (chat messages; assistant turns as `assistant_message` builds them) rendered by
         the template with the tool schemas `tools` (Responses function schemas). Raises TemplateError."""
         kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
@@ -278,7 +278,7 @@ class ChatTemplate:
             kwargs["tools"] = [to_template_tool(schema) for schema in tools] if tools else self._no_tools()
         return self._apply(self._with_tool_system(messages, tools), kwargs)
 
-    def _with_tool_system(self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]] | None) -> list[ChatMessage]:
+    def _with_tool_system(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[dict[str, Any]] | None) -> list[Mapping[str, Any]]:
         messages = list(messages)
         if not tools or self.tool_format != "hermes_system":
             return messages
@@ -298,10 +298,10 @@ class ChatTemplate:
             return [{**messages[0], "content": f"{messages[0]['content']}\n\n{block}"}, *messages[1:]]
         return [{"role": "system", "content": block}, *messages]
 
-    def prompt_text(self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]] | None) -> str:
+    def prompt_text(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[dict[str, Any]] | None) -> str:
         return self.render(messages, tools=tools, add_generation_prompt=True)
 
-    def prompt_ids(self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]] | None) -> list[int]:
+    def prompt_ids(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[dict[str, Any]] | None) -> list[int]:
         """The first prompt's token ids (tools included), cached per distinct prompt."""
         key = _cache_key([messages, tools])
         cached = self._prompt_cache.get(key)
@@ -328,17 +328,17 @@ class ChatTemplate:
             return written if written is not None and is_short_id(written) else short_call_id(seed)
         return f"call_{seed}"
 
-    def assistant_message(self, turn: ParsedTurn, *, call_ids: Sequence[str], raw_text: str) -> ChatMessage:
+    def assistant_message(self, turn: ParsedTurn, *, call_ids: Sequence[str], raw_text: str) -> TemplateMessage:
         """A sampled turn as the assistant message a chat server would give this template."""
         return assistant_message(self.profile.style, content=turn.content, reasoning=turn.reasoning, calls=turn.calls,
                                  call_ids=call_ids, raw_text=raw_text)
 
-    def conversation(self, output: Sequence[Mapping[str, Any]]) -> list[ChatMessage]:
+    def conversation(self, output: Sequence[Mapping[str, Any]]) -> list[TemplateMessage]:
         """A trajectory's items (a record's `response.output`) as the chat messages this template is
         given: one assistant message per model call (from its items and, for templates given raw
         turns, its sampled ids), one tool message per tool output. For an append-only template,
         rendering the task's messages plus these with a generation prompt gives the next call's prompt."""
-        messages: list[ChatMessage] = []
+        messages: list[TemplateMessage] = []
         names: dict[str, str] = {}
         reasoning: list[str] = []
         content: list[str] = []
@@ -365,16 +365,16 @@ class ChatTemplate:
 
     # -- deltas ------------------------------------------------------------------------------
 
-    def conversation_ids(self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]] | None, *,
+    def conversation_ids(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[dict[str, Any]] | None, *,
                          add_generation_prompt: bool) -> list[int]:
         """Token ids of a whole conversation as the chat template renders it, tools included as in
         `prompt_ids` (servers that re-render a conversation each call use this)."""
         return self.encode(self.render(self._with_tool_system(messages, tools), tools=tools, add_generation_prompt=add_generation_prompt))
 
-    def tool_messages(self, outputs: Sequence[ToolOutput]) -> list[ChatMessage]:
+    def tool_messages(self, outputs: Sequence[ToolOutput]) -> list[TemplateMessage]:
         return [{"role": "tool", "name": out.name, "content": out.content, "tool_call_id": out.call_id} for out in outputs]
 
-    def _previous_turn(self, new_messages: Sequence[ChatMessage]) -> ChatMessage:
+    def _previous_turn(self, new_messages: Sequence[Mapping[str, Any]]) -> TemplateMessage:
         """The probe's assistant turn before `new_messages`: calls answered by the tool messages among them."""
         calls = [ParsedCall(name=m.get("name", ""), arguments="{}") for m in new_messages if m["role"] == "tool"]
         ids = [m.get("tool_call_id", "") for m in new_messages if m["role"] == "tool"]
@@ -382,7 +382,7 @@ class ChatTemplate:
         raw = self.profile.parser.format(turn.calls) if calls else _PROBE_ANSWER
         return self.assistant_message(turn, call_ids=ids, raw_text=raw)
 
-    def _render_delta(self, new_messages: Sequence[ChatMessage], *, structured: bool) -> str:
+    def _render_delta(self, new_messages: Sequence[Mapping[str, Any]], *, structured: bool) -> str:
         """The text after the previous turn's sampled text, starting with that turn's closing.
 
         `structured`: the previous turn is given as a chat server would give it and the delta
@@ -404,7 +404,7 @@ class ChatTemplate:
         text = self.render(probe, tools=tools, add_generation_prompt=True)
         return text[text.index(_SENTINEL) + len(_SENTINEL):]
 
-    def _plan(self, new_messages: Sequence[ChatMessage]) -> _DeltaPlan:
+    def _plan(self, new_messages: Sequence[Mapping[str, Any]]) -> _DeltaPlan:
         marks = [dict(m, content=f"\u2063GB{i}\u2063") for i, m in enumerate(new_messages)]
         for i, mark in enumerate(marks):
             if mark["role"] == "tool":
@@ -444,7 +444,7 @@ class ChatTemplate:
             plan = _DeltaPlan(structured=structured, pieces=tuple(pieces), slots=tuple(slots))
         return plan
 
-    def _transform(self, plan: _DeltaPlan, marks: list[ChatMessage], slot_number: int, index: int) -> Any:
+    def _transform(self, plan: _DeltaPlan, marks: list[TemplateMessage], slot_number: int, index: int) -> Any:
         """How the template writes the content of message `index` (unchanged, JSON-escaped or
         trimmed); _UNSET when it does something else."""
         candidates = list(_TRANSFORMS)
@@ -459,7 +459,7 @@ class ChatTemplate:
             ]
         return candidates[0] if candidates else _UNSET
 
-    def delta_text(self, new_messages: Sequence[ChatMessage], *, closing_sampled: str) -> str:
+    def delta_text(self, new_messages: Sequence[Mapping[str, Any]], *, closing_sampled: str) -> str:
         """The text to append after a sampled turn for `new_messages` (tool or user messages):
         the rest of the turn's closing, the messages and the next generation prompt."""
         key = tuple((m["role"], m.get("name", "")) for m in new_messages)

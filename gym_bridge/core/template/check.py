@@ -17,11 +17,16 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
 from gym_bridge.core.errors import TemplateError
-from gym_bridge.core.items import ChatMessage
+from gym_bridge.core.conversation import TemplateMessage
 from gym_bridge.core.template.parsers.call import ParsedCall
 from gym_bridge.core.template.chat_template import ChatTemplate
 from gym_bridge.core.template.profile import PROBE_ANSWER, PROBE_REASONING, PROBE_TOOLS, ProbeTurn, canonical_turn, strip_end
 
+TemplateCheck = Literal["error", "warn", "off"]
+"""What to do with a template that is not append-only: refuse it, warn and go on, or not check."""
+Shape = Literal["tool call, tool output, answer", "same without a system message", "two calls in one turn",
+                "two tool-call turns in a row", "new user message after an answer"]
+"""The conversation shapes a template is checked on."""
 Verdict = Literal["append-only", "rewrites history", "not supported by the template"]
 APPEND_ONLY: Verdict = "append-only"
 REWRITES: Verdict = "rewrites history"
@@ -38,7 +43,7 @@ _ALTERNATIVES = ({"enable_thinking": False}, {"preserve_thinking": True}, {"thin
 
 @dataclass(frozen=True)
 class ShapeResult:
-    shape: str
+    shape: Shape
     verdict: Verdict
     detail: str = ""
 
@@ -89,7 +94,7 @@ def _call(word: str) -> ParsedCall:
     return ParsedCall(name="lookup", arguments=f'{{"word": "{word}"}}')
 
 
-def _shapes(reasoning: str) -> dict[str, tuple[list[ChatMessage], list[_Step]]]:
+def _shapes(reasoning: str) -> dict[Shape, tuple[list[TemplateMessage], list[_Step]]]:
     system = {"role": "system", "content": "Be brief."}
     user = {"role": "user", "content": "What is a?"}
     call_a = _Step(turn=ProbeTurn(reasoning=reasoning, calls=(_call("a"),)))
@@ -118,7 +123,7 @@ def _difference(streamed: str, full: str) -> str:
             f"vs streamed={streamed[max(0, at - 40):at + 40]!r}")
 
 
-def _run_shape(template: ChatTemplate, shape: str, messages: list[ChatMessage], steps: Sequence[_Step]) -> ShapeResult:
+def _run_shape(template: ChatTemplate, shape: Shape, messages: list[TemplateMessage], steps: Sequence[_Step]) -> ShapeResult:
     """Stream the shape and compare each model call's prompt with the whole rendering.
     Raises TemplateError when the template cannot render the shape."""
     profile, tools = template.profile, list(PROBE_TOOLS)

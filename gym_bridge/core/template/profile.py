@@ -13,16 +13,16 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from gym_bridge.core.errors import TemplateError
-from gym_bridge.core.items import ChatMessage
+from gym_bridge.core.conversation import TemplateMessage, UserMessage
 from gym_bridge.core.template.parsers import (
     ReasoningParser, TurnParser, get_reasoning_parser, get_tool_parser, reasoning_parser_for, tool_parser_candidates,
 )
 from gym_bridge.core.template.parsers.call import ParsedCall, arguments_object
 
-PROBE_USER: ChatMessage = {"role": "user", "content": "What is the value of a?"}
+PROBE_USER: UserMessage = {"role": "user", "content": "What is the value of a?"}
 PROBE_TOOLS = ({"type": "function", "name": "lookup", "description": "Look a word up.",
                 "parameters": {"type": "object", "properties": {"word": {"type": "string", "description": "The word."}},
                                "required": ["word"]}},)
@@ -37,7 +37,7 @@ class Renderer(Protocol):
     end_texts: tuple[str, ...]
     """The texts of the end-of-turn tokens, longest first."""
 
-    def render(self, messages: Sequence[ChatMessage], *, tools: Sequence[dict[str, Any]] | None, add_generation_prompt: bool) -> str: ...
+    def render(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[dict[str, Any]] | None, add_generation_prompt: bool) -> str: ...
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -109,12 +109,12 @@ def is_short_id(call_id: str | None) -> bool:
 
 
 def assistant_message(style: TurnStyle, *, content: str, reasoning: str, calls: Sequence[ParsedCall],
-                      call_ids: Sequence[str], raw_text: str) -> ChatMessage:
+                      call_ids: Sequence[str], raw_text: str) -> TemplateMessage:
     """One model turn as an assistant message in `style` (`raw_text`: the turn as sampled,
     without its end-of-turn token)."""
     if not style.tool_calls:
         return {"role": "assistant", "content": raw_text}
-    message: ChatMessage = {"role": "assistant", "content": None if (calls and not content and style.none_content) else content}
+    message: TemplateMessage = {"role": "assistant", "content": None if (calls and not content and style.none_content) else content}
     if calls:
         message["tool_calls"] = [
             {"id": call_id, "type": "function",
