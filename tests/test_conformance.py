@@ -22,12 +22,12 @@ import json
 import httpx
 import pytest
 
-from gym_bridge.adapters.nemo_gym_server import AgentServerSettings, build_app
+from gym_bridge.serve.agent_server import AgentServerSettings, build_app
 from gym_bridge.trl._rollout import make_rollout, reward_metrics
 from gym_bridge.trl._dataset import REGISTRY, load_dataset
 from gym_bridge.core.policy import Generation, ScriptedPolicy
 from gym_bridge.core.registry import get_environment, register
-from gym_bridge.server import build_app as build_model_app
+from gym_bridge.serve.model_server import build_app as build_model_app
 from tests.trl.test_rollout import Trainer
 from tests.support.http_server import app_in_thread
 from tests.support.invariants import nemo_rl_token_view

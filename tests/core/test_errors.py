@@ -93,7 +93,7 @@ def test_the_user_errors_and_rollout_errors_importable_from_their_old_places_are
 
 
 def test_user_mistakes_the_adapters_raised_as_value_error_are_user_errors_that_still_are_value_errors():
-    from gym_bridge.adapters.nemo_gym_server import AgentServer, AgentServerSettings
+    from gym_bridge.serve.agent_server import AgentServer, AgentServerSettings
     from gym_bridge.core.dialects.chat import ApiError
 
     with pytest.raises(ConfigError, match="--env NAME") as raised:

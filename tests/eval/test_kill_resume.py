@@ -47,7 +47,7 @@ class SlowScriptedModel(ScriptedModel):
 @pytest.fixture(scope="module")
 def model_server(smol_tokenizer):
     from gym_bridge.policies.embedded import embedded_model_path
-    from gym_bridge.server import build_app
+    from gym_bridge.serve.model_server import build_app
     from tests.support.http_server import app_in_thread
 
     turns = []

@@ -18,10 +18,10 @@ import httpx
 import pytest
 import uvicorn
 
-from gym_bridge.adapters.nemo_gym_server import AgentServerSettings
-from gym_bridge.adapters.nemo_gym_server import serve as serve_agents
-from gym_bridge.server import bind_socket
-from gym_bridge.server import serve as serve_model
+from gym_bridge.serve.agent_server import AgentServerSettings
+from gym_bridge.serve.agent_server import serve as serve_agents
+from gym_bridge.serve.model_server import bind_socket
+from gym_bridge.serve.model_server import serve as serve_model
 from tests.support.http_server import app_in_thread
 
 LIMIT, CLIENTS = 8, 12

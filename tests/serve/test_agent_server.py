@@ -25,10 +25,10 @@ import math
 import httpx
 import pytest
 
-from gym_bridge.adapters.nemo_gym_server import AgentServerSettings, build_app, from_nemo_gym_environ
+from gym_bridge.serve.agent_server import AgentServerSettings, build_app, from_nemo_gym_environ
 from gym_bridge.core.policy import Generation
 from gym_bridge.core.task import MAX_ROW_DEPTH
-from gym_bridge.server import build_app as build_model_app
+from gym_bridge.serve.model_server import build_app as build_model_app
 from tests.support.http_server import app_in_thread
 from tests.support.invariants import nemo_rl_token_view
 from tests.support.scripted_model import ScriptedModel, by_turn
@@ -503,7 +503,7 @@ def test_failure_kinds_use_nemo_gyms_shared_names_or_its_server_namespace():
     registered names nor `<server>:<kind>`."""
     import re
 
-    from gym_bridge.adapters.nemo_gym_server import NEMO_GYM_REGISTERED_KINDS, nemo_gym_failure_kind
+    from gym_bridge.serve.agent_server import NEMO_GYM_REGISTERED_KINDS, nemo_gym_failure_kind
 
     expected = {"timeout": "agent_timeout", "verifier": "verifier_error", "infra": "gym_bridge:infra", "env": "gym_bridge:env",
                 "context_overflow": "gym_bridge:context_overflow", "judge_failed": "judge_failed", "sandbox:oom": "sandbox:oom",

@@ -18,7 +18,7 @@ from gym_bridge.core.policy import GenerationRequest, SamplingParams
 from gym_bridge.core.rollout_file import read_records
 from gym_bridge.policies.remote import RemotePolicy
 from gym_bridge.policies.transformers import TransformersPolicy
-from gym_bridge.server import build_app
+from gym_bridge.serve.model_server import build_app
 from tests.support.http_server import ServeModelProcess, app_in_thread
 from tests.support.invariants import assert_token_invariants
 

@@ -12,7 +12,7 @@ import pytest
 from gym_bridge.core.policy import GenerationRequest, SamplingParams
 from gym_bridge.policies import transformers as transformers_policy
 from gym_bridge.policies.transformers import TransformersPolicy
-from gym_bridge.server import MAX_JSON_DEPTH, build_app
+from gym_bridge.serve.model_server import MAX_JSON_DEPTH, build_app
 from tests.support.http_server import app_in_thread
 
 

@@ -15,7 +15,7 @@ from gym_bridge.core.policy import ContextOverflowError, GenerationRequest, Samp
 from gym_bridge.core.task import parse_task
 from gym_bridge.policies.remote import RemotePolicy, served_models
 from gym_bridge.policies.transformers import TransformersPolicy
-from gym_bridge.server import build_app
+from gym_bridge.serve.model_server import build_app
 from tests.support.http_server import app_in_thread
 from tests.support.invariants import assert_token_invariants
 
@@ -156,7 +156,7 @@ def test_chat_completions_parse_tool_calls(url, smol_tokenizer):
     message parsing is checked on the chat endpoint's fields and on `_assistant_message` directly."""
     from gym_bridge.core.dialects.chat import answer_choice
     from gym_bridge.core.template.chat_template import ChatTemplate
-    from gym_bridge.server import _assistant_message
+    from gym_bridge.serve.model_server import _assistant_message
 
     tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Look up a."}], "tools": tools, "max_tokens": 5,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_bridge.server import ApiError, CompletionBody
+from gym_bridge.serve.model_server import ApiError, CompletionBody
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ import threading
 import httpx
 import pytest
 
-from gym_bridge.adapters.nemo_gym_server import AgentServerSettings, build_app
+from gym_bridge.serve.agent_server import AgentServerSettings, build_app
 from gym_bridge.core.policy import ChatToolCall, ChatTurn
 from tests.support.http_server import app_in_thread
 

@@ -152,7 +152,7 @@ def test_the_embedded_model_as_judge_gives_a_verdict_or_a_masked_failure() -> No
 
 def judged_by_server(smol_tokenizer, reply: str):
     """`gym-bridge serve-model`'s app on loopback, answering every judge prompt with `reply`."""
-    from gym_bridge.server import build_app
+    from gym_bridge.serve.model_server import build_app
     from tests.support.http_server import app_in_thread
     from tests.support.scripted_model import ScriptedModel
 

@@ -118,7 +118,7 @@ def test_prepare_rows_is_seeded_disjoint_and_loads() -> None:
 def test_a_user_served_by_base_url_and_model_replies(smol_template, smol_tokenizer, turn) -> None:
     """Issue 19 item 9: `user_base_url` + `user_model` loads the simulated user over `/v1/completions`
     (it used to fail every rollout with a TypeError from unpacking the tokenizer)."""
-    from gym_bridge.server import build_app
+    from gym_bridge.serve.model_server import build_app
     from tests.support.http_server import app_in_thread
     from tests.support.scripted_model import ScriptedModel
 

@@ -37,7 +37,7 @@ from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import get_environment, resolve_tasks
 from gym_bridge.core.rollout_file import dump_line
 from gym_bridge.core.task import MAX_ROW_DEPTH, Task, parse_task
-from gym_bridge.disconnect import ClientDisconnected, unless_disconnected
+from gym_bridge.serve.disconnect import ClientDisconnected, unless_disconnected
 
 if TYPE_CHECKING:
     from gym_bridge.policies.chat_api import ChatAPIPolicy
@@ -471,8 +471,8 @@ def serve(settings: AgentServerSettings, *, host: str = "127.0.0.1", port: int =
         import uvicorn
     except ImportError:
         raise MissingExtraError("gym-bridge serve needs FastAPI and uvicorn: pip install 'gym-bridge[serve]'") from None
-    from gym_bridge.request_limit import RequestLimit
-    from gym_bridge.server import bind_socket
+    from gym_bridge.serve.request_limit import RequestLimit
+    from gym_bridge.serve.model_server import bind_socket
 
     app = RequestLimit(build_app(settings), limit=settings.max_concurrency, limited=lambda path: path == "/run", refusal=_busy)
     sock = bind_socket(host, port)

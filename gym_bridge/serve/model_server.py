@@ -42,7 +42,7 @@ from gym_bridge.core.conversation import AssistantMessage, TemplateMessage
 from gym_bridge.core.dialects.chat import MAX_CHOICES, ApiError, ChatBody, MessageIn, SamplingBody, ToolIn, answer_choice, chat_completion, from_chat_tool
 from gym_bridge.core.dialects.completions import CompletionBody, completion_logprobs
 from gym_bridge.core.dialects.template_view import template_messages
-from gym_bridge.disconnect import ClientDisconnected, unless_disconnected
+from gym_bridge.serve.disconnect import ClientDisconnected, unless_disconnected
 from gym_bridge.core.errors import SetupError
 from gym_bridge.core.policy import ContextOverflowError, Generation, GenerationRequest, LogprobsMode, SamplingParams
 from gym_bridge.core.template.chat_template import ChatTemplate
@@ -513,7 +513,7 @@ def serve(
     """
     import uvicorn
 
-    from gym_bridge.request_limit import RequestLimit
+    from gym_bridge.serve.request_limit import RequestLimit
 
     app = RequestLimit(build_app(policy, model_name=model_name, model_root=model_root, logprobs_mode=logprobs_mode,
                                  max_request_bytes=max_request_bytes),
