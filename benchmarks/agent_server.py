@@ -27,13 +27,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx  # noqa: E402
 
-from gym_bridge.adapters.nemo_gym_server import AgentServerSettings, build_app  # noqa: E402
+from gym_bridge.serve.agent_server import AgentServerSettings, build_app  # noqa: E402
 from gym_bridge.core.policy import Generation  # noqa: E402
 from gym_bridge.core.registry import get_environment  # noqa: E402
 from gym_bridge.policies.embedded import load_embedded_tokenizer  # noqa: E402
-from gym_bridge.server import build_app as build_model_app  # noqa: E402
-from tests.http_server import app_in_thread  # noqa: E402
-from tests.scripted_model import ScriptedModel, by_turn  # noqa: E402
+from gym_bridge.serve.model_server import build_app as build_model_app  # noqa: E402
+from tests.support.http_server import app_in_thread  # noqa: E402
+from tests.support.scripted_model import ScriptedModel, by_turn  # noqa: E402
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Seattle"}}\n</tool_call>'
 

@@ -216,7 +216,7 @@ def run_sync(server: StubServer, tokenizer: Any, args: argparse.Namespace) -> di
     from gym_bridge.core.engine import Engine, EngineConfig
     from gym_bridge.core.policy import SamplingParams
     from gym_bridge.core.task import parse_task
-    from gym_bridge.core.template import ChatTemplate
+    from gym_bridge.core.template.chat_template import ChatTemplate
     from gym_bridge.policies.remote import RemotePolicy
 
     tasks = [parse_task(row, index=i) for i, row in enumerate(make_rows(args))]
@@ -246,11 +246,11 @@ def run_sync(server: StubServer, tokenizer: Any, args: argparse.Namespace) -> di
 
 
 def run_async(server: StubServer, tokenizer: Any, args: argparse.Namespace) -> dict[str, Any]:
-    from gym_bridge.adapters.trl_async import AsyncRolloutWorker, AsyncWorkerSettings
+    from gym_bridge.trl import AsyncRolloutWorker, AsyncWorkerSettings
     from gym_bridge.core.agent_loop import Limits
     from gym_bridge.core.policy import SamplingParams
     from gym_bridge.core.task import parse_task
-    from gym_bridge.core.template import ChatTemplate
+    from gym_bridge.core.template.chat_template import ChatTemplate
     from gym_bridge.policies.remote import RemotePolicy
 
     tasks = [parse_task(row, index=i) for i, row in enumerate(make_rows(args))]

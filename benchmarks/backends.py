@@ -31,10 +31,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gym_bridge.core.policy import GenerationRequest, SamplingParams  # noqa: E402
-from gym_bridge.core.template import ChatTemplate  # noqa: E402
+from gym_bridge.core.template.chat_template import ChatTemplate  # noqa: E402
 from gym_bridge.policies.remote import RemotePolicy  # noqa: E402
 from gym_bridge.policies.transformers import TransformersPolicy  # noqa: E402
-from tests.http_server import ServeModelProcess  # noqa: E402
+from tests.support.http_server import ServeModelProcess  # noqa: E402
 
 CONCURRENCY = (1, 8, 32)
 TOPICS = ["the sea", "a city at night", "an old clock", "a mountain village", "a robot", "autumn", "a library", "the moon"]

@@ -41,7 +41,7 @@ from gym_bridge.capture.server import capture_server  # noqa: E402
 from gym_bridge.capture.session import CaptureSession  # noqa: E402
 from gym_bridge.core.agent_loop import Limits  # noqa: E402
 from gym_bridge.core.policy import Generation, GenerationRequest, SamplingParams  # noqa: E402
-from gym_bridge.core.template import ChatTemplate  # noqa: E402
+from gym_bridge.core.template.chat_template import ChatTemplate  # noqa: E402
 from gym_bridge.policies.embedded import load_embedded_tokenizer  # noqa: E402
 
 MESSAGES: list[Any] = [{"role": "system", "content": "You are a careful assistant. Use the tools for arithmetic, then state the number."},

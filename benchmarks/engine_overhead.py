@@ -49,7 +49,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from gym_bridge import Engine, EngineConfig, Generation, Limits, ScriptedPolicy, get_environment, load_tasks  # noqa: E402
 from gym_bridge.core.engine import freeze_startup_objects  # noqa: E402
 from gym_bridge.core.journal import RunFingerprint, RunJournal  # noqa: E402
-from gym_bridge.core.template import ChatTemplate  # noqa: E402
+from gym_bridge.core.template.chat_template import ChatTemplate  # noqa: E402
 from gym_bridge.policies.embedded import load_embedded_tokenizer  # noqa: E402
 
 

@@ -38,7 +38,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), str(ROOT / "
 
 from environments.weather import WeatherEnvironment  # noqa: E402
 from gym_bridge import Engine, EngineConfig, Generation, ScriptedPolicy, VerifyResult  # noqa: E402
-from gym_bridge.evaluate import select_tasks  # noqa: E402
+from gym_bridge.eval.run import select_tasks  # noqa: E402
 
 BURN_MS = float(os.environ.get("GYM_BRIDGE_BURN_MS", "20"))
 WEATHER_TURNS = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', "It is cold in Paris.")
@@ -66,7 +66,7 @@ class ScriptedEngine:
     max_concurrency: int = 64
 
     def __call__(self) -> Engine:
-        from gym_bridge.core.template import ChatTemplate
+        from gym_bridge.core.template.chat_template import ChatTemplate
         from gym_bridge.policies.embedded import load_embedded_tokenizer
 
         tokenizer = load_embedded_tokenizer()
@@ -86,7 +86,7 @@ class StubEngine:
     max_concurrency: int = 64
 
     def __call__(self) -> Engine:
-        from gym_bridge.core.template import ChatTemplate
+        from gym_bridge.core.template.chat_template import ChatTemplate
         from gym_bridge.policies.embedded import load_embedded_tokenizer
         from gym_bridge.policies.remote import RemotePolicy
 

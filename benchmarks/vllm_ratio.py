@@ -59,8 +59,8 @@ def machine() -> str:
 
 
 def tasks_and_template(path: str, count: int) -> tuple[list[Any], Any]:
-    from gym_bridge.core.template import ChatTemplate
-    from gym_bridge.evaluate import select_tasks
+    from gym_bridge.core.template.chat_template import ChatTemplate
+    from gym_bridge.eval.run import select_tasks
     from gym_bridge.policies.remote import load_tokenizer
 
     loaded = load_tokenizer(path)
@@ -167,7 +167,7 @@ def main() -> None:
 
 def served(args: argparse.Namespace, path: str, tasks: list[Any], template: Any) -> dict[str, Any]:
     from gym_bridge.policies.remote import RemotePolicy
-    from tests.vllm_engine import start_vllm_server, stop
+    from tests.support.vllm_engine import start_vllm_server, stop
 
     log = Path(os.environ.get("TMPDIR", "/tmp")) / "vllm_ratio_server.log"
     process, base_url = start_vllm_server(log)

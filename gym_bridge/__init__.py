@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from gym_bridge._lazy import lazy_homes
 from gym_bridge.core.answer import last_boxed, last_tagged
-from gym_bridge.core.agent_loop import AgentLoop, Limits, RolloutContext, RolloutFailure, ToolCallingLoop
+from gym_bridge.core.agent_loop import AgentLoop, FailRollout, Limits, RolloutContext, ToolCallingLoop
+from gym_bridge.core.errors import RolloutFailure as RolloutFailure  # FailRollout's old name, not in __all__
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.environment import Environment, FailureKind, RowProblem, ToolError, Toolset, VerifyResult, schema_problems, tool
 from gym_bridge.core.errors import (
@@ -28,11 +29,12 @@ from gym_bridge.core.errors import (
     UnknownEnvironmentError,
     UserError,
 )
-from gym_bridge.core.helper_model import HelperModel
+from gym_bridge.core.text_model import HelperModel as HelperModel  # TextModel's old name, not in __all__
+from gym_bridge.core.text_model import TextModel
 from gym_bridge.core.dialects.responses import final_text, output_text
 from gym_bridge.core.items import TOKEN_FIELDS, Item
 from gym_bridge.core.metrics import summarize
-from gym_bridge.core.offload import run_in_process
+from gym_bridge.core.bounded.offload import run_in_process
 from gym_bridge.core.policy import (
     BackendError,
     ChatPolicy,
@@ -48,7 +50,7 @@ from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import configure, get_environment, known_environments, register, remote_url
 from gym_bridge.core.split import draw_split
 from gym_bridge.core.task import Task, load_tasks, parse_task
-from gym_bridge.core.template import ChatTemplate
+from gym_bridge.core.template.chat_template import ChatTemplate
 
 __version__ = "0.1.0"
 
@@ -58,7 +60,7 @@ __all__ = [
     "draw_split", "final_text", "last_boxed", "last_tagged", "output_text", "remote_url", "run_in_process",
     "schema_problems", "tool",
     # an environment's own agent loop, helper models
-    "AgentLoop", "HelperModel", "Limits", "RolloutContext", "RolloutFailure", "ToolCallingLoop",
+    "AgentLoop", "FailRollout", "Limits", "RolloutContext", "TextModel", "ToolCallingLoop",
     # routing and running
     "ChatTemplate", "Engine", "EngineConfig", "RolloutRecord", "configure", "get_environment", "known_environments",
     "load_tasks", "parse_task", "register", "summarize",
@@ -73,7 +75,8 @@ __all__ = [
 _LAZY = {
     "trl": "gym_bridge.trl", "verl": "gym_bridge.verl", "nemo_rl": "gym_bridge.nemo_rl",
     "TransformersPolicy": "gym_bridge.policies.transformers",
-    "load_helper_model": "gym_bridge.policies.helper",
+    "load_text_model": "gym_bridge.policies.text_model",
+    "load_helper_model": "gym_bridge.policies.text_model",  # load_text_model's old name
     "HarnessEnvironment": "gym_bridge.capture",
 }
 

@@ -90,7 +90,7 @@ def launch_cpu_server(model: str, served_model: str, port: int, log_path: Path) 
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name", served_model,
                "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048",
                "--logprobs-mode", "processed_logprobs", "--no-enable-chunked-prefill",
-               "--worker-extension-cls", "gym_bridge.adapters.trl_async_weights.FileWeightReceiver"]
+               "--worker-extension-cls", "gym_bridge.trl.FileWeightReceiver"]
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     process = subprocess.Popen(command, stdout=log_path.open("wb"), stderr=subprocess.STDOUT, env=env)
@@ -117,9 +117,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     import gym_bridge
-    from gym_bridge.adapters.trl_async_api import async_seams
-    from gym_bridge.adapters.trl_async_cpu import cpu_async_grpo_trainer
-    from gym_bridge.adapters.trl_async_weights import FileWeightTransfer
+    from gym_bridge.trl import FileWeightTransfer, async_seams, cpu_async_grpo_trainer
 
     model = config.get("model")
     if model is None:

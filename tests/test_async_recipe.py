@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("trl.experimental.async_grpo", reason="needs TRL >= 1.16")
 
-from tests.adapters.vllm_async_stand_in import AsyncVLLMStandIn  # noqa: E402
-from tests.http_server import app_in_thread  # noqa: E402
+from tests.support.vllm_async_stand_in import AsyncVLLMStandIn  # noqa: E402
+from tests.support.http_server import app_in_thread  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "recipes" / "configs"
@@ -29,8 +29,8 @@ def recipe():
 
 @pytest.mark.parametrize("name", ["trl_async_grpo_cpu.yaml", "trl_async_grpo_gpu.yaml"])
 def test_shipped_configs_are_valid(recipe, name, tmp_path):
-    from gym_bridge.adapters.trl_async import rows_per_version
-    from gym_bridge.adapters.trl_async_api import async_seams
+    from gym_bridge.trl._async import rows_per_version
+    from gym_bridge.trl._async_api import async_seams
 
     # use_cpu: the GPU config is checked on this machine, which has no GPU for its bf16
     config = recipe.load_config(str(CONFIGS / name), [f"async_grpo.output_dir={tmp_path}", "async_grpo.use_cpu=true"])
@@ -68,6 +68,6 @@ def test_sbatch_serves_what_the_async_trainer_needs():
         assert needed in server, needed
     # the transfer: TRL's NCCL engine on GPUs, gym_bridge's file receiver on CPU nodes
     assert "TRANSFER=(--weight-transfer-config '{\"backend\": \"nccl\"}')" in text
-    assert "TRANSFER=(--worker-extension-cls gym_bridge.adapters.trl_async_weights.FileWeightReceiver)" in text
+    assert "TRANSFER=(--worker-extension-cls gym_bridge.trl.FileWeightReceiver)" in text
     trainer = next(line for line in text.splitlines() if "recipes/trl_async_grpo.py" in line)
     assert "--set server.url=$VLLM_URL" in trainer and "--set server.launch=false" in trainer

@@ -12,7 +12,7 @@ import pytest
 
 from gym_bridge.cli import main
 from gym_bridge.core.rollout_file import read_records
-from tests.invariants import assert_token_invariants
+from tests.support.invariants import assert_token_invariants
 
 
 def test_envs_lists_the_bundled_environments(capsys):
@@ -76,7 +76,7 @@ def test_unknown_environment_and_bad_rows_fail_before_generation(tmp_path, capsy
 
 def test_failures_set_the_exit_code(tmp_path, tiny_model_dir, capsys):
     data = tmp_path / "rows.jsonl"
-    rows = [{"prompt": "x", "environment": "tests.failing_env:AlwaysCrashes"}] * 2
+    rows = [{"prompt": "x", "environment": "tests.support.failing_env:AlwaysCrashes"}] * 2
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     args = ["eval", "--data", str(data), "--model", str(tiny_model_dir), "--max-new-tokens", "4",
             "--no-progress", "--output", str(tmp_path / "o.jsonl")]

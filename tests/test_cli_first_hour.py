@@ -121,7 +121,7 @@ def test_an_eval_against_a_server_still_computing_says_to_raise_the_request_time
     from gym_bridge.core.metrics import format_table
     from gym_bridge.core.policy import SamplingParams
     from gym_bridge.core.task import load_tasks
-    from gym_bridge.evaluate import run_eval
+    from gym_bridge.eval.run import run_eval
     from gym_bridge.policies.remote import RemotePolicy
 
     tasks = load_tasks("environments/math/data/example.jsonl", limit=3)

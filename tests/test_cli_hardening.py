@@ -26,7 +26,7 @@ from gym_bridge.core.policy import ScriptedPolicy
 from gym_bridge.core.registry import allow_module_paths, get_environment
 from gym_bridge.core.rollout_file import input_row, prepare_resume, read_records
 from gym_bridge.core.task import load_tasks
-from gym_bridge.evaluate import run_eval, select_tasks
+from gym_bridge.eval.run import run_eval, select_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
@@ -48,7 +48,7 @@ def eval_command(data: Path, output: Path, model: Path, *extra: str) -> list[str
 def test_eval_exits_after_its_summary_although_a_verifier_is_stuck(tmp_path, tiny_model_dir):
     """Item 2: a sync verifier stuck for an hour times out, its record is written, and `eval`
     exits right after printing the summary (interpreter shutdown no longer joins the thread)."""
-    data = write_rows(tmp_path / "rows.jsonl", [{"prompt": "x", "environment": "tests.failing_env:HangsInVerify"}] * 2)
+    data = write_rows(tmp_path / "rows.jsonl", [{"prompt": "x", "environment": "tests.support.failing_env:HangsInVerify"}] * 2)
     started = time.monotonic()
     done = subprocess.run(eval_command(data, tmp_path / "out.jsonl", tiny_model_dir, "--max-failure-fraction", "1"),
                           env=ENV, capture_output=True, text=True, timeout=120)
@@ -61,7 +61,7 @@ def test_eval_exits_after_its_summary_although_a_verifier_is_stuck(tmp_path, tin
 def test_ctrl_c_stops_eval_while_environment_code_is_stuck(tmp_path, tiny_model_dir):
     """Items 2 and 3: the user's Ctrl-C stops the run (exit 130, a hint to --resume) even while a
     setup call is stuck in a thread with an hour-long timeout; it is not swallowed as a rollout failure."""
-    data = write_rows(tmp_path / "rows.jsonl", [{"prompt": "x", "environment": "tests.failing_env:HangsInSetup"}])
+    data = write_rows(tmp_path / "rows.jsonl", [{"prompt": "x", "environment": "tests.support.failing_env:HangsInSetup"}])
     output = tmp_path / "out.jsonl"
     process = subprocess.Popen(eval_command(data, output, tiny_model_dir), env=ENV, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
@@ -83,7 +83,7 @@ def test_ctrl_c_stops_eval_while_environment_code_is_stuck(tmp_path, tiny_model_
 def test_a_segfault_in_environment_code_says_where(tmp_path, tiny_model_dir):
     """Item 5: without isolation a segfaulting environment ends the process (docs/concepts/failures.md states
     this boundary), but with a traceback naming the environment's code, not silently."""
-    data = write_rows(tmp_path / "rows.jsonl", [{"prompt": "x", "environment": "tests.failing_env:SegfaultsInSetup"}])
+    data = write_rows(tmp_path / "rows.jsonl", [{"prompt": "x", "environment": "tests.support.failing_env:SegfaultsInSetup"}])
     done = subprocess.run(eval_command(data, tmp_path / "out.jsonl", tiny_model_dir), env=ENV, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == -signal.SIGSEGV
@@ -135,7 +135,7 @@ def test_a_row_field_named_like_a_record_field_is_rejected_at_load(tmp_path, fie
 
 def test_rows_round_trip_through_records_and_resume(tmp_path, smol_template, turn):
     """Item 7: every field of an accepted row survives in its record, so `--resume` recognises it."""
-    rows = [{"prompt": "x", "environment": "tests.failing_env:AlwaysRight", "expected_answer": "4",
+    rows = [{"prompt": "x", "environment": "tests.support.failing_env:AlwaysRight", "expected_answer": "4",
              "verifier_metadata": {"metrics": [1], "reward": 2}, "id": i} for i in range(3)]
     data = write_rows(tmp_path / "rows.jsonl", rows)
     tasks = select_tasks(data_paths=[data])
@@ -147,7 +147,7 @@ def test_rows_round_trip_through_records_and_resume(tmp_path, smol_template, tur
 
 
 def test_throughput_after_a_resume_counts_only_this_runs_rollouts(tmp_path, smol_template, turn):
-    rows = [{"prompt": "x", "environment": "tests.failing_env:AlwaysRight", "expected_answer": "4", "id": i} for i in range(4)]
+    rows = [{"prompt": "x", "environment": "tests.support.failing_env:AlwaysRight", "expected_answer": "4", "id": i} for i in range(4)]
     tasks = select_tasks(data_paths=[write_rows(tmp_path / "rows.jsonl", rows)])
     engine = Engine(ScriptedPolicy({"": [turn("4")]}), smol_template, EngineConfig())
     output = tmp_path / "out.jsonl"
@@ -192,12 +192,12 @@ def test_verify_rescores_environments_loaded_by_module_path(tmp_path, smol_templ
     """Item 9: records carry `env_path`, so a fresh `gym-bridge verify` process finds an
     environment that was named by module path (here only on the eval command line)."""
     data = write_rows(tmp_path / "rows.jsonl", [{"prompt": "x"}, {"prompt": "y"}])
-    tasks = select_tasks(env_names=["tests.failing_env:AlwaysRight"], data_paths=[data])
+    tasks = select_tasks(env_names=["tests.support.failing_env:AlwaysRight"], data_paths=[data])
     engine = Engine(ScriptedPolicy({"": [turn("sure")]}), smol_template, EngineConfig())
     output = tmp_path / "out.jsonl"
     asyncio.run(run_eval(engine, tasks, output=output))
     records = read_records(output)
-    assert [(r["env"], r["env_path"]) for r in records] == [("always_right", "tests.failing_env:AlwaysRight")] * 2
+    assert [(r["env"], r["env_path"]) for r in records] == [("always_right", "tests.support.failing_env:AlwaysRight")] * 2
     for record in records:
         record["reward"] = 0.0  # re-scoring must recompute it
     write_rows(output, records)
@@ -232,28 +232,28 @@ def test_exit_codes_are_documented_in_eval_help(capsys):
 def test_module_paths_in_data_can_be_refused_or_limited(tmp_path, capsys):
     """Item 13: `--no-module-paths` refuses a row naming a module; `--allow-module` admits only
     its prefixes; a module path given with `--env` stays trusted."""
-    data = write_rows(tmp_path / "rows.jsonl", [{"prompt": "x", "environment": "tests.failing_env:AlwaysRight"}])
+    data = write_rows(tmp_path / "rows.jsonl", [{"prompt": "x", "environment": "tests.support.failing_env:AlwaysRight"}])
     out = str(tmp_path / "o.jsonl")
     assert main(["eval", "--data", str(data), "--no-module-paths", "--output", out]) == 2
-    assert f"{data}:1: environment: environment 'tests.failing_env:AlwaysRight' is a module path, and module paths are turned off" \
+    assert f"{data}:1: environment: environment 'tests.support.failing_env:AlwaysRight' is a module path, and module paths are turned off" \
         in capsys.readouterr().err
     assert main(["eval", "--data", str(data), "--allow-module", "my_company.envs", "--output", out]) == 2
-    assert "environment module 'tests.failing_env' is not under an allowed prefix (my_company.envs)" in capsys.readouterr().err
+    assert "environment module 'tests.support.failing_env' is not under an allowed prefix (my_company.envs)" in capsys.readouterr().err
 
     previous = allow_module_paths(["tests"])
     try:
-        assert select_tasks(data_paths=[data])[0].env_name == "tests.failing_env:AlwaysRight"
+        assert select_tasks(data_paths=[data])[0].env_name == "tests.support.failing_env:AlwaysRight"
         allow_module_paths(["tests.failing"])  # a prefix of the name is not a package prefix
         with pytest.raises(UnknownEnvironmentError, match="not under an allowed prefix"):
-            get_environment("tests.failing_env:AlwaysRight")
+            get_environment("tests.support.failing_env:AlwaysRight")
         allow_module_paths([])
         assert get_environment("weather").name == "weather"  # registered environments always route
         with pytest.raises(UnknownEnvironmentError, match="module paths are turned off"):
-            get_environment("tests.failing_env:AlwaysRight")
-        args = build_parser().parse_args(["eval", "--env", "tests.failing_env:AlwaysRight", "--no-module-paths"])
+            get_environment("tests.support.failing_env:AlwaysRight")
+        args = build_parser().parse_args(["eval", "--env", "tests.support.failing_env:AlwaysRight", "--no-module-paths"])
         _limit_module_paths(args)  # what `main` does: the command line's own module path is trusted
-        assert get_environment("tests.failing_env:AlwaysRight").name == "always_right"
-        with pytest.raises(UnknownEnvironmentError, match=r"'json' is not under an allowed prefix \(tests.failing_env\)"):
+        assert get_environment("tests.support.failing_env:AlwaysRight").name == "always_right"
+        with pytest.raises(UnknownEnvironmentError, match=r"'json' is not under an allowed prefix \(tests.support.failing_env\)"):
             get_environment("json:JSONDecoder")
     finally:
         allow_module_paths(previous)

@@ -15,7 +15,7 @@ import pytest
 
 from gym_bridge.core.errors import DataError, UnknownEnvironmentError
 from gym_bridge.core.task import parse_task
-from gym_bridge.evaluate import select_tasks
+from gym_bridge.eval.run import select_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 ORDER_ENV = textwrap.dedent('''

@@ -12,8 +12,8 @@ from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.environment import Environment
 from gym_bridge.core.registry import get_environment, known_environments
 from gym_bridge.core.task import load_tasks
-from tests.invariants import assert_token_invariants
-from tests.resume_kit import TurnPolicy, comparable, kill_then_resume, run
+from tests.support.invariants import assert_token_invariants
+from tests.support.resume_kit import TurnPolicy, comparable, kill_then_resume, run
 
 KINDS = {
     "weather": "replay", "multi_step": "replay", "workplace_assistant": "snapshot", "user_sim": "replay",
@@ -68,7 +68,7 @@ def test_a_resumed_episode_scores_as_the_uninterrupted_one(name, tmp_path, smol_
 def test_a_remote_environment_replays_into_a_fresh_server_session(tmp_path, smol_template, smol_tokenizer):
     from environments.nemo_gym_remote import NemoGymRemoteEnvironment
     from environments.nemo_gym_remote.example_server import ServerState, build_app
-    from tests.http_server import app_in_thread
+    from tests.support.http_server import app_in_thread
 
     state = ServerState()
     with app_in_thread(build_app(state)) as url:

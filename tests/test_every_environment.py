@@ -18,7 +18,7 @@ import pytest
 
 from gym_bridge.core.registry import known_environments
 from gym_bridge.core.rollout_file import read_records
-from tests.invariants import assert_token_invariants
+from tests.support.invariants import assert_token_invariants
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

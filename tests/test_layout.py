@@ -103,3 +103,11 @@ def test_the_layout_parser_reads_folders_files_and_continuations():
     block = ("pkg/a.py b.py   two modules\npkg/sub/         a package\n  c.py d.py      two files in it\n"
              "                 a continued text naming e.py\ndocs/            images\n")
     assert named_paths(block) == {"pkg/a.py", "pkg/b.py", "pkg/sub/", "pkg/sub/c.py", "pkg/sub/d.py", "docs/"}
+
+
+def test_the_package_top_level_holds_packages_only():
+    """Issue 29 item 5: besides `__init__`, `__main__` and one private helper (`_lazy`), gym_bridge/ holds packages."""
+    loose = sorted(path.name for path in PACKAGE.glob("*.py") if path.name not in {"__init__.py", "__main__.py", "_lazy.py"})
+    assert loose == [], f"modules at gym_bridge/'s top level (put each in the package it belongs to): {loose}"
+    folders = [path for path in PACKAGE.iterdir() if path.is_dir() and path.name != "__pycache__"]
+    assert all((path / "__init__.py").exists() for path in folders), "a folder under gym_bridge/ without __init__.py"

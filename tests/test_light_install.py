@@ -48,7 +48,7 @@ SCRIPT = textwrap.dedent('''
 
     import gym_bridge
     import gym_bridge.cli  # the command line
-    from gym_bridge.adapters.nemo_gym_server import AgentServer, AgentServerSettings  # the /run server
+    from gym_bridge.serve.agent_server import AgentServer, AgentServerSettings  # the /run server
     from gym_bridge.core.engine import Engine, EngineConfig
     from gym_bridge.core.task import parse_task
     from gym_bridge.policies.factory import PolicySpec, build_policy

@@ -14,7 +14,7 @@ PUBLIC = {
     "draw_split", "final_text", "last_boxed", "last_tagged", "output_text", "remote_url", "run_in_process",
     "schema_problems", "tool",
     # an environment's own agent loop, helper models
-    "AgentLoop", "HelperModel", "Limits", "RolloutContext", "RolloutFailure", "ToolCallingLoop",
+    "AgentLoop", "FailRollout", "Limits", "RolloutContext", "TextModel", "ToolCallingLoop",
     # routing and running
     "ChatTemplate", "Engine", "EngineConfig", "RolloutRecord", "configure", "get_environment", "known_environments",
     "load_tasks", "parse_task", "register", "summarize",
@@ -24,7 +24,7 @@ PUBLIC = {
     "BackendError", "ConfigError", "ContextOverflowError", "DataError", "GymBridgeError", "MissingDependencyError", "MissingExtraError",
     "RolloutError", "SetupError", "TemplateError", "UnknownEnvironmentError", "UserError",
 }
-LAZY = {"TransformersPolicy", "load_helper_model", "HarnessEnvironment", "trl", "verl", "nemo_rl"}
+LAZY = {"TransformersPolicy", "load_text_model", "load_helper_model", "HarnessEnvironment", "trl", "verl", "nemo_rl"}
 """Public names resolved on first use (not in `__all__`, so a star import stays light)."""
 ROOT = pathlib.Path(gym_bridge.__file__).parent.parent
 
@@ -38,7 +38,7 @@ def test_public_names_are_pinned():
 def test_lazy_public_names_resolve_and_stay_out_of_a_star_import():
     assert set(gym_bridge._LAZY) == LAZY
     assert not LAZY & set(gym_bridge.__all__)
-    assert callable(gym_bridge.load_helper_model)
+    assert callable(gym_bridge.load_text_model)
 
 
 def _gym_bridge_imports(path: pathlib.Path) -> list[str]:
@@ -98,5 +98,14 @@ def test_core_imports_no_adapter_policy_or_trainer_code():
 
     core = pathlib.Path(gym_bridge.__file__).parent / "core"
     banned = re.compile(r"^\s*(from|import)\s+(torch|transformers|trl|verl|vllm|ray|nemo_rl|gym_bridge\.adapters|gym_bridge\.policies)\b", re.M)
-    offenders = [path.name for path in core.glob("*.py") if banned.search(path.read_text())]
+    offenders = [str(path.relative_to(core)) for path in core.rglob("*.py") if banned.search(path.read_text())]
     assert offenders == []
+
+
+def test_text_model_s_old_names_still_import():
+    """`HelperModel` / `load_helper_model` were renamed `TextModel` / `load_text_model` (issue 29 item 7: a model an
+    environment asks for text); the old names keep working and stay out of `__all__`."""
+    from gym_bridge import HelperModel, TextModel, load_helper_model, load_text_model
+
+    assert HelperModel is TextModel and load_helper_model is load_text_model
+    assert "HelperModel" not in gym_bridge.__all__

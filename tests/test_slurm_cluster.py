@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.invariants import assert_token_invariants
+from tests.support.invariants import assert_token_invariants
 
 pytestmark = pytest.mark.timeout(1200)
 # One run is in the default suite (about a minute: the cluster up, ray_cluster.sbatch's eval across two nodes, down);

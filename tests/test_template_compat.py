@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.families import SHARED_TEMPLATES, TEMPLATES_MISSING
+from tests.support.families import SHARED_TEMPLATES, TEMPLATES_MISSING
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,6 +11,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 HEAVY = ["torch", "transformers", "trl", "verl", "vllm", "ray", "nemo_rl", "datasets"]
+ADAPTERS = {"trl": "gym_bridge.trl._rollout", "verl": "gym_bridge.verl._agent_loop", "nemo_rl": "gym_bridge.nemo_rl._environment"}
+"""Where each package's `__all__` comes from (its private module)."""
 SPELLING = re.compile(r"gym_bridge\.(trl|verl|nemo_rl)\.([A-Za-z_]\w*)|from gym_bridge\.(trl|verl|nemo_rl) import ([\w, ]+)")
 
 
@@ -46,7 +48,7 @@ def test_from_trl_import_rollout_is_the_adapters_and_loads_no_trl_or_torch():
     code = (
         "import sys\n"
         "from gym_bridge.trl import rollout, make_rollout, load_dataset, env_reward\n"
-        "import gym_bridge.adapters.trl as adapter\n"
+        "import gym_bridge.trl._rollout as adapter\n"
         "assert rollout is adapter.rollout and make_rollout is adapter.make_rollout and env_reward is adapter.env_reward\n"
         f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
     )
@@ -58,7 +60,7 @@ def test_package_attribute_is_the_module():
     import gym_bridge.trl
 
     assert gym_bridge.trl is sys.modules["gym_bridge.trl"]
-    assert gym_bridge.trl.rollout is importlib.import_module("gym_bridge.adapters.trl").rollout
+    assert gym_bridge.trl.rollout is importlib.import_module("gym_bridge.trl._rollout").rollout
 
 
 @pytest.mark.parametrize("module", ["trl", "verl", "nemo_rl"])
@@ -66,13 +68,28 @@ def test_every_public_name_resolves(module):
     if module == "verl":
         pytest.importorskip("verl")
     public = importlib.import_module(f"gym_bridge.{module}")
-    adapter = importlib.import_module(f"gym_bridge.adapters.{module}")
+    adapter = importlib.import_module(ADAPTERS[module])
     assert set(public.__all__) <= set(adapter.__all__) | {"GymBridgeEnvironmentActor"}
     assert set(adapter.__all__) <= set(public.__all__)  # a name added to the adapter is added here too
     for name in public.__all__:
         assert getattr(public, name) is getattr(adapter, name)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         public.nope  # noqa: B018
+
+
+def test_the_async_recipes_parts_resolve_from_the_package_and_stay_light():
+    code = (
+        "import sys\n"
+        "import gym_bridge.trl as trl\n"
+        "from gym_bridge.trl._async_weights import FileWeightReceiver, FileWeightTransfer\n"
+        "from gym_bridge.trl._async_api import async_seams\n"
+        "from gym_bridge.trl._async_cpu import cpu_async_grpo_trainer\n"
+        "assert trl.FileWeightReceiver is FileWeightReceiver and trl.FileWeightTransfer is FileWeightTransfer\n"
+        "assert trl.async_seams is async_seams and trl.cpu_async_grpo_trainer is cpu_async_grpo_trainer\n"
+        "assert {'FileWeightReceiver', 'async_seams'} <= set(dir(trl)) and 'FileWeightReceiver' not in trl.__all__\n"
+        f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    assert _run(code) == ""
 
 
 def test_every_documented_spelling_imports():
@@ -92,4 +109,4 @@ def test_every_documented_spelling_imports():
 def test_verl_from_import_in_a_fresh_process():
     pytest.importorskip("verl")
     code = "from gym_bridge.verl import GymBridgeAgentLoop\nprint(GymBridgeAgentLoop.__module__)"
-    assert _run(code) == "gym_bridge.adapters.verl"
+    assert _run(code) == "gym_bridge.verl._agent_loop"

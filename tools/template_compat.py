@@ -1,5 +1,5 @@
 """The model-family table of docs/model-families.md, generated from the conformance tests' own checks: for each real chat
-template in ../shared/templates (tests/families.py), the append-only check per shape, the parsers and
+template in ../shared/templates (tests/support/families.py), the append-only check per shape, the parsers and
 scripted three-call multi_step rollouts (reward, token invariants, prompts against the template).
 Prints the Markdown table; `--write` puts it into docs/model-families.md between the `template-compat` markers,
 `--check` exits 1 when it is stale. Run: `.venv/bin/python tools/template_compat.py [--write|--check]`
@@ -17,10 +17,10 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from gym_bridge.core.template import ChatTemplate  # noqa: E402
-from gym_bridge.core.template_check import template_report  # noqa: E402
-from tests.families import REAL_FAMILIES, SHARED_TEMPLATES, Family, family_tokenizer, prompt_mismatches, run_scripted  # noqa: E402
-from tests.invariants import assert_token_invariants  # noqa: E402
+from gym_bridge.core.template.chat_template import ChatTemplate  # noqa: E402
+from gym_bridge.core.template.check import template_report  # noqa: E402
+from tests.support.families import REAL_FAMILIES, SHARED_TEMPLATES, Family, family_tokenizer, prompt_mismatches, run_scripted  # noqa: E402
+from tests.support.invariants import assert_token_invariants  # noqa: E402
 
 BEGIN, END = "<!-- template-compat:begin -->", "<!-- template-compat:end -->"
 SHAPES = {

@@ -5,7 +5,7 @@ The judge sees the question and the two answers and must end with `[[A=B]]` (equ
 the reward is 1.0 only when both verdicts say equal, so a judge that favours one position
 cannot hand out reward. A judge that fails (backend error, no verdict) masks the sample as a
 `verifier` failure instead of scoring it 0. The judge is any backend: by default the embedded
-model; `judge_model`, `judge_base_url`, `judge_api` pick another, or `judge` takes a `HelperModel`.
+model; `judge_model`, `judge_base_url`, `judge_api` pick another, or `judge` takes a `TextModel`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import regex
 
-from gym_bridge import ConfigError, Environment, HelperModel, Item, RolloutError, Task, VerifyResult, final_text
+from gym_bridge import ConfigError, Environment, TextModel, Item, RolloutError, Task, VerifyResult, final_text
 
 EQUAL, NOT_EQUAL = "[[A=B]]", "[[A!=B]]"
 
@@ -55,7 +55,7 @@ class LLMJudgeEnvironment(Environment):
     settings = ("judge", "judge_model", "judge_base_url", "judge_api", "judge_tokenizer", "judge_max_new_tokens",
                 "judge_request_timeout_s", "judge_max_retries", "response_extract_regex", "regex_timeout_s")
     verify_timeout_s: ClassVar[float] = 600.0
-    judge: ClassVar[HelperModel | None] = None
+    judge: ClassVar[TextModel | None] = None
     """The judge itself; when None it is built from the settings below."""
     judge_model: ClassVar[str | None] = None
     """A local model folder, or with `judge_base_url` the served model's name (None: the embedded model)."""
@@ -83,14 +83,14 @@ class LLMJudgeEnvironment(Environment):
             raise ConfigError("llm_judge: judge_base_url needs judge_model, the served model's name")
 
     @classmethod
-    async def judge_model_instance(cls) -> HelperModel:
+    async def judge_model_instance(cls) -> TextModel:
         """The configured judge; the first call loads it (in a thread, once per process)."""
         if cls.judge is not None:
             return cls.judge
-        from gym_bridge import load_helper_model
+        from gym_bridge import load_text_model
 
         return await asyncio.to_thread(
-            load_helper_model, cls.judge_model, base_url=cls.judge_base_url, api=cls.judge_api, tokenizer=cls.judge_tokenizer,
+            load_text_model, cls.judge_model, base_url=cls.judge_base_url, api=cls.judge_api, tokenizer=cls.judge_tokenizer,
             request_timeout_s=cls.judge_request_timeout_s, max_retries=cls.judge_max_retries,
         )
 
@@ -125,7 +125,7 @@ class LLMJudgeEnvironment(Environment):
         equivalent = all(verdict.equal for verdict in verdicts)
         return VerifyResult(reward=float(equivalent), reward_components={"equivalent": float(equivalent)}, metrics=metrics)
 
-    async def _ask(self, judge: HelperModel, question: str, first: str, second: str, *, session_id: str) -> Verdict:
+    async def _ask(self, judge: TextModel, question: str, first: str, second: str, *, session_id: str) -> Verdict:
         prompt = JUDGE_PROMPT.format(question=question, first=first, second=second, equal=EQUAL, not_equal=NOT_EQUAL)
         messages = [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": prompt}]
         reply = await judge.complete(messages, max_new_tokens=self.judge_max_new_tokens, session_id=session_id)

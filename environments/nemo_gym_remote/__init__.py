@@ -27,7 +27,7 @@ from typing import Any, Callable, ClassVar, TypeVar
 
 import httpx
 
-from gym_bridge import TOKEN_FIELDS, Environment, Item, RolloutError, RolloutFailure, Task, VerifyResult, get_environment, known_environments, register, remote_url
+from gym_bridge import TOKEN_FIELDS, Environment, Item, RolloutError, FailRollout, Task, VerifyResult, get_environment, known_environments, register, remote_url
 
 NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 """Transport errors raised before a request reached the server: safe to retry even for a tool."""
@@ -88,14 +88,14 @@ class NemoGymRemoteEnvironment(Environment):
     async def setup(self, task: Task) -> None:
         url = remote_url(task.row) or self.base_url
         if not url:
-            raise RolloutFailure("env", f"{task.source}: no resources server for {task.env_name!r}: add agent_ref.remote to the row or pass --env-url {task.env_name}=URL")
+            raise FailRollout("env", f"{task.source}: no resources server for {task.env_name!r}: add agent_ref.remote to the row or pass --env-url {task.env_name}=URL")
         self.url = url.rstrip("/")
         self.cookies: dict[str, str] = {}
         self.session_id = f"gb-{uuid.uuid4().hex}"
         self.task = task
         self.seeded = False
         if self.session_protocol not in ("legacy", "typed"):
-            raise RolloutFailure("env", f"session_protocol must be 'legacy' or 'typed', got {self.session_protocol!r}")
+            raise FailRollout("env", f"session_protocol must be 'legacy' or 'typed', got {self.session_protocol!r}")
         if self.session_protocol == "typed":
             body: dict[str, Any] = {
                 "resources_session_id": self.session_id, "episode_id": {"rollout_id": self.session_id, "attempt": 0},
@@ -106,7 +106,7 @@ class NemoGymRemoteEnvironment(Environment):
         try:
             await self._json("/seed_session", body, idempotent=True)
         except RemoteError as error:
-            raise RolloutFailure("env", f"seed_session: {error}") from None
+            raise FailRollout("env", f"seed_session: {error}") from None
         self.seeded = True
 
     async def call_row_tool(self, tool_name: str, /, **arguments: Any) -> str:

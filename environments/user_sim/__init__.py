@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any, ClassVar
 
-from gym_bridge import Environment, HelperModel, Item, RolloutContext, RolloutFailure, Task, ToolError, VerifyResult, tool
+from gym_bridge import Environment, TextModel, Item, RolloutContext, FailRollout, Task, ToolError, VerifyResult, tool
 
 from environments.user_sim.generate import prepare_user_sim_rows
 
@@ -77,7 +77,7 @@ class UserSimEnvironment(Environment):
                 "user_max_retries", "max_user_turns")
     simulator: ClassVar[str | None] = None
     """`scripted` or `policy` for every row; None lets each row choose (`user_sim.simulator`, default scripted)."""
-    user: ClassVar[HelperModel | None] = None
+    user: ClassVar[TextModel | None] = None
     """The policy-driven user; when None it is built from the settings below (default: the embedded model)."""
     user_model: ClassVar[str | None] = None
     user_base_url: ClassVar[str | None] = None
@@ -93,7 +93,7 @@ class UserSimEnvironment(Environment):
         spec = task.get("user_sim")
         expected = task.get("expected_request")
         if not isinstance(spec, dict) or not isinstance(expected, dict) or not expected:
-            raise RolloutFailure("env", f"{task.source}: a user_sim row needs a `user_sim` object and a non-empty `expected_request` object")
+            raise FailRollout("env", f"{task.source}: a user_sim row needs a `user_sim` object and a non-empty `expected_request` object")
         self.task = task
         self.spec = spec
         self.expected = {str(key): str(value) for key, value in expected.items()}
@@ -106,7 +106,7 @@ class UserSimEnvironment(Environment):
         self.ended_by = ""
         self.simulator_kind: str = self.simulator or spec.get("simulator") or "scripted"
         if self.simulator_kind not in ("scripted", "policy"):
-            raise RolloutFailure("env", f"{task.source}: user_sim.simulator must be 'scripted' or 'policy', got {self.simulator_kind!r}")
+            raise FailRollout("env", f"{task.source}: user_sim.simulator must be 'scripted' or 'policy', got {self.simulator_kind!r}")
 
     @tool
     def submit_request(self, fields: dict[str, str | int | float]) -> dict[str, Any]:
@@ -140,7 +140,7 @@ class UserSimEnvironment(Environment):
                 helper = await self.user_model_instance()
                 reply = await helper.complete(self.user_view(), max_new_tokens=128, session_id=f"user-{ctx.session_id}-{self.user_turns}")
             except Exception as error:  # the simulated user is part of the environment
-                raise RolloutFailure("env", f"simulated user failed: {type(error).__name__}: {error}") from None
+                raise FailRollout("env", f"simulated user failed: {type(error).__name__}: {error}") from None
             if not reply or DONE in reply:
                 reply = None
         if reply is not None:
@@ -170,13 +170,13 @@ class UserSimEnvironment(Environment):
         view += [{"role": "user" if role == "assistant" else "assistant", "content": text} for role, text in self.transcript]
         return view
 
-    async def user_model_instance(self) -> HelperModel:
+    async def user_model_instance(self) -> TextModel:
         if self.user is not None:
             return self.user
-        from gym_bridge import load_helper_model
+        from gym_bridge import load_text_model
 
         return await asyncio.to_thread(
-            load_helper_model, self.user_model, base_url=self.user_base_url, api=self.user_api, tokenizer=self.user_tokenizer,
+            load_text_model, self.user_model, base_url=self.user_base_url, api=self.user_api, tokenizer=self.user_tokenizer,
             request_timeout_s=self.user_request_timeout_s, max_retries=self.user_max_retries,
         )
 

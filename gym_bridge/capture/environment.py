@@ -25,9 +25,9 @@ from gym_bridge.capture.harness import AgentCallable, AgentOutcome, run_callable
 from gym_bridge.capture.server import capture_server
 from gym_bridge.capture.chat_session import ChatCaptureSession
 from gym_bridge.capture.session import CaptureSession, SessionState, StopKind
-from gym_bridge.core.agent_loop import RolloutContext, RolloutFailure
+from gym_bridge.core.agent_loop import RolloutContext, FailRollout
 from gym_bridge.core.record import LoopFinish
-from gym_bridge.core.deadline import HeldPolicy
+from gym_bridge.core.bounded.deadline import HeldPolicy
 from gym_bridge.core.environment import Environment, RowProblem, VerifyResult, to_verify_result
 from gym_bridge.core.errors import ConfigError
 from gym_bridge.core.journal import ResumeKind
@@ -45,14 +45,14 @@ class HarnessLoop:
     """Runs the environment's agent against a capture session; returns `answer`, `length` (its last call hit
     its token limit), `max_turns` or `budget`.
 
-    Raises RolloutFailure: `timeout` (wall limit), `context_overflow`, `infra` (backend), `env`
+    Raises FailRollout: `timeout` (wall limit), `context_overflow`, `infra` (backend), `env`
     (the agent could not start, crashed, or called no model).
     """
 
     async def run(self, ctx: RolloutContext) -> LoopFinish:
         env = ctx.env
         if not isinstance(env, HarnessEnvironment):
-            raise RolloutFailure("env", f"HarnessLoop needs a HarnessEnvironment, got {type(env).__name__}")
+            raise FailRollout("env", f"HarnessLoop needs a HarnessEnvironment, got {type(env).__name__}")
         session = _session(ctx, type(env).model_name, type(env).max_parallel_calls)
         payload = {"messages": list(ctx.task.messages), "tools": [to_chat_tool(schema) for schema in ctx.tools],
                    "model": session.model_name, "row": ctx.task.row}
@@ -89,7 +89,7 @@ class HarnessLoop:
                 return await run_command(argv, env=variables, stdin=text.encode(), timeout_s=env_class.harness_timeout_s,
                                          stop=session.stopped, tail_chars=env_class.tail_chars)
             except OSError as error:
-                raise RolloutFailure("env", f"cannot start the harness {list(argv)}: {error}") from None
+                raise FailRollout("env", f"cannot start the harness {list(argv)}: {error}") from None
 
 
 def _session(ctx: RolloutContext, model_name: str, max_parallel_calls: int) -> CaptureSession | ChatCaptureSession:
@@ -99,13 +99,13 @@ def _session(ctx: RolloutContext, model_name: str, max_parallel_calls: int) -> C
     policy = ctx.policy
     if is_token_policy(policy):
         if ctx.template is None:
-            raise RolloutFailure("infra", "a harness environment over a token policy needs the run's chat template")
+            raise FailRollout("infra", "a harness environment over a token policy needs the run's chat template")
         if ctx.deadline is not None and ctx.deadline.parked:  # time a trainer parks a call is not the rollout's
             policy = HeldPolicy(policy, ctx.deadline)
         return CaptureSession(policy=policy, template=ctx.template, **common)
     if isinstance(policy, ChatPolicy):
         return ChatCaptureSession(policy=policy, **common)
-    raise RolloutFailure("infra", f"a harness environment needs a token policy or a chat policy, got {type(policy).__name__}")
+    raise FailRollout("infra", f"a harness environment needs a token policy or a chat policy, got {type(policy).__name__}")
 
 
 def _fill_trajectory(ctx: RolloutContext, session: SessionState) -> None:
@@ -130,17 +130,17 @@ _SCORED_STOPS: dict[StopKind, LoopFinish] = {"max_turns": "max_turns", "budget":
 def _finish(env: HarnessEnvironment, session: SessionState, outcome: AgentOutcome) -> LoopFinish:
     stop = session.stop
     if stop is not None and stop.kind in ("context_overflow", "infra"):
-        raise RolloutFailure(stop.kind, stop.reason)
+        raise FailRollout(stop.kind, stop.reason)
     limit = type(env).harness_timeout_s
     if outcome.timed_out:
-        raise RolloutFailure("timeout", f"the harness did not finish within {limit:g} s{_tails(outcome)}")
+        raise FailRollout("timeout", f"the harness did not finish within {limit:g} s{_tails(outcome)}")
     if stop is not None:
         return _SCORED_STOPS[stop.kind]  # a spent budget is scored, like the default loop's `max_turns` / `budget`
     if outcome.exit_code != 0:
         errors = "".join(f"; the endpoint answered {e.status}: {e.message}" for e in session.errors[-3:])
-        raise RolloutFailure("env", f"the harness exited with status {outcome.exit_code}{errors}{_tails(outcome)}")
+        raise FailRollout("env", f"the harness exited with status {outcome.exit_code}{errors}{_tails(outcome)}")
     if not session.calls:
-        raise RolloutFailure("env", f"the harness finished without calling the model{_tails(outcome)}")
+        raise FailRollout("env", f"the harness finished without calling the model{_tails(outcome)}")
     return "length" if session.last_finish_reason == "length" else "answer"
 
 
@@ -216,7 +216,7 @@ class HarnessEnvironment(Environment):
     def harness_command(self, task: Task) -> tuple[str, ...]:
         """The command line for `task`: the row's `harness.command` where allowed, else the class's `command`.
 
-        Raises RolloutFailure (`env`) for a row's command that is not allowed (rows are checked before a
+        Raises FailRollout (`env`) for a row's command that is not allowed (rows are checked before a
         run by `validate_row`; this holds for rows that reach a rollout unchecked) or a malformed command.
         """
         command = row_command(task.row)
@@ -225,9 +225,9 @@ class HarnessEnvironment(Environment):
         else:
             refusal = type(self).row_command_refusal()
             if refusal is not None:
-                raise RolloutFailure("env", f"harness.command: {refusal}")
+                raise FailRollout("env", f"harness.command: {refusal}")
         if isinstance(command, str) or not command or not all(isinstance(part, str) for part in command):
-            raise RolloutFailure("env", f"{type(self).__name__} needs `command` (a list of strings) or `agent`; got {command!r}")
+            raise FailRollout("env", f"{type(self).__name__} needs `command` (a list of strings) or `agent`; got {command!r}")
         return tuple(command)
 
     @classmethod

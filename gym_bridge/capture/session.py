@@ -27,14 +27,14 @@ import pydantic
 
 from gym_bridge.capture.assembly import CapturedCall
 from gym_bridge.core.agent_loop import Limits
-from gym_bridge.core.bounded_call import call_bounded
+from gym_bridge.core.bounded.call import call_bounded
 from gym_bridge.core.conversation import AssistantMessage, TemplateMessage, appended
 from gym_bridge.core.dialects.chat import ApiError, ChatBody, MessageIn, answer_choice, chat_completion, from_chat_tool
 from gym_bridge.core.dialects.responses_api import ResponsesBody, check_stateless, to_chat_body, to_response
 from gym_bridge.core.dialects.template_view import template_messages
 from gym_bridge.core.items import TOKEN_FIELDS, Item, function_call_item, function_call_output_item, message_item, reasoning_item, user_message_item
 from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest, Policy, SamplingParams
-from gym_bridge.core.template import ChatTemplate
+from gym_bridge.core.template.chat_template import ChatTemplate
 from gym_bridge.core.transcript import OFF_LOOP_TOKENIZE_CHARS, TOKENIZE_TIMEOUT_S, answer_message, read_turn
 
 _Body = TypeVar("_Body", bound=pydantic.BaseModel)

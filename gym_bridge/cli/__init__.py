@@ -8,7 +8,7 @@ writes one rollout record per line plus `<output>.metrics.json`; `--resume` fini
 environments as NeMo Gym agent servers (`POST /run`, for NeMo RL). `data` checks, generates and
 mixes task-row files (`gym_bridge.data`) and writes them as the parquet file verl's trainer reads.
 `show`, `view` and `export` present stored rollouts (`gym_bridge.view`).
-`env check` exercises an environment's tools and verifier without a model (`gym_bridge.env_check`).
+`env check` exercises an environment's tools and verifier without a model (`gym_bridge.eval.env_check`).
 
 This package holds the parser (`build_parser` registers every subcommand, in the order `--help`
 lists them) and `main`, which dispatches to one module per command family: `eval` (eval and

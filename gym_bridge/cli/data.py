@@ -90,7 +90,7 @@ def _data(args: argparse.Namespace) -> int:
         print(f"wrote {len(rows)} rows to {task_files.write_rows(rows, args.output)}")
         return 0
     if args.data_command == "to-verl":
-        from gym_bridge.adapters.verl_data import write_verl_parquet
+        from gym_bridge.verl._data import write_verl_parquet
 
         summary = write_verl_parquet(args.inputs, args.output, default_env=args.env, limit=args.limit)
         print(summary.describe())

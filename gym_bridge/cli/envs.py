@@ -1,5 +1,5 @@
 """`gym-bridge envs` (the registered environments, their example data and settings) and
-`gym-bridge env check` (an environment's tools and verifier exercised without a model, `gym_bridge.env_check`)."""
+`gym-bridge env check` (an environment's tools and verifier exercised without a model, `gym_bridge.eval.env_check`)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def _env_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def _env_check(args: argparse.Namespace) -> int:
-    from gym_bridge.env_check import check_environment, parse_call
+    from gym_bridge.eval.env_check import check_environment, parse_call
 
     calls = [parse_call(text) for text in args.call]
     problems = asyncio.run(check_environment(args.env, data_paths=args.data, calls=calls, answer=args.answer, limit=args.limit))

@@ -95,7 +95,7 @@ def _eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                         "still generating it, and a retry would start over): on a slow server raise this, not --max-retries")
     p.add_argument("--max-retries", type=int, default=3,
                    help="with --base-url: retries of a request after connection errors, 429 and 5xx")
-    from gym_bridge.core.parsers import REASONING_PARSERS, TOOL_PARSERS
+    from gym_bridge.core.template.parsers import REASONING_PARSERS, TOOL_PARSERS
 
     p.add_argument("--tool-parser", default=None, choices=list(TOOL_PARSERS), metavar="NAME",
                    help="tool-call syntax of the model, by vLLM's --tool-call-parser name: " + ", ".join(TOOL_PARSERS)
@@ -162,7 +162,7 @@ def check_output_free(output: str, *, resume: bool, overwrite: bool) -> None:
 async def _eval_locked(args: argparse.Namespace) -> int:
     from gym_bridge.core.engine import freeze_startup_objects
     from gym_bridge.core.metrics import format_table
-    from gym_bridge.evaluate import run_eval_locked, select_ready_tasks
+    from gym_bridge.eval.run import run_eval_locked, select_ready_tasks
 
     check_urls(_base_urls(args), flag="--base-url")
     _apply_env_options(args.env_setting, args.env_url)
@@ -355,7 +355,7 @@ def _verify_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 async def _verify(args: argparse.Namespace) -> int:
     from gym_bridge.core.metrics import format_table
-    from gym_bridge.evaluate import metrics_path_for, rescore_file
+    from gym_bridge.eval.run import metrics_path_for, rescore_file
 
     import tempfile
 

@@ -28,7 +28,7 @@ def _load_policy(model: str | None) -> Any:
 
 def _local_setup(args: argparse.Namespace) -> tuple[Any, Any, str]:
     """The policy, chat template and model name for `eval` on a local model (--backend transformers or vllm)."""
-    from gym_bridge.core.template import ChatTemplate
+    from gym_bridge.core.template.chat_template import ChatTemplate
 
     model_name = args.model or f"{EMBEDDED_MODEL_NAME} (embedded)"
     if args.backend == "vllm":
@@ -96,7 +96,7 @@ async def _remote_setup(args: argparse.Namespace) -> tuple[Any, Any, str]:
     policy = build_policy(PolicySpec(kind="remote", model=model, base_urls=tuple(urls), api_key=api_key,
                                      request_timeout_s=args.request_timeout_s, max_retries=args.max_retries,
                                      vocab_size=len(loaded.tokenizer)))
-    from gym_bridge.core.template import ChatTemplate
+    from gym_bridge.core.template.chat_template import ChatTemplate
 
     return policy, ChatTemplate(loaded.tokenizer, eos_token_ids=loaded.eos_token_ids), model
 

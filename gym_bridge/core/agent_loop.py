@@ -4,7 +4,7 @@
 outputs or a user message — over the rollout's `Transcript` (`gym_bridge.core.transcript`: a
 token stream for a token policy, chat messages for a chat policy; the loop never knows which).
 `ToolCallingLoop` is the default loop; an environment can name its own (`agent_loop`
-attribute) for user simulation or game steps. Loops raise `RolloutFailure` for what is not the
+attribute) for user simulation or game steps. Loops raise `FailRollout` for what is not the
 policy's fault; what the policy gets wrong is scored, not raised.
 """
 
@@ -15,17 +15,18 @@ import json
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
-from gym_bridge.core.bounded_call import call_bounded, call_environment
-from gym_bridge.core.deadline import RolloutDeadline
+from gym_bridge.core.bounded.call import call_bounded, call_environment
+from gym_bridge.core.bounded.deadline import RolloutDeadline
 from gym_bridge.core.environment import Environment, ToolError, ToolSpec
 from gym_bridge.core.errors import AbortedCall, classify
-from gym_bridge.core.errors import RolloutFailure as RolloutFailure
+from gym_bridge.core.errors import FailRollout as FailRollout
+from gym_bridge.core.errors import RolloutFailure as RolloutFailure  # the old name, for who imports it from here
 from gym_bridge.core.items import function_call_output_item
-from gym_bridge.core.parsers.call import ParsedCall, ParsedTurn
+from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn
 from gym_bridge.core.policy import ChatPolicy, Generation, Policy, SamplingParams
 from gym_bridge.core.record import LoopFinish
 from gym_bridge.core.task import Task
-from gym_bridge.core.template import ChatTemplate, ToolOutput
+from gym_bridge.core.template.chat_template import ChatTemplate, ToolOutput
 from gym_bridge.core.trajectory import Trajectory
 from gym_bridge.core.transcript import OFF_LOOP_TOKENIZE_CHARS as OFF_LOOP_TOKENIZE_CHARS
 from gym_bridge.core.transcript import TOKENIZE_TIMEOUT_S, Transcript
@@ -128,8 +129,8 @@ class RolloutContext:
         """Sample one model turn and append it (ids, log-probs, items); each of the returned turn's
         calls carries the `call_id` it has in the record.
 
-        Returns None when no token budget is left. Raises the policy's errors, and RolloutFailure(`timeout`)
-        when a call the trainer may park runs past its own bound (`gym_bridge.core.deadline`).
+        Returns None when no token budget is left. Raises the policy's errors, and FailRollout(`timeout`)
+        when a call the trainer may park runs past its own bound (`gym_bridge.core.bounded.deadline`).
         """
         max_new = min(self.sampling.max_new_tokens, self.budget_left)
         if max_new <= 0:
@@ -144,7 +145,7 @@ class RolloutContext:
         """Run one tool call (`call_id`: the call's own, as `generate` returned it, unless given);
         bad calls become error text for the model.
 
-        Raises RolloutFailure(`env`) when the tool itself crashes, hangs or returns non-JSON.
+        Raises FailRollout(`env`) when the tool itself crashes, hangs or returns non-JSON.
         """
         call_id = call_id or call.call_id or ""
         self.trajectory.tool_calls += 1
@@ -194,7 +195,7 @@ class RolloutContext:
             encoded: str = await call_bounded(encode_capped, result, max_chars, timeout_s=TOKENIZE_TIMEOUT_S, owner="tool output")
             return encoded
         except (TypeError, ValueError) as error:
-            raise RolloutFailure("env", f"tool {name!r} returned a value that is not JSON-serializable: {error}") from None
+            raise FailRollout("env", f"tool {name!r} returned a value that is not JSON-serializable: {error}") from None
 
     async def _call_async_tool(self, name: str, arguments: str) -> Any:
         """`call_tool` of an async tool, awaited on the event loop."""

@@ -2,7 +2,7 @@
 
 asyncio throughout. A global semaphore and per-environment semaphores bound concurrency; each
 rollout has a deadline (verify included; not the calls of a policy the trainer may park, which have their own
-bound: `gym_bridge.core.deadline`), each tool call and verify a timeout. `Engine.rollout` is the one error
+bound: `gym_bridge.core.bounded.deadline`), each tool call and verify a timeout. `Engine.rollout` is the one error
 boundary: whatever fails there becomes a record with a failure kind (`gym_bridge.core.errors.classify`
 decides which), masked from training, and its siblings go on. Repeats of a task form a group and `run_groups` keeps them together;
 `stream` yields records as they finish.
@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 
 from gym_bridge.core.agent_loop import AgentLoop, Limits, RolloutContext, ToolCallingLoop
-from gym_bridge.core.bounded_call import call_environment
-from gym_bridge.core.deadline import RolloutDeadline, parks_calls
+from gym_bridge.core.bounded.call import call_environment
+from gym_bridge.core.bounded.deadline import RolloutDeadline, parks_calls
 from gym_bridge.core.environment import Environment, to_verify_result, VerifyResult
-from gym_bridge.core.errors import RolloutFailure, Step, classify
+from gym_bridge.core.errors import FailRollout, Step, classify
 from gym_bridge.core.items import Item
 from gym_bridge.core.journal import RolloutKey, RunJournal
 from gym_bridge.core.policy import ChatPolicy, Policy, SamplingParams, is_token_policy
@@ -29,8 +29,8 @@ from gym_bridge.core.record import RolloutFinish, RolloutRecord
 from gym_bridge.core.registry import TaskSet, resolve_tasks
 from gym_bridge.core.resume import RolloutResume, resume_rollout
 from gym_bridge.core.task import Task
-from gym_bridge.core.template import ChatTemplate
-from gym_bridge.core.template_check import TemplateCheck, check_append_only, template_report
+from gym_bridge.core.template.chat_template import ChatTemplate
+from gym_bridge.core.template.check import TemplateCheck, check_append_only, template_report
 from gym_bridge.core.trajectory import TokenView, Trajectory
 from gym_bridge.core.transcript import Transcript, transcript_starter
 
@@ -147,7 +147,7 @@ class Engine:
         tools = task.tools if task.tools is not None else tuple(spec.schema for spec in env_class.tool_specs().values())
         trajectory = Trajectory(prompt_ids=[])
         finish: RolloutFinish = "failed"
-        failure: RolloutFailure | None = None
+        failure: FailRollout | None = None
         verify_result: VerifyResult | None = None
         env: Environment | None = None
         transcript: Transcript | None = None
@@ -178,21 +178,21 @@ class Engine:
                 finish = await loop.run(ctx)
                 verify_result = await verify_output(env, task, trajectory.output)
             if verify_result.failure_kind is not None:
-                failure = RolloutFailure(verify_result.failure_kind, verify_result.failure_reason or "verifier reported a failure")
+                failure = FailRollout(verify_result.failure_kind, verify_result.failure_reason or "verifier reported a failure")
         except Exception as error:  # the one boundary: a bad rollout is data, not a crash
             failure = classify(error, timeout_s=self.config.deadline_s)
         finally:
             if env is not None and _overrides(env, "close"):
                 try:
                     await call_step(env, "close", step="close", what="close()", timeout_s=timeout_s)
-                except RolloutFailure as error:
+                except FailRollout as error:
                     failure = failure or error
         tokens = transcript.finish() if transcript is not None else trajectory.tokens()
         return self._record(task, repeat_index, env_class, trajectory, tokens, finish, failure, verify_result,
                             time.perf_counter() - started)
 
     def _record(self, task: Task, repeat_index: int, env_class: type[Environment], trajectory: Trajectory, tokens: TokenView, finish: RolloutFinish,
-                failure: RolloutFailure | None, verify_result: VerifyResult | None, latency_s: float) -> RolloutRecord:
+                failure: FailRollout | None, verify_result: VerifyResult | None, latency_s: float) -> RolloutRecord:
         components: dict[str, float]
         if failure is not None:
             reward, components, mask = 0.0, {}, True
@@ -248,7 +248,7 @@ class Engine:
 
 
 async def call_step(env: Environment, method: str, args: tuple[Any, ...] = (), *, step: Step, timeout_s: float, what: str = "") -> Any:
-    """`env.<method>(*args)` under `timeout_s`; whatever it raises is raised as the RolloutFailure `classify` makes of it."""
+    """`env.<method>(*args)` under `timeout_s`; whatever it raises is raised as the FailRollout `classify` makes of it."""
     try:
         return await call_environment(env, method, args, timeout_s=timeout_s)
     except Exception as error:
@@ -258,13 +258,13 @@ async def call_step(env: Environment, method: str, args: tuple[Any, ...] = (), *
 async def verify_output(env: Environment, task: Task, output: list[Item]) -> VerifyResult:
     """`env.verify(task, output)` under the environment's `verify_timeout_s`, as a VerifyResult.
 
-    Raises RolloutFailure(`verifier`) when verify raises, hangs or returns something that is not a score.
+    Raises FailRollout(`verifier`) when verify raises, hangs or returns something that is not a score.
     """
     result = await call_step(env, "verify", (task, output), step="verify", timeout_s=type(env).verify_timeout_s)
     try:
         return to_verify_result(result)
     except (TypeError, ValueError) as error:
-        raise RolloutFailure("verifier", str(error)) from None
+        raise FailRollout("verifier", str(error)) from None
 
 
 def ready_tasks(tasks: Iterable[Task] | TaskSet) -> TaskSet:

@@ -260,8 +260,8 @@ class Environment:
     pool): a call that exits, segfaults or hangs then fails only its rollout (as `env` or
     `verifier`), and a hung call's worker is killed. The session travels to the worker and back
     with each call, so its state must pickle; the pool runs at most
-    `gym_bridge.core.offload.set_pool_size(n)` calls at once (default 2), and recycles a worker
-    after 1000 calls or above 2048 MiB resident (`gym_bridge.core.offload.set_worker_limits`)."""
+    `gym_bridge.core.bounded.offload.set_pool_size(n)` calls at once (default 2), and recycles a worker
+    after 1000 calls or above 2048 MiB resident (`gym_bridge.core.bounded.offload.set_worker_limits`)."""
     settings: ClassVar[tuple[str, ...]] = ()
     """Class attributes a user may change for a run: `configure(name, key=value)` or
     `gym-bridge eval --env-setting NAME.KEY=VALUE` (the timeouts above always may be)."""

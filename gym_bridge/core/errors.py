@@ -4,7 +4,7 @@ Every error derives from `GymBridgeError`, on one of three branches, and only le
 `UserError`: the user's mistake (bad data, options, setup, a missing extra), raised before any generation;
 the CLI exits 2 with its message. `RolloutError`: a rollout failed for a reason that is not the policy's;
 it carries a `failure_kind` and ends as a masked record. `ErrorAnswer`: an HTTP error one of gym_bridge's
-servers answers its client with. `classify` turns whatever escapes a step of a rollout into a `RolloutFailure`.
+servers answers its client with. `classify` turns whatever escapes a step of a rollout into a `FailRollout`.
 """
 
 from __future__ import annotations
@@ -91,9 +91,10 @@ class RolloutError(GymBridgeError):
         return str(self)
 
 
-class RolloutFailure(RolloutError):
-    """A failure raised on purpose with its kind (by a loop, an environment, the engine); kept as it is
-    wherever in the rollout it is raised, and the rollout is recorded with `kind` and masked."""
+class FailRollout(RolloutError):
+    """`raise FailRollout(kind, reason)`: a rollout ended on purpose with its kind (by a loop, an environment, the
+    engine); kept as it is wherever in the rollout it is raised, and the rollout is recorded with `kind` and masked.
+    (`RolloutError` is the family of a rollout's failures; this is the one raised with the kind named.)"""
 
     def __init__(self, kind: FailureKind, reason: str) -> None:
         super().__init__(reason)
@@ -103,6 +104,10 @@ class RolloutFailure(RolloutError):
     def kind(self) -> FailureKind:
         """Its `failure_kind`."""
         return self.failure_kind
+
+
+RolloutFailure = FailRollout
+"""`FailRollout`'s name before issue 29; environments written against it keep working."""
 
 
 class BackendError(RolloutError):
@@ -174,27 +179,27 @@ STEP_KINDS: dict[Step, FailureKind] = {"setup": "env", "tool": "env", "verify": 
 `verify`, so it is the verifier's failure)."""
 
 
-def classify(error: BaseException, *, step: Step = "rollout", what: str = "", timeout_s: float | None = None) -> RolloutFailure:
+def classify(error: BaseException, *, step: Step = "rollout", what: str = "", timeout_s: float | None = None) -> FailRollout:
     """The failure a rollout's record gets for `error`, which escaped `step` (`what` names the call in
     the reason, default the step; `timeout_s` is the step's bound, the deadline for `rollout`).
 
     | escaped                | `rollout`                                  | `setup`, `tool`, `close` / `verify`         |
     |------------------------|--------------------------------------------|---------------------------------------------|
-    | RolloutFailure         | itself                                     | itself                                      |
+    | FailRollout            | itself                                     | itself                                      |
     | other RolloutError     | its `failure_kind`, its `reason`           | env / verifier: "<what> raised Type: ..."  |
     | TimeoutError           | timeout: "rollout exceeded its deadline"   | env / verifier: "<what> did not return ..." |
     | any other Exception    | infra: "Type: message"                     | env / verifier: "<what> raised Type: ..."  |
     """
-    if isinstance(error, RolloutFailure):
+    if isinstance(error, FailRollout):
         return error
     if step == "rollout":
         if isinstance(error, RolloutError):
-            return RolloutFailure(error.failure_kind, error.reason)
+            return FailRollout(error.failure_kind, error.reason)
         if isinstance(error, TimeoutError):
-            return RolloutFailure("timeout", f"rollout exceeded its deadline of {timeout_s or 0:g} s")
-        return RolloutFailure("infra", f"{type(error).__name__}: {error}")
+            return FailRollout("timeout", f"rollout exceeded its deadline of {timeout_s or 0:g} s")
+        return FailRollout("infra", f"{type(error).__name__}: {error}")
     what = what or step
     if isinstance(error, TimeoutError):
         within = f"within {timeout_s:g} s" if timeout_s is not None else "in time"
-        return RolloutFailure(STEP_KINDS[step], f"{what} did not return {within}")
-    return RolloutFailure(STEP_KINDS[step], f"{what} raised {describe_error(error)}")
+        return FailRollout(STEP_KINDS[step], f"{what} did not return {within}")
+    return FailRollout(STEP_KINDS[step], f"{what} raised {describe_error(error)}")

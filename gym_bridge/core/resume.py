@@ -19,7 +19,7 @@ import orjson
 from gym_bridge.core.environment import Environment
 from gym_bridge.core.errors import RolloutError
 from gym_bridge.core.journal import ResumeKind, RolloutKey, RunJournal
-from gym_bridge.core.parsers.call import ParsedCall
+from gym_bridge.core.template.parsers.call import ParsedCall
 from gym_bridge.core.policy import (
     CallTokens, ChatPolicy, ChatRequest, ChatToolCall, ChatTurn, Generation, GenerationRequest, Policy, is_token_policy,
 )

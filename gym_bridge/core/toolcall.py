@@ -2,13 +2,13 @@
 as text): a `<think>` block is split off, then the turn is read as Hermes/Qwen
 `<tool_call>` calls or, failing that, as Llama 3 / plain JSON (call objects anywhere in the turn,
 one or a list of them, optionally after `<|python_tag|>` or in a ```json fence). Token rollouts use the
-family's own parser instead (`gym_bridge.core.parsers`), and so do serve-model and the capture endpoint.
+family's own parser instead (`gym_bridge.core.template.parsers`), and so do serve-model and the capture endpoint.
 """
 
 from __future__ import annotations
 
-from gym_bridge.core.parsers import REASONING_PARSERS, TOOL_PARSERS, TurnParser
-from gym_bridge.core.parsers.call import ParsedCall, ParsedTurn
+from gym_bridge.core.template.parsers import REASONING_PARSERS, TOOL_PARSERS, TurnParser
+from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn
 
 __all__ = ["ParsedCall", "ParsedTurn", "parse_turn"]
 

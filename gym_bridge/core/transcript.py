@@ -16,15 +16,15 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol, Sequence
 
-from gym_bridge.core.bounded_call import call_bounded
+from gym_bridge.core.bounded.call import call_bounded
 from gym_bridge.core.conversation import AssistantMessage, Message, assistant_message, tool_call, tool_message
 from gym_bridge.core.dialects.template_view import task_template_messages
-from gym_bridge.core.errors import RolloutFailure
+from gym_bridge.core.errors import FailRollout
 from gym_bridge.core.items import POLICY_VERSION_FIELD, TOKEN_FIELDS, Item, function_call_item, message_item, reasoning_item, user_message_item
-from gym_bridge.core.parsers.call import ParsedCall, ParsedTurn
+from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn
 from gym_bridge.core.policy import CallTokens, ChatPolicy, ChatRequest, ChatTurn, Generation, GenerationRequest, Policy, SamplingParams, is_token_policy
 from gym_bridge.core.task import Task
-from gym_bridge.core.template import ChatTemplate, ToolOutput
+from gym_bridge.core.template.chat_template import ChatTemplate, ToolOutput
 from gym_bridge.core.toolcall import parse_turn
 from gym_bridge.core.trajectory import TokenView, Trajectory, extends, first_difference
 
@@ -209,7 +209,7 @@ class MessageTranscript(_Conversation):
             seen = trajectory.context_ids()
             if not trajectory.prompt_ids or not extends(seen, prompt):
                 at = first_difference(seen, prompt)
-                raise RolloutFailure(
+                raise FailRollout(
                     "infra",
                     f"the model server's prompt token ids for call {trajectory.model_calls + 1} do not start with the "
                     f"{len(seen)} tokens of the earlier calls (first difference at position {at}); the server must keep "

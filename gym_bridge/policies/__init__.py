@@ -15,7 +15,7 @@ from gym_bridge._lazy import lazy_homes
 if TYPE_CHECKING:
     from gym_bridge.policies.chat_api import ChatAPIPolicy
     from gym_bridge.policies.embedded import embedded_model_path, load_embedded_model, load_embedded_tokenizer
-    from gym_bridge.policies.helper import load_helper_model
+    from gym_bridge.policies.text_model import load_text_model
     from gym_bridge.policies.remote import RemotePolicy
     from gym_bridge.policies.transformers import TransformersPolicy
     from gym_bridge.policies.vllm_engine import VLLMEnginePolicy
@@ -25,7 +25,8 @@ _HOMES = {
     "RemotePolicy": "gym_bridge.policies.remote",
     "VLLMEnginePolicy": "gym_bridge.policies.vllm_engine",
     "TransformersPolicy": "gym_bridge.policies.transformers",
-    "load_helper_model": "gym_bridge.policies.helper",
+    "load_text_model": "gym_bridge.policies.text_model",
+    "load_helper_model": "gym_bridge.policies.text_model",  # load_text_model's old name, not in __all__
     "embedded_model_path": "gym_bridge.policies.embedded",
     "load_embedded_model": "gym_bridge.policies.embedded",
     "load_embedded_tokenizer": "gym_bridge.policies.embedded",
@@ -33,7 +34,7 @@ _HOMES = {
 
 __all__ = [
     "ChatAPIPolicy", "RemotePolicy", "TransformersPolicy", "VLLMEnginePolicy",
-    "embedded_model_path", "load_embedded_model", "load_embedded_tokenizer", "load_helper_model",
+    "embedded_model_path", "load_embedded_model", "load_embedded_tokenizer", "load_text_model",
 ]
 
 

@@ -15,9 +15,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from gym_bridge.core.chat_render import render_chat
+from gym_bridge.core.template.render import render_chat
 from gym_bridge.core.errors import UserError
-from gym_bridge.core.piece_encoder import PieceEncoder
+from gym_bridge.core.template.piece_encoder import PieceEncoder
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -31,7 +31,7 @@ class TokenizerLoadError(UserError):
 
 
 class LightTokenizer:
-    """What gym_bridge needs of a tokenizer (`gym_bridge.core.template.Tokenizer`) and a little more."""
+    """What gym_bridge needs of a tokenizer (`gym_bridge.core.template.chat_template.Tokenizer`) and a little more."""
 
     def __init__(self, backend: Tokenizer, *, config: dict[str, Any], chat_template: str | dict[str, str] | None,
                  generation_eos_ids: Sequence[int] = (), name_or_path: str = "") -> None:
@@ -69,7 +69,7 @@ class LightTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """The ids of `text`. Without special tokens added, the text is cut where `tokenizers` itself would
-        cut it (at added tokens, and at line starts for the common byte-level patterns; see `gym_bridge.core.piece_encoder`)
+        cut it (at added tokens, and at line starts for the common byte-level patterns; see `gym_bridge.core.template.piece_encoder`)
         and the ids of each piece are kept for reuse: the lines of a chat prompt's system and tool
         block, the same in every rollout, are tokenized once."""
         if add_special_tokens:

@@ -41,7 +41,7 @@ from gym_bridge.core.policy import (
     GenerationRequest,
     SamplingParams,
 )
-from gym_bridge.core.template import Tokenizer
+from gym_bridge.core.template.chat_template import Tokenizer
 from gym_bridge.policies.batcher import Batcher, GatherRule, Waiting
 from gym_bridge.core.errors import BackendClosedError
 

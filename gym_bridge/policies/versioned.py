@@ -20,7 +20,7 @@ class VersionedPolicy:
 
     parks_calls = True
     """The async trainer pauses generation around a weight sync: a call's time is not the rollout deadline's
-    (`gym_bridge.core.deadline`); each call is bounded by `EngineConfig.generation_timeout_s` instead."""
+    (`gym_bridge.core.bounded.deadline`); each call is bounded by `EngineConfig.generation_timeout_s` instead."""
 
     def __init__(self, policy: Policy, version: Callable[[], int]) -> None:
         self.policy = policy

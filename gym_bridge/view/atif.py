@@ -26,7 +26,7 @@ from gym_bridge.core.errors import DataError
 from gym_bridge.core.dialects.responses import item_text, to_messages
 from gym_bridge.core.items import TOKEN_FIELDS
 from gym_bridge.core.rollout_file import RolloutWriter, input_row
-from gym_bridge.view.transcript import Skipped, numbered_rollouts, require_some
+from gym_bridge.view.reading import Skipped, numbered_rollouts, require_some
 
 ATIF_VERSION = "ATIF-v1.7"
 _SOURCES = {"system": "system", "user": "user", "assistant": "agent", "tool": "user"}

@@ -14,7 +14,7 @@ from gym_bridge.core.errors import ConfigError
 from gym_bridge.core.health import HealthSettings
 
 if TYPE_CHECKING:
-    from gym_bridge.view.transcript import Skipped
+    from gym_bridge.view.reading import Skipped
 
 COMMANDS = ("show", "view", "export")
 
@@ -47,7 +47,7 @@ def health_settings(args: argparse.Namespace) -> HealthSettings:
 
 
 def _selection_arguments(parser: argparse.ArgumentParser) -> None:
-    from gym_bridge.view.transcript import SORT_KEYS
+    from gym_bridge.view.reading import SORT_KEYS
 
     parser.add_argument("--env", action="append", default=[], metavar="NAME", help="only rollouts of this environment (repeatable)")
     parser.add_argument("--failed", action="store_true", help="only rollouts that failed (a failure kind is set)")
@@ -99,7 +99,7 @@ def _report_skipped(skipped: list[Skipped]) -> int:
 def _show(args: argparse.Namespace) -> int:
     from gym_bridge.view.decode import decoder_for
     from gym_bridge.view.show import format_rollout
-    from gym_bridge.view.transcript import iter_rollouts, require_some, select
+    from gym_bridge.view.reading import iter_rollouts, require_some, select
 
     if args.n < 0:
         raise ConfigError("-n must be >= 0")

@@ -29,7 +29,7 @@ from gym_bridge.core.metrics import summarize
 from gym_bridge.core.rollout_file import input_row
 from gym_bridge.view.decode import Decoder, decoder_for
 from gym_bridge.core.errors import DataError
-from gym_bridge.view.transcript import SORT_KEYS, Skipped, iter_rollouts, policy_versions, require_some, segments, transcript
+from gym_bridge.view.reading import SORT_KEYS, Skipped, iter_rollouts, policy_versions, require_some, segments, record_turns
 
 HISTOGRAM_BINS = 10
 ROW_COLUMNS = ("id", "run", "env", "task", "repeat", "reward", "failure", "reason", "turns", "tool_calls",
@@ -117,7 +117,7 @@ def _detail(record: Mapping[str, Any], vocabulary: dict[int, str], decoder: Deco
         "mask_sample": bool(record.get("mask_sample")),
         "metrics": record.get("metrics") or {},
         "versions": versions.summary() if (versions := policy_versions(record)).known else "",
-        "turns": [[turn.role, turn.text, turn.name, turn.call_id] for turn in transcript(record)],
+        "turns": [[turn.role, turn.text, turn.name, turn.call_id] for turn in record_turns(record)],
         "prompt": prompt_ids,
         "runs": [[run.kind, list(run.ids), [round(value, 4) for value in run.logprobs]] for run in runs],
     }
@@ -149,7 +149,7 @@ def compare(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> l
     for key in dict.fromkeys([*in_a, *in_b]):
         mean_a, n_a, source = in_a[key] if key in in_a else (None, 0, in_b[key][2])
         mean_b, n_b, _ = in_b.get(key, (None, 0, source))
-        prompt = next((turn.text for turn in transcript(source) if turn.role == "user"), "")
+        prompt = next((turn.text for turn in record_turns(source) if turn.role == "user"), "")
         diff = None if mean_a is None or mean_b is None else mean_b - mean_a
         rows.append({"env": str(source.get("env")), "task": source.get("task_index"), "prompt": prompt[:160],
                      "a": mean_a, "b": mean_b, "n_a": n_a, "n_b": n_b, "diff": diff})

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gym_bridge.view.decode import Decoder
-from gym_bridge.view.transcript import policy_versions, segments, tools_offered, transcript
+from gym_bridge.view.reading import policy_versions, segments, tools_offered, record_turns
 
 _COLOURS = {"model": "\x1b[32m", "env": "\x1b[90m", "role": "\x1b[1;36m", "alarm": "\x1b[1;31m", "dim": "\x1b[2m"}
 _RESET = "\x1b[0m"
@@ -85,7 +85,7 @@ def _prompt(record: Mapping[str, Any], decoder: Decoder, *, colour: bool) -> lis
 
 def _conversation(record: Mapping[str, Any], *, colour: bool, with_input: bool) -> list[str]:
     lines = [_paint("─── conversation", "dim", colour)]
-    turns = transcript(record)
+    turns = record_turns(record)
     input_count = len(turns) - len((record.get("response") or {}).get("output") or [])
     for index, turn in enumerate(turns):
         if index < input_count and not with_input:

@@ -11,7 +11,7 @@ from gym_bridge.capture.server import capture_server
 from gym_bridge.capture.session import CaptureSession
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.policy import SamplingParams, ScriptedPolicy
-from gym_bridge.core.template import ChatTemplate
+from gym_bridge.core.template.chat_template import ChatTemplate
 
 Check = Callable[[CaptureSession, openai.AsyncOpenAI, str], Awaitable[None]]
 

@@ -14,7 +14,7 @@ from gym_bridge.capture.server import capture_server
 from gym_bridge.capture.session import CaptureSession
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.policy import SamplingParams, ScriptedPolicy
-from gym_bridge.core.template import ChatTemplate
+from gym_bridge.core.template.chat_template import ChatTemplate
 
 BIG = " ".join(f"word{i % 5000} value{i % 77}" for i in range(60_000))  # about 1 MB
 

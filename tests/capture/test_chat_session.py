@@ -4,7 +4,7 @@ the prefix exact; a chat policy without token ids (a hosted API) is a clear `inf
 
 The chat policy here records what it is sent and answers from a script: a hosted API cannot run
 here, and the real path (NeMo RL's server shape, `gym-bridge serve-model`) is covered end to end by
-`tests/adapters/test_conformance.py`."""
+`tests/test_conformance.py`."""
 
 from __future__ import annotations
 

@@ -174,8 +174,8 @@ def test_eval_allow_row_commands_lasts_for_its_run_only(tmp_path, capsys) -> Non
 
 
 def test_a_run_body_may_not_name_a_command_even_where_the_environment_allows_it(tmp_path) -> None:
-    from gym_bridge.adapters.nemo_gym_server import AgentServerSettings, build_app
-    from tests.http_server import app_in_thread
+    from gym_bridge.serve.agent_server import AgentServerSettings, build_app
+    from tests.support.http_server import app_in_thread
 
     register(AllowingExample)
     marker = tmp_path / "ran"

@@ -19,7 +19,7 @@ from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.policy import SamplingParams, ScriptedPolicy
 from gym_bridge.core.task import load_tasks
-from gym_bridge.core.template import ChatTemplate
+from gym_bridge.core.template.chat_template import ChatTemplate
 from tests.capture.endpoint import serve
 
 EXAMPLE = Path(__file__).parents[2] / "environments" / "harness_example" / "data" / "example.jsonl"

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from gym_bridge.capture.session import CaptureSession
-from gym_bridge.core.template import ChatTemplate
+from gym_bridge.core.template.chat_template import ChatTemplate
 from tests.capture.endpoint import serve
 
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add.", "parameters": {

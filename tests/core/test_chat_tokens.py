@@ -8,7 +8,7 @@ import asyncio
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.policy import CallTokens, ChatTurn, ScriptedChatPolicy
 from gym_bridge.core.task import parse_task
-from tests.invariants import assert_token_invariants
+from tests.support.invariants import assert_token_invariants
 
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
 ROW = {"responses_create_params": {"input": "Weather in Oslo?"}, "environment": "weather"}

@@ -18,8 +18,8 @@ from gym_bridge.core.dialects.template_view import template_messages, to_templat
 from gym_bridge.core.items import (
     function_call_item, function_call_output_item, message_item, reasoning_item, user_message_item,
 )
-from gym_bridge.core.template import ChatTemplate
-from tests.families import MINI_FAMILIES, family_tokenizer
+from gym_bridge.core.template.chat_template import ChatTemplate
+from tests.support.families import MINI_FAMILIES, family_tokenizer
 
 WEATHER = {
     "name": "get_weather",

@@ -13,7 +13,7 @@ from gym_bridge.core.environment import Environment
 from gym_bridge.core.policy import BackendError, ContextOverflowError, ScriptedPolicy
 from gym_bridge.core.registry import register
 from gym_bridge.core.task import parse_task
-from tests.invariants import assert_token_invariants
+from tests.support.invariants import assert_token_invariants
 from tests.support.lab import call, closed_sessions, task
 
 
@@ -162,9 +162,9 @@ def test_stream_skips_finished_pairs(smol_template, turn):
 
 
 def test_template_check_modes(smol_tokenizer, turn):
-    from tests.core.test_template import DROPS_REASONING_TEMPLATE, TemplatedTokenizer
+    from tests.core.template.test_template import DROPS_REASONING_TEMPLATE, TemplatedTokenizer
     from gym_bridge.core.errors import TemplateError
-    from gym_bridge.core.template import ChatTemplate
+    from gym_bridge.core.template.chat_template import ChatTemplate
 
     rewriting = ChatTemplate(TemplatedTokenizer(smol_tokenizer, DROPS_REASONING_TEMPLATE))
     with pytest.raises(TemplateError):

@@ -18,7 +18,7 @@ from gym_bridge.core.environment import Environment, VerifyResult, tool
 from gym_bridge.core.policy import ScriptedPolicy
 from gym_bridge.core.registry import register
 from gym_bridge.core.task import parse_task
-from tests.invariants import assert_token_invariants
+from tests.support.invariants import assert_token_invariants
 
 CALL = '<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
 

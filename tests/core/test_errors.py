@@ -18,7 +18,7 @@ from gym_bridge.core.errors import (
     ErrorAnswer,
     GymBridgeError,
     RolloutError,
-    RolloutFailure,
+    FailRollout,
     UserError,
     classify,
 )
@@ -77,14 +77,14 @@ def test_every_error_derives_from_gym_bridge_error_on_exactly_one_branch():
 
 
 def test_the_user_errors_and_rollout_errors_importable_from_their_old_places_are_the_tree_s():
-    from gym_bridge.core.agent_loop import RolloutFailure as loop_failure
-    from gym_bridge.core.bounded_call import AbortedCall as bounded_aborted
+    from gym_bridge.core.agent_loop import FailRollout as loop_failure
+    from gym_bridge.core.bounded.call import AbortedCall as bounded_aborted
     from gym_bridge.core.environment import FailureKind, ToolError
     from gym_bridge.core.policy import BackendError as policy_backend
     from gym_bridge.core.policy import TokenPolicyRequiredError
     from gym_bridge.policies.embedded import EmbeddedModelUnavailableError
 
-    assert (loop_failure, bounded_aborted, policy_backend) == (RolloutFailure, AbortedCall, BackendError)
+    assert (loop_failure, bounded_aborted, policy_backend) == (FailRollout, AbortedCall, BackendError)
     assert FailureKind is gym_bridge.FailureKind
     assert issubclass(ToolError, RolloutError) and ToolError.failure_kind == "env"
     assert issubclass(TokenPolicyRequiredError, UserError) and issubclass(TokenPolicyRequiredError, TypeError)
@@ -93,7 +93,7 @@ def test_the_user_errors_and_rollout_errors_importable_from_their_old_places_are
 
 
 def test_user_mistakes_the_adapters_raised_as_value_error_are_user_errors_that_still_are_value_errors():
-    from gym_bridge.adapters.nemo_gym_server import AgentServer, AgentServerSettings
+    from gym_bridge.serve.agent_server import AgentServer, AgentServerSettings
     from gym_bridge.core.dialects.chat import ApiError
 
     with pytest.raises(ConfigError, match="--env NAME") as raised:
@@ -113,14 +113,14 @@ def failure(error: BaseException, **kwargs) -> tuple[str, str]:
 
 @pytest.mark.parametrize(("error", "step", "expected"), [
     # the agent loop and model calls: a RolloutError keeps its kind, the deadline is a timeout, the rest infra
-    (RolloutFailure("env", "no server"), "rollout", ("env", "no server")),
+    (FailRollout("env", "no server"), "rollout", ("env", "no server")),
     (BackendError("connection refused"), "rollout", ("infra", "generation backend: connection refused")),
     (ContextOverflowError("9000 > 8192"), "rollout", ("context_overflow", "9000 > 8192")),
     (AbortedCall(SystemExit(3)), "rollout", ("env", "SystemExit(3)")),
     (TimeoutError(), "rollout", ("timeout", "rollout exceeded its deadline of 600 s")),
     (Boom("a bug"), "rollout", ("infra", "Boom: a bug")),
-    # environment code: the step decides the kind, whatever the type (a RolloutFailure raised on purpose excepted)
-    (RolloutFailure("env", "no server"), "setup", ("env", "no server")),
+    # environment code: the step decides the kind, whatever the type (a FailRollout raised on purpose excepted)
+    (FailRollout("env", "no server"), "setup", ("env", "no server")),
     (Boom("x"), "setup", ("env", "setup raised Boom: x")),
     (TimeoutError(), "setup", ("env", "setup did not return within 600 s")),
     (Boom("x"), "close", ("env", "close raised Boom: x")),
@@ -128,7 +128,7 @@ def failure(error: BaseException, **kwargs) -> tuple[str, str]:
     (BackendError("judge down"), "verify", ("verifier", "verify raised BackendError: judge down")),
     (AbortedCall(KeyboardInterrupt("pressed")), "verify", ("verifier", "verify raised KeyboardInterrupt: pressed")),
     (TimeoutError(), "verify", ("verifier", "verify did not return within 600 s")),
-    (RolloutFailure("verifier", "no verdict"), "verify", ("verifier", "no verdict")),
+    (FailRollout("verifier", "no verdict"), "verify", ("verifier", "no verdict")),
 ])
 def test_the_boundary_classifies_each_escape(error, step, expected):
     assert failure(error, step=step, timeout_s=600.0) == expected
@@ -137,7 +137,7 @@ def test_the_boundary_classifies_each_escape(error, step, expected):
 def test_the_boundary_names_the_call_and_works_without_a_bound():
     assert failure(TimeoutError(), step="tool", what="tool 'measure'", timeout_s=0.5) == ("env", "tool 'measure' did not return within 0.5 s")
     assert failure(TimeoutError(), step="setup") == ("env", "setup did not return in time")
-    original = RolloutFailure("infra", "x")
+    original = FailRollout("infra", "x")
     assert classify(original, step="verify") is original
 
 
@@ -181,3 +181,14 @@ def test_only_leaf_error_classes_are_raised():
     raised = [f"{path.relative_to(ROOT)}:{line} raises {name}" for folder in ("gym_bridge", "environments")
               for path in sorted((ROOT / folder).rglob("*.py")) for line, name in raised_names(path) if name in branches]
     assert raised == []
+
+
+def test_fail_rollout_s_old_name_still_imports():
+    """`RolloutFailure` was renamed `FailRollout` (issue 29 item 7: one name beside the `RolloutError` family);
+    environments written against the old name keep working, and only the new one is in `__all__`."""
+    import gym_bridge
+    from gym_bridge import RolloutFailure as from_package
+    from gym_bridge.core.agent_loop import RolloutFailure as from_loop
+
+    assert from_package is from_loop is FailRollout
+    assert "FailRollout" in gym_bridge.__all__ and "RolloutFailure" not in gym_bridge.__all__

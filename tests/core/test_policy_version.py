@@ -9,7 +9,7 @@ from gym_bridge.core.policy import ScriptedPolicy
 from gym_bridge.core.record import with_consumed_version
 from gym_bridge.view.decode import Decoder
 from gym_bridge.view.show import format_rollout
-from gym_bridge.view.transcript import policy_versions
+from gym_bridge.view.reading import policy_versions
 from tests.support.lab import call, task
 
 

@@ -14,9 +14,9 @@ from gym_bridge.core.environment import Environment, VerifyResult, tool
 from gym_bridge.core.journal import RunFingerprint, RunJournal
 from gym_bridge.core.registry import register
 from gym_bridge.core.task import parse_task
-from tests.invariants import assert_token_invariants
-from tests.resume_kit import Killed, TurnPolicy, comparable, run
-from tests.resume_kit import kill_then_resume as kill_and_resume
+from tests.support.invariants import assert_token_invariants
+from tests.support.resume_kit import Killed, TurnPolicy, comparable, run
+from tests.support.resume_kit import kill_then_resume as kill_and_resume
 
 CALL = '<tool_call>\n{{"name": "{name}", "arguments": {{"n": {n}}}}}\n</tool_call>'
 executed: list[tuple[str, int]] = []

@@ -18,7 +18,7 @@ from gym_bridge.core.errors import DataError
 from gym_bridge.core.rollout_file import prepare_resume, read_records
 from gym_bridge.core.task import parse_task
 
-ROW = {"prompt": "x", "environment": "tests.failing_env:AlwaysRight"}
+ROW = {"prompt": "x", "environment": "tests.support.failing_env:AlwaysRight"}
 
 
 @pytest.mark.parametrize(("line", "kind"), [("[1, 2]", "list"), ("5", "int"), ('"response"', "str"), ("null", "NoneType")])

@@ -18,9 +18,9 @@ from gym_bridge.core.errors import DataError
 from gym_bridge.core.policy import ScriptedPolicy
 from gym_bridge.core.rollout_file import dump_line, prepare_resume, read_records
 from gym_bridge.core.task import MAX_ROW_DEPTH, load_tasks, parse_task
-from gym_bridge.evaluate import run_eval, select_tasks
+from gym_bridge.eval.run import run_eval, select_tasks
 
-ROW = {"prompt": "x", "environment": "tests.failing_env:AlwaysRight"}
+ROW = {"prompt": "x", "environment": "tests.support.failing_env:AlwaysRight"}
 
 
 def nested(depth: int) -> list:

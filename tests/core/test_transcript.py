@@ -15,7 +15,7 @@ from gym_bridge.core.items import TOKEN_FIELDS
 from gym_bridge.core.policy import ChatTurn, Generation, ScriptedChatPolicy, ScriptedPolicy
 from gym_bridge.core.registry import register
 from gym_bridge.core.task import parse_task
-from gym_bridge.core.template import ChatTemplate
+from gym_bridge.core.template.chat_template import ChatTemplate
 from gym_bridge.core.transcript import MessageTranscript, TokenTranscript, transcript_starter
 from gym_bridge.policies.embedded import load_embedded_tokenizer
 
@@ -142,7 +142,7 @@ def test_the_starter_picks_the_transcript_once_by_policy_kind(template):
 
 
 def test_a_token_transcript_refuses_what_does_not_fit_and_appends_nothing(template):
-    from gym_bridge.core.template import ToolOutput
+    from gym_bridge.core.template.chat_template import ToolOutput
     from gym_bridge.core.trajectory import Trajectory
 
     task = parse_task({"responses_create_params": {"input": "Hi"}, "environment": "transcript_lookup"}, index=0)

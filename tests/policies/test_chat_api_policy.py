@@ -24,8 +24,8 @@ from gym_bridge.core.policy import (
 from gym_bridge.core.task import parse_task
 from gym_bridge.core.dialects.responses import from_chat_messages
 from gym_bridge.policies.chat_api import ChatAPIPolicy, chat_turn_from_response
-from tests.http_server import app_in_thread
-from tests.invariants import assert_token_invariants
+from tests.support.http_server import app_in_thread
+from tests.support.invariants import assert_token_invariants
 
 WEATHER_ROW = {
     "responses_create_params": {"input": [{"role": "developer", "content": "Be brief."},

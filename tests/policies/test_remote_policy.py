@@ -17,7 +17,7 @@ from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.policy import BackendError, ContextOverflowError, GenerationRequest, SamplingParams
 from gym_bridge.core.task import parse_task
 from gym_bridge.policies.remote import RequestTimeoutError, RemotePolicy, normalize_base_url, parse_completion
-from tests.invariants import assert_token_invariants
+from tests.support.invariants import assert_token_invariants
 
 URL = "http://server-a:8000/v1"
 EOS = 2

@@ -18,10 +18,10 @@ from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.policy import Generation, SamplingParams, ScriptedPolicy
 from gym_bridge.core.rollout_file import read_records
 from gym_bridge.core.task import load_tasks
-from gym_bridge.evaluate import run_eval
+from gym_bridge.eval.run import run_eval
 from gym_bridge.policies.remote import RemotePolicy
-from tests.http_server import app_in_thread
-from tests.invariants import assert_token_invariants
+from tests.support.http_server import app_in_thread
+from tests.support.invariants import assert_token_invariants
 
 REPEATS = 2
 

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 from tokenizers import Regex, normalizers, pre_tokenizers
 
-from gym_bridge.core.chat_render import prepared_messages
+from gym_bridge.core.template.render import prepared_messages
 from gym_bridge.core.task import load_tasks
-from gym_bridge.core.template import ChatTemplate, ToolOutput
-from gym_bridge.core.template_check import check_append_only
+from gym_bridge.core.template.chat_template import ChatTemplate, ToolOutput
+from gym_bridge.core.template.check import check_append_only
 from gym_bridge.policies.embedded import embedded_model_path
-from gym_bridge.core.piece_encoder import _AFTER_NEWLINE, _BEFORE_LAST_NEWLINE, _Splitter
-from gym_bridge.core.piece_encoder import splitter_for
+from gym_bridge.core.template.piece_encoder import _AFTER_NEWLINE, _BEFORE_LAST_NEWLINE, _Splitter
+from gym_bridge.core.template.piece_encoder import splitter_for
 from gym_bridge.policies.tokenizer import LightTokenizer, load_tokenizer
-from tests.families import SHARED_TEMPLATES, TEMPLATES_MISSING
+from tests.support.families import SHARED_TEMPLATES, TEMPLATES_MISSING
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = [ROOT / "environments" / name / "data" / "example.jsonl" for name in ("weather", "multi_step", "math")]
@@ -156,7 +156,7 @@ def test_a_qwen2_style_pre_tokenizer_is_cut_after_newlines_and_a_metaspace_one_o
 
 def test_the_chat_templates_piece_cache_gives_the_ids_of_a_whole_encode(smol_tokenizer):
     """ChatTemplate.encode (every prompt and delta of the engine) caches pieces the same way."""
-    from gym_bridge.core.template import ChatTemplate
+    from gym_bridge.core.template.chat_template import ChatTemplate
 
     template = ChatTemplate(smol_tokenizer)
     assert template._pieces is not None and template._pieces.splitter is not None

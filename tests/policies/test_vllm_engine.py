@@ -17,7 +17,7 @@ from gym_bridge.core.errors import MissingDependencyError
 from gym_bridge.core.policy import BackendError, ContextOverflowError, GenerationRequest, SamplingParams
 from gym_bridge.core.task import parse_task
 from gym_bridge.policies.vllm_engine import VLLMEnginePolicy
-from tests.invariants import assert_token_invariants
+from tests.support.invariants import assert_token_invariants
 
 EOS = 2
 

@@ -12,8 +12,8 @@ import pytest
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.policy import ContextOverflowError, GenerationRequest, SamplingParams
 from gym_bridge.core.task import parse_task
-from tests.invariants import assert_token_invariants
-from tests.vllm_engine import MAX_MODEL_LEN, close_vllm_engine, new_vllm_engine
+from tests.support.invariants import assert_token_invariants
+from tests.support.vllm_engine import MAX_MODEL_LEN, close_vllm_engine, new_vllm_engine
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]  # an engine starts in 15-60 s on 2 busy cores
 pytest.importorskip("vllm", reason="needs vLLM (make install puts its CPU build in the suite's virtualenv)")

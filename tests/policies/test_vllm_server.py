@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from tests.invariants import assert_token_invariants
-from tests.vllm_engine import CPU_ENV, on_gpu
+from tests.support.invariants import assert_token_invariants
+from tests.support.vllm_engine import CPU_ENV, on_gpu
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(600)]  # an engine starts in 15-60 s on 2 busy cores
 pytest.importorskip("vllm", reason="needs vLLM (make install puts its CPU build in the suite's virtualenv)")

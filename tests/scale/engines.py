@@ -41,7 +41,7 @@ class ScriptedEngine:
     max_concurrency: int = 64
 
     def __call__(self) -> Engine:
-        from gym_bridge.core.template import ChatTemplate
+        from gym_bridge.core.template.chat_template import ChatTemplate
         from gym_bridge.policies.embedded import load_embedded_tokenizer
 
         tokenizer = load_embedded_tokenizer()
@@ -117,7 +117,7 @@ class TurnEngine:
     delay_s: float = 0.0
 
     def __call__(self) -> Engine:
-        from gym_bridge.core.template import ChatTemplate
+        from gym_bridge.core.template.chat_template import ChatTemplate
         from gym_bridge.policies.embedded import load_embedded_tokenizer
 
         tokenizer = load_embedded_tokenizer()

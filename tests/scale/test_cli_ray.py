@@ -15,7 +15,7 @@ import time
 import pytest
 
 from gym_bridge.cli import main
-from gym_bridge.evaluate import select_tasks
+from gym_bridge.eval.run import select_tasks
 from tests.scale.stub_replicas import stub_replicas
 
 pytestmark = pytest.mark.ray

@@ -18,7 +18,7 @@ import pytest
 
 from gym_bridge.core.journal import RunFingerprint, RunJournal, journal_dir_for
 from gym_bridge.core.rollout_file import read_records
-from gym_bridge.evaluate import run_eval, select_tasks
+from gym_bridge.eval.run import run_eval, select_tasks
 from tests.scale.engines import TurnEngine
 
 ray = pytest.importorskip("ray")

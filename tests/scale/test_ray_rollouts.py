@@ -12,7 +12,7 @@ import pytest
 
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.errors import GymBridgeError
-from gym_bridge.evaluate import run_eval, select_tasks
+from gym_bridge.eval.run import run_eval, select_tasks
 from gym_bridge.scale.ray_runner import RayOptions, RayRollouts, wait_for_workers
 from tests.scale.engines import ScriptedEngine, policy_settings, scripted_policy
 
@@ -164,8 +164,8 @@ def test_trainer_path_workers_keep_the_trainer_s_request_timeout_and_retries(smo
     """`RolloutOptions(server_request_timeout_s=..., server_max_retries=...)` reach the policy each Ray
     worker builds: a replica slower than the timeout fails the rollouts as `infra` on the workers too
     (not after the policy's default of 120 s), and the worker's policy has the driver's settings."""
-    from gym_bridge.adapters.trl import RolloutOptions
-    from gym_bridge.adapters.trl_backend import on_ray
+    from gym_bridge.trl._rollout import RolloutOptions
+    from gym_bridge.trl._backend import on_ray
     from gym_bridge.policies.remote import RemotePolicy
     from tests.scale.stub_replicas import stub_replicas
 

@@ -21,7 +21,7 @@ from gym_bridge.core.task import parse_task
 from gym_bridge.policies.embedded import embedded_model_path
 from gym_bridge.policies.remote import RemotePolicy
 from tests.scale.stub_replicas import stub_replicas
-from tests.scale.test_router import CITIES, _weather_rows
+from tests.policies.test_router import CITIES, _weather_rows
 
 OUTSIDE = 10_000_000
 """An id no tokenizer here has (SmolLM2's has 49,152)."""

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import logging
 
-from gym_bridge.adapters.trl import env_reward, make_rollout, reward_metrics
-from gym_bridge.adapters.trl_dataset import load_dataset
+from gym_bridge.trl._rollout import env_reward, make_rollout, reward_metrics
+from gym_bridge.trl._dataset import load_dataset
 from gym_bridge.core.health import HealthSettings
 from gym_bridge.core.policy import ScriptedPolicy
 from gym_bridge.core.rollout_file import read_records
-from tests.adapters.test_trl_rollout import Trainer
+from tests.trl.test_rollout import Trainer
 
 ROWS = [{"responses_create_params": {"input": "Weather in Oslo?"}, "environment": "weather", "case": "view-logging"}]
 
@@ -52,7 +52,7 @@ def test_verl_reward_extra_info_carries_tool_call_health(smol_template, turn):
     import pytest
 
     pytest.importorskip("verl.experimental.agent_loop", reason="needs the verl extra: pip install 'gym-bridge[verl]'")
-    from gym_bridge.adapters.verl import REWARD_EXTRA_KEYS, VerlServerPolicy, to_agent_loop_output
+    from gym_bridge.verl._agent_loop import REWARD_EXTRA_KEYS, VerlServerPolicy, to_agent_loop_output
     from gym_bridge.core.engine import Engine, EngineConfig
     from gym_bridge.core.task import parse_task
 

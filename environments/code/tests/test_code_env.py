@@ -24,7 +24,7 @@ from gym_bridge import Engine, EngineConfig, GymBridgeError, SamplingParams, Scr
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.items import message_item
 from gym_bridge.core.task import load_tasks, parse_task
-from tests.invariants import assert_token_invariants
+from tests.support.invariants import assert_token_invariants
 
 SANDBOX_PROBLEM = probe(default_python())
 needs_sandbox = pytest.mark.skipif(SANDBOX_PROBLEM is not None, reason=f"no working bubblewrap here: {SANDBOX_PROBLEM}")

@@ -9,11 +9,11 @@ import time
 import pytest
 
 from environments.llm_judge import EQUAL, NOT_EQUAL, LLMJudgeEnvironment, extract_answer, parse_verdict
-from gym_bridge import BackendError, Engine, EngineConfig, Generation, HelperModel, SamplingParams, ScriptedPolicy, configure
+from gym_bridge import BackendError, Engine, EngineConfig, Generation, TextModel, SamplingParams, ScriptedPolicy, configure
 from gym_bridge.core.items import message_item
 from gym_bridge.core.registry import get_environment
 from gym_bridge.core.task import load_tasks, parse_task
-from tests.invariants import assert_token_invariants
+from tests.support.invariants import assert_token_invariants
 
 # NeMo Gym's equivalence_llm_judge rows: question, expected_answer, no agent_ref.
 ROW = {
@@ -25,7 +25,7 @@ ROW = {
 
 def judge_env(smol_template, script: dict) -> tuple[type[LLMJudgeEnvironment], ScriptedPolicy]:
     policy = ScriptedPolicy(script)
-    judge = HelperModel(policy, smol_template)
+    judge = TextModel(policy, smol_template)
     return type("ScriptedJudge", (LLMJudgeEnvironment,), {"judge": judge}), policy
 
 
@@ -152,9 +152,9 @@ def test_the_embedded_model_as_judge_gives_a_verdict_or_a_masked_failure() -> No
 
 def judged_by_server(smol_tokenizer, reply: str):
     """`gym-bridge serve-model`'s app on loopback, answering every judge prompt with `reply`."""
-    from gym_bridge.server import build_app
-    from tests.http_server import app_in_thread
-    from tests.scripted_model import ScriptedModel
+    from gym_bridge.serve.model_server import build_app
+    from tests.support.http_server import app_in_thread
+    from tests.support.scripted_model import ScriptedModel
 
     ids = smol_tokenizer.encode(reply, add_special_tokens=False) + [smol_tokenizer.eos_token_id]
     model = ScriptedModel(smol_tokenizer, lambda prompt, request: Generation(token_ids=ids, logprobs=[-0.1] * len(ids), finish_reason="stop"))
@@ -179,7 +179,7 @@ def hanging_judge_server(calls: list[float], release):
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
 
-    from tests.http_server import app_in_thread
+    from tests.support.http_server import app_in_thread
 
     app = FastAPI()
 

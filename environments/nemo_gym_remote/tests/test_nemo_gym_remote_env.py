@@ -24,8 +24,8 @@ from gym_bridge import BackendError, DataError, Engine, EngineConfig, SamplingPa
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.registry import REMOTE_ENVIRONMENT, get_environment, register, resolve_tasks
 from gym_bridge.core.task import load_tasks, parse_task
-from tests.http_server import app_in_thread
-from tests.invariants import assert_token_invariants
+from tests.support.http_server import app_in_thread
+from tests.support.invariants import assert_token_invariants
 
 ROWS = [task.row for task in load_tasks(NemoGymRemoteEnvironment.example_data)]
 
@@ -104,7 +104,7 @@ def test_rows_route_by_agent_ref_remote_and_by_env_url(server) -> None:
         resolve_tasks([task, local])
 
     from gym_bridge.cli import _apply_env_options
-    from gym_bridge.evaluate import select_tasks
+    from gym_bridge.eval.run import select_tasks
 
     original = get_environment("weather")
     try:

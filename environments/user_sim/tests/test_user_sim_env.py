@@ -6,11 +6,11 @@ import asyncio
 import json
 
 from environments.user_sim import UserSimEnvironment, matches
-from gym_bridge import Engine, EngineConfig, Generation, HelperModel, SamplingParams, ScriptedPolicy
+from gym_bridge import Engine, EngineConfig, Generation, TextModel, SamplingParams, ScriptedPolicy
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.dialects.responses import item_text
 from gym_bridge.core.task import load_tasks, parse_task
-from tests.invariants import assert_token_invariants
+from tests.support.invariants import assert_token_invariants
 
 HOTEL = next(task.row for task in load_tasks(UserSimEnvironment.example_data) if task.row["scenario"] == "hotel")
 FIELDS = HOTEL["expected_request"]                      # guest_name, check_in, nights
@@ -78,7 +78,7 @@ def test_a_policy_driven_user_sees_the_conversation_from_its_side(smol_template,
 
     class PolicyUser(UserSimEnvironment):
         simulator = "policy"
-        user = HelperModel(user_policy, smol_template)
+        user = TextModel(user_policy, smol_template)
 
     record = run([turn("Who am I speaking with?"), turn(submit(FIELDS))], PolicyUser, smol_template)
     assert record.reward == 1.0 and user_lines(record) == [f"I am {FIELDS['guest_name']}."]
@@ -87,7 +87,7 @@ def test_a_policy_driven_user_sees_the_conversation_from_its_side(smol_template,
     # the desk's question reached the simulated user as a *user* turn, its own opening as an assistant turn
     assert seen.index("assistant\n" + HOTEL["responses_create_params"]["input"][1]["content"]) < seen.index("user\nWho am I speaking with?")
 
-    PolicyUser.user = HelperModel(done, smol_template)
+    PolicyUser.user = TextModel(done, smol_template)
     ended = run([turn("Anything else?")], PolicyUser, smol_template)
     assert (ended.reward, ended.verify_metrics["ended_by"]) == (0.0, "user")
 
@@ -118,9 +118,9 @@ def test_prepare_rows_is_seeded_disjoint_and_loads() -> None:
 def test_a_user_served_by_base_url_and_model_replies(smol_template, smol_tokenizer, turn) -> None:
     """Issue 19 item 9: `user_base_url` + `user_model` loads the simulated user over `/v1/completions`
     (it used to fail every rollout with a TypeError from unpacking the tokenizer)."""
-    from gym_bridge.server import build_app
-    from tests.http_server import app_in_thread
-    from tests.scripted_model import ScriptedModel
+    from gym_bridge.serve.model_server import build_app
+    from tests.support.http_server import app_in_thread
+    from tests.support.scripted_model import ScriptedModel
 
     reply = smol_tokenizer.encode(f"I am {FIELDS['guest_name']}.", add_special_tokens=False) + [smol_tokenizer.eos_token_id]
     model = ScriptedModel(smol_tokenizer, lambda prompt, request: Generation(reply, [-0.1] * len(reply), "stop"))

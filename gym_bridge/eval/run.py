@@ -1,0 +1,297 @@
+"""Evaluation runs: pick tasks, run them through the engine, write records and metrics.
+
+This is what `gym-bridge eval` and `gym-bridge verify` do, as functions a script can call.
+Everything that can be wrong with the input (rows, routing, tools, the template) is checked
+before the first generation; records stream to the output file as they finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Iterable, Protocol, Sequence
+
+from gym_bridge.core.bounded.call import call_environment, describe_error
+from gym_bridge.core.engine import Engine, call_step, ensure_ready, ready_tasks, verify_output
+from gym_bridge.core.environment import Environment
+from gym_bridge.core.errors import ConfigError, DataError, UnknownEnvironmentError, classify
+from gym_bridge.core.journal import JOURNAL_BY_DEFAULT, RunFingerprint, RunJournal, journal_dir_for
+from gym_bridge.core.health import HealthSettings, ToolCallAlarm, tool_call_health
+from gym_bridge.core.metrics import summarize
+from gym_bridge.core.record import RolloutRecord
+from gym_bridge.core.registry import TaskSet, get_environment, remote_url, resolve_tasks
+from gym_bridge.core.rollout_file import RolloutWriter, input_row, locked_output, read_records, resume_records
+from gym_bridge.core.task import Task, iter_jsonl, parse_task, routing_name
+
+
+def select_tasks(*, env_names: Sequence[str] = (), data_paths: Sequence[str | Path] = (), limit: int | None = None) -> list[Task]:
+    """Tasks from environments' example data and/or JSONL files, at most `limit` per environment.
+
+    With both, `env_names` become the default environment of rows that name none. Every name in
+    `env_names` is looked up first, so a typo fails even when the rows name their environment, and
+    a module path (`pkg.mod:Class`) registers its class under its `name`, which rows may then use.
+    Each row is checked like `gym-bridge data validate` does (routing, tools, the environment's
+    `row_schema` / `validate_row`). Raises DataError / UnknownEnvironmentError before anything runs.
+    """
+    return list(_selected(env_names, data_paths, limit).tasks)
+
+
+def select_ready_tasks(*, env_names: Sequence[str] = (), data_paths: Sequence[str | Path] = (), limit: int | None = None) -> TaskSet:
+    """`select_tasks`, routed once and with each environment ready (`check_ready`): the `TaskSet` an
+    eval run checks once and hands to `run_eval`. Raises what `select_tasks` and `check_ready` raise."""
+    selected = _selected(env_names, data_paths, limit)
+    ensure_ready(selected.env_classes.values())
+    return selected
+
+
+def _selected(env_names: Sequence[str], data_paths: Sequence[str | Path], limit: int | None) -> TaskSet:
+    """The tasks of `select_tasks`, routed and row-checked (not yet `check_ready`)."""
+    for name in env_names:
+        get_environment(name)
+    sources: list[tuple[Path, str | None]] = []
+    if data_paths:
+        default_env = env_names[0] if len(env_names) == 1 else None
+        sources = [(Path(path), default_env) for path in data_paths]
+    else:
+        for name in env_names:
+            env_class = get_environment(name)
+            if env_class.example_data is None:
+                raise DataError(f"environment {name!r} ships no example data; pass --data FILE.jsonl")
+            sources.append((Path(env_class.example_data), env_class.name))
+    if not sources:
+        raise DataError("nothing to evaluate: pass --env NAME or --data FILE.jsonl")
+    tasks: list[Task] = []
+    per_env: Counter[str] = Counter()
+    for path, default_env in sources:
+        if not path.exists():
+            raise DataError("file not found", source=str(path))
+        for line_number, row in iter_jsonl(path):
+            task = parse_task(row, index=len(tasks), source=f"{path}:{line_number}", default_env=default_env)
+            if limit is not None and per_env[task.env_name] >= limit:
+                continue
+            per_env[task.env_name] += 1
+            tasks.append(task)
+    env_classes = resolve_tasks(tasks)
+    check_rows(tasks, env_classes)
+    return TaskSet(tuple(tasks), env_classes)
+
+
+def check_rows(tasks: Sequence[Task], env_classes: dict[str, type[Environment]]) -> None:
+    """Raise DataError for the first row its environment's `validate_row` (`row_schema`) rejects, counting the rest."""
+    problems: list[tuple[Task, str, str]] = []
+    for task in tasks:
+        env_class = env_classes[task.env_name]
+        try:
+            found = [(problem.field, problem.message) for problem in env_class.validate_row(task.row)]
+        except Exception as error:
+            found = [("(row)", f"{env_class.__name__}.validate_row crashed: {describe_error(error)}")]
+        problems.extend((task, field, f"{message} (environment {env_class.name!r})") for field, message in found)
+    if problems:
+        task, field, message = problems[0]
+        more = f"; {len(problems) - 1} more problem(s): `gym-bridge data validate FILE` lists them all" if len(problems) > 1 else ""
+        raise DataError(message + more, source=task.source, field=field)
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    summary: dict[str, Any]
+    output: Path
+    metrics_path: Path
+
+
+def metrics_path_for(output: str | Path) -> Path:
+    output = Path(output)
+    return output.with_name(output.stem + ".metrics.json")
+
+
+class RolloutSource(Protocol):
+    """What `run_eval` runs: the local `Engine`, or `gym_bridge.scale.ray_runner.RayRollouts`."""
+
+    def stream(self, tasks: Sequence[Task] | TaskSet, *, repeats: int = 1,
+               skip: Iterable[tuple[int, int]] = ()) -> AsyncIterator[RolloutRecord]: ...
+
+
+def replica_metrics(engine: Engine | RolloutSource) -> dict[str, Any]:
+    """`{"replicas": ...}`: per-replica calls, errors, load and the episode-affinity hit rate, where the
+    run's policy routes over model servers (Ray workers' routers added together); else `{}`."""
+    ray_stats = getattr(engine, "replica_stats", None)
+    router = getattr(getattr(engine, "policy", None), "router", None)
+    stats = ray_stats() if callable(ray_stats) else router.stats() if router is not None else {}
+    return {"replicas": stats} if stats else {}
+
+
+async def run_eval(
+    engine: Engine | RolloutSource,
+    tasks: Sequence[Task] | TaskSet,
+    *,
+    output: str | Path,
+    num_repeats: int = 1,
+    resume: bool = False,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+    health: HealthSettings | None = None,
+    journal: bool | None = None,
+) -> EvalResult:
+    """Run every (task, repeat) not already in `output` and write records plus `.metrics.json`.
+
+    With `journal` (a local `Engine`, or Ray workers: `RayRollouts`), rollouts commit each finished turn to `<output>.journal/`, and a run with
+    `resume` continues the episodes a killed run left in flight from their last finished turn (`gym_bridge.core.resume`).
+    None: `JOURNAL_BY_DEFAULT`, or on when resuming a run that left a journal.
+
+    Tool-call health is watched as records arrive (`health`: when to warn, see `ToolCallAlarm`);
+    the summary holds it under `tool_call_health` and the warnings raised under `alarms`.
+
+    Tasks given as a `TaskSet` (`select_ready_tasks`) are not routed or checked again. Raises
+    OutputLockedError when another process is writing `output`.
+    """
+    ready = ready_tasks(tasks)  # a refused run (no sandbox, say) leaves `output` as it was
+    with locked_output(output):
+        return await run_eval_locked(engine, ready, output=output, num_repeats=num_repeats, resume=resume, on_record=on_record,
+                                     health=health, journal=journal)
+
+
+async def run_eval_locked(
+    engine: Engine | RolloutSource,
+    tasks: TaskSet,
+    *,
+    output: str | Path,
+    num_repeats: int = 1,
+    resume: bool = False,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+    health: HealthSettings | None = None,
+    journal: bool | None = None,
+) -> EvalResult:
+    """`run_eval` for a caller that holds `locked_output(output)` already (the CLI takes it before loading
+    a model) and has checked its tasks once (`select_ready_tasks`). The summary is computed from the
+    records in memory (those a resumed run kept, then this run's), not by reading `output` back."""
+    output = Path(output)
+    kept = resume_records(output, tasks.tasks) if resume else {}
+    skip = set(kept)
+    if journal is None:
+        journal = JOURNAL_BY_DEFAULT or (resume and journal_dir_for(output).exists())
+    run_journal = (_prepare_journal(engine, tasks.tasks, output, resume=resume, finished=skip, repeats=num_repeats)
+                   if journal else None)
+    started, cpu_started = time.perf_counter(), time.process_time()
+    this_run: list[dict[str, Any]] = []
+    alarm = ToolCallAlarm(health or HealthSettings())
+    complete = False
+    try:
+        with RolloutWriter(output, append=resume) as writer:
+            async for record in engine.stream(tasks, repeats=num_repeats, skip=skip):
+                row = record.to_dict()
+                writer.write(row)
+                if run_journal is not None:
+                    run_journal.finish((record.task_index, record.repeat_index))
+                this_run.append(row)
+                alarm.observe(row)
+                if on_record is not None:
+                    on_record(row)
+        complete = True
+    finally:
+        if run_journal is not None:
+            await run_journal.close(complete=complete)
+            _detach_journal(engine)
+    wall_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
+    records = [*kept.values(), *this_run]
+    summary = summarize(records, wall_s=wall_s, this_run=this_run, num_repeats=num_repeats)
+    summary["tool_call_health"], summary["alarms"] = tool_call_health(records), alarm.alarms
+    summary["cpu_s"] = round(cpu_s, 3)  # this process's CPU time over the run: what generation costs the client
+    summary.update(replica_metrics(engine))
+    metrics_path = metrics_path_for(output)
+    metrics_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return EvalResult(summary=summary, output=output, metrics_path=metrics_path)
+
+
+def _prepare_journal(engine: Engine | RolloutSource, tasks: Sequence[Task], output: Path, *, resume: bool,
+                     finished: set[tuple[int, int]], repeats: int) -> RunJournal:
+    """The run's journal beside `output`, set on `engine` (for Ray, the workers commit to it: `attach_journal`)."""
+    fingerprint_of, attach = getattr(engine, "journal_fingerprint", None), getattr(engine, "attach_journal", None)
+    if isinstance(engine, Engine):
+        fingerprint = RunFingerprint.of_engine(engine.config, tasks)
+    elif callable(fingerprint_of) and callable(attach):
+        fingerprint = fingerprint_of(tasks, group_size=repeats)
+    else:
+        raise ConfigError(f"--journal: {type(engine).__name__} runs rollouts that cannot be journaled; run without --journal")
+    journal = RunJournal.prepare(journal_dir_for(output), fingerprint, resume=resume, finished=finished)
+    if isinstance(engine, Engine):
+        engine.journal = journal
+    elif callable(attach):
+        attach(journal)
+    return journal
+
+
+def _detach_journal(engine: Engine | RolloutSource) -> None:
+    if isinstance(engine, Engine):
+        engine.journal = None
+    else:
+        getattr(engine, "attach_journal")(None)
+
+
+def record_environment(record: dict[str, Any], source: str) -> type[Environment]:
+    """The environment class of a stored record: by its `env` name, else its row's routing, else
+    the `env_path` (`module:Class`) it was run with. Raises UnknownEnvironmentError naming `source`."""
+    name = record.get("env") or parse_task(input_row(record), index=0, source=source).env_name
+    names = [name, routing_name(input_row(record)), record.get("env_path")]
+    errors = []
+    for candidate in dict.fromkeys(candidate for candidate in names if candidate):
+        try:
+            return get_environment(candidate)
+        except UnknownEnvironmentError as error:
+            errors.append(str(error))
+    raise UnknownEnvironmentError(f"{source}: {'; '.join(errors)}")
+
+
+async def _rescore(record: dict[str, Any], env_class: type[Environment], source: str) -> dict[str, Any]:
+    """A record re-scored by its environment's verifier. Rollouts that failed before verify
+    (infra, env, timeout, context_overflow) have no trajectory to score and are kept as they are."""
+    if record.get("failure_kind") not in (None, "verifier"):
+        return record
+    task = parse_task(input_row(record), index=record.get("task_index", 0), source=source, default_env=record.get("env"))
+    if remote_url(task.row):  # rows with agent_ref.remote go to their server
+        env_class = resolve_tasks([task])[task.env_name]
+    env = env_class()
+    rescored = dict(record)
+    try:
+        await call_step(env, "setup", (task,), step="setup", timeout_s=env_class.tool_timeout_s)
+        result = await verify_output(env, task, record["response"].get("output") or [])
+        rescored.update(
+            reward=result.reward, reward_components=result.reward_components or {"reward": result.reward},
+            mask_sample=result.mask_sample, failure_kind=result.failure_kind, failure_reason=result.failure_reason,
+        )
+        rescored["metrics"] = {**record.get("metrics", {}), "verify": dict(result.metrics)}
+    except Exception as error:  # whatever failed, the re-scoring did: the verifier's failure, re-scored next time
+        reason = classify(error, step="verify", timeout_s=env_class.verify_timeout_s).reason
+        rescored.update(reward=0.0, reward_components={}, mask_sample=True, failure_kind="verifier", failure_reason=reason)
+    finally:
+        try:
+            await call_environment(env, "close", timeout_s=env_class.tool_timeout_s)
+        except Exception:  # the score stands; a failing close must not stop the other records
+            pass
+    return rescored
+
+
+async def rescore_file(data: str | Path, *, output: str | Path, concurrency: int = 16) -> dict[str, Any]:
+    """Re-score stored rollouts with their environments' verifiers (no model); returns metrics."""
+    records = read_records(data)
+    env_classes = []
+    for position, record in enumerate(records):
+        if "response" not in record:
+            raise DataError("is not a rollout record (it has no 'response')", source=f"{data}:{position + 1}")
+        env_classes.append(record_environment(record, f"{data}:{position + 1}"))
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(position: int, record: dict[str, Any]) -> dict[str, Any]:
+        async with slots:
+            return await _rescore(record, env_classes[position], f"{data}:{position + 1}")
+
+    with locked_output(output):
+        rescored = await asyncio.gather(*(one(i, record) for i, record in enumerate(records)))
+        with RolloutWriter(output, append=False) as writer:
+            for record in rescored:
+                writer.write(record)
+        summary = summarize(rescored)
+        metrics_path_for(output).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return summary

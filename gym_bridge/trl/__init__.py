@@ -1,0 +1,38 @@
+"""`gym_bridge.trl`: the TRL adapter (`from gym_bridge.trl import rollout`), sync and async, in one package.
+
+Importing this package imports nothing but itself: each name resolves on first use from its private
+module (`_rollout`, which loads gym_bridge's core, no torch, no trl); torch, transformers and trl are
+imported when a rollout first runs against a trainer. The async recipe's parts (`async_seams`,
+`cpu_async_grpo_trainer`, `FileWeightTransfer`, and `FileWeightReceiver` for vLLM's
+`--worker-extension-cls gym_bridge.trl.FileWeightReceiver`) resolve here too, outside `__all__`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gym_bridge._lazy import lazy_homes
+
+if TYPE_CHECKING:  # the names, for type checkers and linters; at run time `__getattr__` imports them
+    from gym_bridge.trl._async_api import async_seams  # noqa: F401
+    from gym_bridge.trl._async_cpu import cpu_async_grpo_trainer  # noqa: F401
+    from gym_bridge.trl._async_weights import FileWeightReceiver, FileWeightTransfer  # noqa: F401
+    from gym_bridge.trl._rollout import (  # noqa: F401
+        AsyncRolloutWorker, AsyncWorkerSettings, RolloutOptions, TRLRollout, env_reward, example_data_paths, load_dataset, make_rollout,
+        reward_metrics, rollout, to_trl_batch,
+    )
+
+__all__ = [
+    "AsyncRolloutWorker", "AsyncWorkerSettings", "RolloutOptions", "TRLRollout", "env_reward", "example_data_paths", "load_dataset", "make_rollout",
+    "reward_metrics", "rollout", "to_trl_batch",
+]
+_ADAPTER = "gym_bridge.trl._rollout"
+_ASYNC_PARTS = {
+    "async_seams": "gym_bridge.trl._async_api",
+    "cpu_async_grpo_trainer": "gym_bridge.trl._async_cpu",
+    "FileWeightTransfer": "gym_bridge.trl._async_weights",
+    "FileWeightReceiver": "gym_bridge.trl._async_weights",
+}
+"""What the async recipe and a vLLM server's worker extension name; not in `__all__`, so `import *` stays as it was."""
+
+__getattr__, __dir__ = lazy_homes(globals(), {**dict.fromkeys(__all__, _ADAPTER), **_ASYNC_PARTS})

@@ -1,0 +1,443 @@
+"""gym_bridge as TRL's async rollout worker: `AsyncGRPOTrainer(rollout_worker=AsyncRolloutWorker(...))`.
+
+It implements TRL 1.16's `RolloutWorkerProtocol` in the trainer's process: an event loop on a thread
+runs gym_bridge's engine against the trainer's vLLM server (token-in `/v1/completions`, the append-only
+token stream), group by group over rows that name their environment, scores each rollout with its
+environment's verifier, computes group advantages over the scored rollouts only, and pushes one
+`RolloutSample` per training row (one per token segment of a harness that rewrote its history). A
+failed rollout is left out of the loss and of its group's statistics, counted in the metrics, and never
+stops the worker. Groups start only while `StalenessWindow` says their rows will still be fresh enough
+when the trainer reaches them; every model call records its policy version (`VersionedPolicy`). With a
+journal (`journal_dir`), a worker started again after its trainer restarted continues the groups left in flight
+from their last turn, each earlier turn keeping the policy version it was generated with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gym_bridge.trl._async_api import async_seams
+from gym_bridge.core.agent_loop import Limits
+from gym_bridge.core.training_row import to_training_row
+from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
+from gym_bridge.core.environment import Environment
+from gym_bridge.core.journal import RunFingerprint, RunJournal
+from gym_bridge.core.policy import Policy, SamplingParams
+from gym_bridge.core.record import RolloutRecord, with_consumed_version
+from gym_bridge.core.registry import resolve_tasks
+from gym_bridge.core.rollout_file import RolloutWriter
+from gym_bridge.core.staleness import StalenessWindow
+from gym_bridge.core.task import Task
+from gym_bridge.core.template.chat_template import ChatTemplate
+from gym_bridge.policies.versioned import VersionedPolicy
+from gym_bridge.core.errors import ConfigError
+
+__all__ = ["AsyncRolloutWorker", "AsyncWorkerSettings", "TrainingSegment", "group_advantages", "training_segments"]
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT_S = 1.0
+"""How often the worker's loop proves it is alive (`check_health`)."""
+
+
+@dataclass(frozen=True)
+class AsyncWorkerSettings:
+    """How the worker generates and how far ahead of the trainer it may run."""
+
+    group_size: int
+    """Rollouts per task (TRL's `num_generations`)."""
+    max_staleness: int
+    """The trainer's `max_staleness`: rows older than this many versions are dropped, so none is generated."""
+    rows_per_version: int
+    """Rows the trainer takes at least per version: samples per optimizer step times `weight_sync_steps`."""
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    limits: Limits = field(default_factory=Limits)
+    max_concurrency: int = 64
+    """Rollouts running at once (the window may allow fewer)."""
+    deadline_s: float = 600.0
+    model_name: str = ""
+    records_path: str | None = None
+    """Append each rollout's record (with `metrics.consumed_version`) when the trainer takes its first row."""
+    journal_dir: str | None = None
+    """Commit each finished turn of the rollouts in flight here (`gym_bridge.core.journal`): a worker started over the
+    same directory (the trainer restarted from its checkpoint) first runs the groups left in flight, each rollout from
+    its last committed turn with its earlier turns' policy versions, then goes on with the groups after them."""
+
+    def __post_init__(self) -> None:
+        if self.group_size < 1:
+            raise ConfigError(f"group_size (num_generations) must be at least 1, got {self.group_size}")
+        if self.group_size > (self.max_staleness + 1) * self.rows_per_version:
+            raise ConfigError(f"a group of {self.group_size} rows never fits in (max_staleness + 1) * rows_per_version = "
+                             f"{(self.max_staleness + 1) * self.rows_per_version} rows: set AsyncGRPOConfig(token_budget=0) (then a step "
+                             "takes per_device_train_batch_size rows per rank), or raise max_staleness or the batch size")
+
+
+@dataclass(frozen=True)
+class TrainingSegment:
+    """One training row of a rollout: the whole token sequence, what is trained, the sampled log-probs."""
+
+    input_ids: list[int]
+    completion_mask: list[int]
+    old_log_probs: list[float]
+
+
+def training_segments(record: RolloutRecord, *, eos_token_ids: Sequence[int], max_completion_length: int) -> list[TrainingSegment]:
+    """The rows of a scored rollout: its token segments when a harness rewrote its history, else its one
+    token stream under the shared rules of `core.training_row` (an answer without EOS gets one, untrained)."""
+    views = record.tokens.segments
+    if views:
+        return [TrainingSegment(input_ids=[*view.prompt_ids, *view.completion_ids],
+                                completion_mask=[0] * len(view.prompt_ids) + list(view.completion_mask),
+                                old_log_probs=[0.0] * len(view.prompt_ids) + [float(value) for value in view.completion_logprobs])
+                for view in views if any(view.completion_mask)]
+    row = to_training_row(record, max_completion_length=max_completion_length, eos_token_ids=eos_token_ids)
+    return [TrainingSegment(input_ids=[*row.prompt_ids, *row.completion_ids], completion_mask=[0] * len(row.prompt_ids) + list(row.completion_mask),
+                            old_log_probs=[0.0] * len(row.prompt_ids) + list(row.completion_logprobs))]
+
+
+def rows_per_version(args: Any, *, num_processes: int = 1) -> int:
+    """Rows an `AsyncGRPOConfig` trainer consumes at least between two weight syncs. With `token_budget=0` each
+    micro-batch holds exactly `per_device_train_batch_size` rows per rank; with a token budget (TRL's default) as many
+    as fit, at least one per rank, which is the count used (safe, but it admits less: prefer `token_budget=0`)."""
+    per_micro_batch = int(args.per_device_train_batch_size) if args.token_budget is not None and args.token_budget <= 0 else 1
+    return per_micro_batch * num_processes * int(args.gradient_accumulation_steps) * int(args.weight_sync_steps)
+
+
+def group_advantages(records: Sequence[RolloutRecord]) -> tuple[dict[int, float], float, float]:
+    """Advantages of the scored rollouts of one group (by position), their reward mean and standard deviation.
+
+    A failed or masked rollout gets no advantage and is not in the mean or the deviation (TRL's rule for an
+    unscorable sample). `(reward - mean) / (std + 1e-8)` with the population deviation, as TRL computes it.
+    """
+    scored = {position: record.reward for position, record in enumerate(records) if not record.mask_sample}
+    if not scored:
+        return {}, math.nan, math.nan
+    mean = sum(scored.values()) / len(scored)
+    std = math.sqrt(sum((reward - mean) ** 2 for reward in scored.values()) / len(scored))
+    return {position: (reward - mean) / (std + 1e-8) for position, reward in scored.items()}, mean, std
+
+
+class _ConsumedQueue(queue.Queue[Any]):
+    """The rollout buffer: a plain queue that tells the worker when the trainer takes a row."""
+
+    def __init__(self, on_get: Any) -> None:
+        super().__init__()
+        self._on_get = on_get
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        item = super().get(block, timeout)
+        self._on_get(item)
+        return item
+
+
+class AsyncRolloutWorker:
+    """TRL's `RolloutWorkerProtocol` over gym_bridge's engine (see the module docstring).
+
+    `tasks` are the rows to train on (cycled in order, `group_size` rollouts each); `policy` generates
+    token-in/token-out (a `RemotePolicy` on the trainer's vLLM server); `template` renders the prompts.
+    """
+
+    def __init__(self, tasks: Sequence[Task], policy: Policy, template: ChatTemplate, settings: AsyncWorkerSettings,
+                 *, eos_token_ids: Sequence[int] | None = None) -> None:
+        if not tasks:
+            raise ConfigError("AsyncRolloutWorker needs at least one task")
+        self.settings = settings
+        self._tasks = list(tasks)
+        self._env_classes = resolve_tasks(self._tasks)  # every row routed before anything starts
+        ensure_ready(self._env_classes.values())
+        self._version = 0
+        self._policy = VersionedPolicy(policy, lambda: self._version)
+        config = EngineConfig(sampling=settings.sampling, limits=settings.limits, max_concurrency=settings.max_concurrency,
+                              deadline_s=settings.deadline_s, model_name=settings.model_name)
+        self._engine = Engine(self._policy, template, config)  # checks the template is append-only
+        end_of_turn = template.end_of_turn_id
+        self._eos_token_ids = (end_of_turn, *(token for token in (eos_token_ids or template.eos_token_ids) if token != end_of_turn))
+        self.rollout_buffer: queue.Queue[Any] = _ConsumedQueue(self._on_consumed)
+        self.metrics_queue: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.window = StalenessWindow(settings.max_staleness, settings.rows_per_version)
+        self._sample_class: Any = async_seams().rollout_sample
+        self._records: dict[int, tuple[dict[str, Any], bool]] = {}
+        """id(sample) -> (record row, whether it is the rollout's first row)."""
+        self._writer = RolloutWriter(settings.records_path, append=True) if settings.records_path else None
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._stopping = threading.Event()
+        self._error: BaseException | None = None
+        self._heartbeat = time.time()
+        self.counts: Counter[str] = Counter()
+        """Totals since start: `groups`, `rollouts`, `failed`, `failed/<kind>`, `rows`, `forced_admissions`."""
+        self._journal: RunJournal | None = None
+        self._resumed_groups: list[int] = []
+        """Group ids a killed worker left in flight in the journal: run first, continued from their last turn."""
+
+    # -- RolloutWorkerProtocol ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start producing (TRL calls it once, after the first weight sync)."""
+        if self._thread is not None:
+            return
+        if self.settings.journal_dir is not None and self._journal is None:
+            fingerprint = RunFingerprint.of_engine(self._engine.config, self._tasks)
+            self._journal = RunJournal.prepare(self.settings.journal_dir, fingerprint, resume=True)
+            self._resumed_groups = sorted({group_id for group_id, _ in self._journal.pending()})
+            self._engine.journal = self._journal
+        self.window.base_version = self._version
+        self._heartbeat = time.time()
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, args=(ready,), name="gym_bridge_async_worker", daemon=True)
+        self._thread.start()
+        ready.wait()
+
+    def stop(self) -> None:
+        """Stop generating, cancel what runs, release the policy's connections; idempotent."""
+        self._stopping.set()
+        loop, thread = self._loop, self._thread
+        if loop is not None and not loop.is_closed() and self._wake is not None:
+            loop.call_soon_threadsafe(self._wake.set)
+        if thread is not None:
+            thread.join(timeout=30)
+        self._thread = None
+        with self._lock:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+
+    def update_model_version(self, model_version: int) -> None:
+        """The trainer's weights are now `model_version` (called after each sync, the server resumed)."""
+        self._version = int(model_version)
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(wake.set)
+
+    def check_health(self, stale_after_s: float) -> None:
+        """Raise when the worker's loop died or has not ticked for `stale_after_s` (a failed rollout never does this)."""
+        if self._error is not None:
+            raise RuntimeError(f"gym_bridge's rollout worker stopped: {type(self._error).__name__}: {self._error}") from self._error
+        age = time.time() - self._heartbeat
+        if self._thread is not None and age > stale_after_s:
+            raise RuntimeError(f"gym_bridge's rollout worker has not ticked for {age:.0f} s (> {stale_after_s:.0f} s)")
+
+    @property
+    def model_version(self) -> int:
+        return self._version
+
+    @classmethod
+    def for_trainer(cls, args: Any, *, tasks: Sequence[Task], tokenizer: Any, served_model: str, num_processes: int = 1,
+                    max_turns: int = 8, max_completion_tokens: int | None = None, policy: Policy | None = None,
+                    records_path: str | Path | None = None, max_concurrency: int = 64, deadline_s: float = 600.0,
+                    journal_dir: str | Path | None = None) -> AsyncRolloutWorker:
+        """A worker set from an `AsyncGRPOConfig`: `num_generations`, `max_staleness`, the batch that fixes
+        `rows_per_version`, sampling (`temperature`, `top_p`, `top_k`, `max_completion_length` per model call) and
+        `vllm_server_base_url` (a `RemotePolicy` on `served_model`, unless `policy` is given).
+        `max_completion_tokens` bounds all turns of a rollout (default: `max_turns` model calls' worth)."""
+        from gym_bridge.policies.remote import RemotePolicy
+
+        per_call = int(args.max_completion_length)
+        settings = AsyncWorkerSettings(
+            group_size=int(args.num_generations), max_staleness=int(args.max_staleness),
+            rows_per_version=rows_per_version(args, num_processes=num_processes),
+            sampling=SamplingParams(temperature=float(args.temperature), top_p=float(args.top_p), top_k=int(args.top_k or 0),
+                                    max_new_tokens=per_call, logprobs_mode="raw" if float(args.temperature) == 1.0 else "processed"),
+            limits=Limits(max_turns=max_turns, max_completion_tokens=max_completion_tokens or per_call * max_turns),
+            max_concurrency=max_concurrency, deadline_s=deadline_s, model_name=served_model,
+            records_path=None if records_path is None else str(records_path),
+            journal_dir=None if journal_dir is None else str(journal_dir),
+        )
+        if policy is None:
+            policy = RemotePolicy(f"{str(args.vllm_server_base_url).rstrip('/')}/v1", model=served_model,
+                                  request_timeout_s=float(args.request_timeout))
+        template = ChatTemplate(tokenizer)
+        return cls(tasks, policy, template, settings)
+
+    # -- the loop -----------------------------------------------------------------------------------
+
+    def _serve(self, ready: threading.Event) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self._loop = loop
+        self._wake = asyncio.Event()
+        loop.call_soon(ready.set)
+        try:
+            loop.run_until_complete(self._produce())
+        except BaseException as error:  # a bug of ours, not a rollout's failure: reported by check_health
+            self._error = error
+            logger.exception("gym_bridge's rollout worker stopped")
+        finally:
+            try:
+                if self._journal is not None:
+                    loop.run_until_complete(self._journal.close())  # kept while rollouts are left in flight
+                loop.run_until_complete(self._policy.aclose())
+            finally:
+                loop.close()
+
+    async def _produce(self) -> None:
+        running: set[asyncio.Task[None]] = set()
+        ticker = asyncio.ensure_future(self._tick())
+        try:
+            for group_id, task in self._groups():
+                if not await self._admit(group_id, running):
+                    break
+                job = asyncio.ensure_future(self._run_group(group_id, task, self._version))
+                running.add(job)
+                job.add_done_callback(running.discard)
+        finally:
+            ticker.cancel()
+            for job in list(running):
+                job.cancel()
+            await asyncio.gather(ticker, *running, return_exceptions=True)
+
+    def _groups(self) -> Iterator[tuple[int, Task]]:
+        """Group ids and their rows: the groups a killed worker left in flight first, then on from the one after them."""
+        first = self._resumed_groups[-1] + 1 if self._resumed_groups else 0
+        ids = itertools.chain(self._resumed_groups, itertools.count(first))
+        return ((group_id, self._tasks[group_id % len(self._tasks)]) for group_id in ids)
+
+    async def _tick(self) -> None:
+        while True:
+            self._heartbeat = time.time()
+            await asyncio.sleep(HEARTBEAT_S)
+
+    async def _admit(self, group_id: int, running: set[asyncio.Task[None]]) -> bool:
+        """Wait until the window admits the group; False when stopping. With nothing in flight and nothing
+        queued the trainer can only wait for rows, so the group is admitted anyway (counted, never a deadlock)."""
+        assert self._wake is not None
+        rows, started = self.settings.group_size, time.perf_counter()
+        while not self._stopping.is_set():
+            if self.window.admits(rows, self._version):
+                break
+            if not running and self.rollout_buffer.empty():
+                self.counts["forced_admissions"] += 1
+                break
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=0.5)
+            except TimeoutError:
+                pass
+        else:
+            return False
+        waited_s = time.perf_counter() - started
+        self.window.admit(group_id, self._version, rows)
+        self._push_metrics({"gym_bridge/admission_wait_s": waited_s, "gym_bridge/inflight_rows": float(self.window.in_flight_rows)})
+        return True
+
+    async def _run_group(self, group_id: int, task: Task, version: int) -> None:
+        pushed = 0
+        try:
+            env_class = self._env_classes[task.env_name]
+            records = list(await asyncio.gather(*(self._engine.rollout(task, repeat, env_class=env_class, journal_key=(group_id, repeat))
+                                                  for repeat in range(self.settings.group_size))))
+            samples = self._samples(group_id, records, env_class)
+            for sample in samples:
+                sample.enqueued_at = time.time()
+                self.rollout_buffer.put_nowait(sample)
+            pushed = len(samples)
+            if self._journal is not None:
+                for repeat in range(self.settings.group_size):
+                    self._journal.finish((group_id, repeat))
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug in building rows must not stop the worker: counted, logged, skipped
+            self.counts["group_errors"] += 1
+            logger.exception("gym_bridge: group %d of task %d could not be turned into rows", group_id, task.index)
+            self._push_metrics({"gym_bridge/group_errors_total": 1.0})
+        finally:
+            self.window.finish(group_id, pushed)
+            if self._wake is not None:
+                self._wake.set()
+
+    def _samples(self, group_id: int, records: list[RolloutRecord], env_class: type[Environment]) -> list[Any]:
+        advantages, mean, std = group_advantages(records)
+        samples: list[Any] = []
+        for position, record in enumerate(records):
+            self.counts["rollouts"] += 1
+            if position not in advantages:
+                self.counts["failed"] += 1
+                self.counts[f"failed/{record.failure_kind or 'masked'}"] += 1
+                self._write_now(record)
+                continue
+            row = record.to_dict()
+            metrics = {"reward": float(record.reward), "reward_std": std, f"rewards/{env_class.name}": float(record.reward),
+                       "gym_bridge/turns": float(record.turns), "gym_bridge/tool_calls": float(record.tool_calls)}
+            for index, segment in enumerate(training_segments(record, eos_token_ids=self._eos_token_ids,
+                                                              max_completion_length=self.settings.limits.max_completion_tokens)):
+                sample = self._sample(record, segment, advantages[position], group_id, metrics)
+                self._records[id(sample)] = (row, index == 0)
+                samples.append(sample)
+        self.counts["groups"] += 1
+        self.counts["rows"] += len(samples)
+        self._push_metrics(self._group_metrics(records, env_class, mean, len(samples)))
+        return samples
+
+    def _sample(self, record: RolloutRecord, segment: TrainingSegment, advantage: float, group_id: int,
+                metrics: Mapping[str, float]) -> Any:
+        import numpy as np
+
+        version = min(record.policy_versions) if record.policy_versions else self._version
+        return self._sample_class(
+            prompt=[dict(message) for message in record.task.messages],
+            completion=[{"role": "assistant", "content": _last_text(record)}],
+            input_ids=np.asarray(segment.input_ids, dtype=np.int64),
+            completion_mask=np.asarray(segment.completion_mask, dtype=np.int64),
+            old_log_probs=np.asarray(segment.old_log_probs, dtype=np.float32),
+            advantage=float(advantage), model_version=int(version), group_id=int(group_id), metrics=dict(metrics),
+        )
+
+    def _group_metrics(self, records: list[RolloutRecord], env_class: type[Environment], mean: float, rows: int) -> dict[str, Any]:
+        name = env_class.name
+        failed = [record for record in records if record.mask_sample]
+        values: dict[str, Any] = {
+            "gym_bridge/rollouts_total": float(len(records)),
+            "gym_bridge/failed_total": float(len(failed)),
+            "gym_bridge/rows_total": float(rows),
+            f"gym_bridge/failed_rate/{name}": (float(len(failed)), float(len(records))),
+            "gym_bridge/tool_calls_per_rollout": (float(sum(record.tool_calls for record in records)), float(len(records))),
+            "gym_bridge/parse_errors_total": float(sum(record.parse_errors for record in records)),
+            "gym_bridge/unparsed_tool_calls_total": float(sum(record.unparsed_tool_calls for record in records)),
+            f"gym_bridge/rollouts_with_tool_call/{name}": (float(sum(record.tool_calls > 0 for record in records)), float(len(records))),
+        }
+        if not math.isnan(mean):
+            values[f"gym_bridge/reward/{name}"] = mean
+        for kind, count in Counter(record.failure_kind or "masked" for record in failed).items():
+            values[f"gym_bridge/failures/{kind}_total"] = float(count)
+        return values
+
+    # -- consumption (the trainer's thread) ---------------------------------------------------------
+
+    def _on_consumed(self, sample: Any) -> None:
+        """The trainer took `sample` at the current version: its staleness goes to the metrics, its record to the file."""
+        staleness = self._version - int(sample.model_version)
+        self._push_metrics({"gym_bridge/staleness_max": float(staleness), "gym_bridge/staleness_mean": float(staleness)})
+        with self._lock:
+            row, first = self._records.pop(id(sample), (None, False))
+            if row is not None and first and self._writer is not None:
+                self._writer.write(with_consumed_version(row, self._version))
+
+    def _write_now(self, record: RolloutRecord) -> None:
+        with self._lock:
+            if self._writer is not None:
+                self._writer.write(record.to_dict())
+
+    def _push_metrics(self, values: dict[str, Any]) -> None:
+        self.metrics_queue.put_nowait(values)
+
+
+def _last_text(record: RolloutRecord) -> str:
+    for item in reversed(record.output):
+        if item.get("type") == "message" and item.get("role") == "assistant":
+            content: Any = item.get("content") or []
+            return "".join(str(part.get("text", "")) for part in content)
+    return ""
+
