@@ -27,6 +27,9 @@ from verl.workers.rollout.replica import TokenOutput
 
 from gym_bridge.core.policy import Generation
 
+NO_LOAD_BALANCER: Any = None
+"""No Ray load balancer: `_OneServer` picks the one stand-in server itself."""
+
 
 @dataclass
 class Call:
@@ -101,10 +104,10 @@ class ScriptedVerlServer:
             ids, log_probs, stop_reason = ids[:cut], log_probs[:cut], "aborted"
             self._partial[tuple(prompt_ids) + tuple(ids)] = (generation, start + cut)
             self._pause()
-        log_probs = log_probs if sampling_params.pop("logprobs", False) else None
-        self.calls.append(Call(request_id, list(prompt_ids), dict(sampling_params, max_tokens=max_tokens), ids, log_probs,
+        returned_log_probs: list[float] | None = log_probs if sampling_params.pop("logprobs", False) else None
+        self.calls.append(Call(request_id, list(prompt_ids), dict(sampling_params, max_tokens=max_tokens), ids, returned_log_probs,
                                stop_reason, self.global_steps))
-        return TokenOutput(token_ids=ids, log_probs=log_probs, stop_reason=stop_reason, extra_fields={"global_steps": self.global_steps})
+        return TokenOutput(token_ids=ids, log_probs=returned_log_probs, stop_reason=stop_reason, extra_fields={"global_steps": self.global_steps})
 
     async def _park(self) -> None:
         while self._gate is not None and not self._gate.is_set():
@@ -146,7 +149,7 @@ class ScriptedServerClient(_OneServer, LLMServerClient):
     """verl's real client (its `generate` runs as is) with the Ray load balancer replaced by one server."""
 
     def __init__(self, config: Any, server: ScriptedVerlServer) -> None:
-        super().__init__(config, load_balancer_handle=None)
+        super().__init__(config, load_balancer_handle=NO_LOAD_BALANCER)
         self.server = server
 
 
@@ -155,7 +158,7 @@ class ScriptedFullyAsyncClient(_OneServer, FullyAsyncLLMServerClient):
     `generate` resumes an aborted call by sending the prompt plus the tokens so far, as is."""
 
     def __init__(self, config: Any, server: ScriptedVerlServer) -> None:
-        super().__init__(config, load_balancer_handle=None)
+        super().__init__(config, load_balancer_handle=NO_LOAD_BALANCER)
         self.server = server
 
 
