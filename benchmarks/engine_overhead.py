@@ -27,7 +27,7 @@ process, where the records of a run also stay alive. The process is pinned to on
 (about a minute). The last line printed is JSON.
 
 `--journal-ab N`: only the five-call case, N runs with the resume journal off and N with it on (each rollout commits
-its turns to a journal on disk, fsynced, as `gym-bridge eval` does by default), interleaved off/on so both see the
+its turns to a journal on disk, fsynced, as `gym-bridge eval --journal` does), interleaved off/on so both see the
 same machine load; prints the medians, their min-max and the median slowdown of the runs paired in time.
 """
 
