@@ -25,7 +25,7 @@ from typing import Any, Literal
 from gym_bridge.core.dialects.chat import chat_request, chat_turn_from_completion
 from gym_bridge.core.dialects.responses import chat_turn_from_response, responses_request
 from gym_bridge.core.policy import ChatRequest, ChatTurn, ContextOverflowError, SamplingParams
-from gym_bridge.policies.remote import CONTEXT_OVERFLOW_PATTERN, RequestTimeoutError
+from gym_bridge.policies.http import CONTEXT_OVERFLOW_PATTERN, RequestTimeoutError
 from gym_bridge.core.errors import BackendAnswerError, MissingExtraError
 
 ChatApi = Literal["chat", "responses"]

@@ -9,9 +9,9 @@ All calls of one rollout (`GenerationRequest.session_id`) go to the same server,
 cache is reused; new rollouts go to the least busy server, and a server that stops answering is
 skipped for `down_for_s` while its rollouts move to the next one.
 
-HTTP is aiohttp with keep-alive pools (one per event loop, bounded in all and per server) and
-orjson; measured against httpx, it costs about a tenth of the CPU per request
-(benchmarks/remote_throughput.py). Every attempt is bounded by `request_timeout_s`. A call that
+HTTP goes through one `gym_bridge.policies.http.HttpClient` (aiohttp with keep-alive pools, one per
+event loop, bounded in all and per server) and orjson; measured against httpx, it costs about a
+tenth of the CPU per request (benchmarks/remote_throughput.py). Every attempt is bounded by `request_timeout_s`. A call that
 never reached its server (connection refused or reset while connecting, connect timeout, unknown
 host), 5xx, 429 and unusable answers (malformed, or holding ids outside the tokenizer's
 `vocab_size`) are retried up to `max_retries` times with exponential backoff and jitter, on another
@@ -30,38 +30,35 @@ from __future__ import annotations
 
 import asyncio
 import random
-import re
 import time
-import weakref
-from collections.abc import AsyncGenerator, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
-import aiohttp
 import orjson
 from yarl import URL
 
-from gym_bridge.core.dialects.completions import MalformedAnswerError, parse_completion, preview, request_fields
-from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest, SamplingParams
-from gym_bridge.policies.router import ReplicaRouter
+from gym_bridge.core.dialects.completions import MalformedAnswerError, parse_completion as parse_completion, preview, request_fields
 from gym_bridge.core.errors import BackendAnswerError
+from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest, SamplingParams
+from gym_bridge.policies.discovery import served_models as served_models, served_token_ids as served_token_ids
+from gym_bridge.policies.http import (
+    CONTEXT_OVERFLOW_PATTERN as CONTEXT_OVERFLOW_PATTERN,
+    KEEPALIVE_S as KEEPALIVE_S,
+    HttpAnswer as HttpAnswer,
+    HttpClient,
+    ReplicaLostError as ReplicaLostError,
+    RequestTimeoutError as RequestTimeoutError,
+    ServerUnreachableError as ServerUnreachableError,
+    TransportError,
+    error_message as error_message,
+    normalize_base_url as normalize_base_url,
+    retry_after_s,
+)
+from gym_bridge.policies.router import ReplicaRouter
+from gym_bridge.policies.tokenizer import LoadedTokenizer as LoadedTokenizer, load_tokenizer as load_tokenizer
 
 if TYPE_CHECKING:
     import httpx
-
-CONTEXT_OVERFLOW_PATTERN = re.compile(
-    r"maximum context length|maximum model length|max_model_len|context length|context window|context_length_exceeded"
-    r"|prompt is too long|is too long and exceeds",
-    re.IGNORECASE,
-)
-"""What vLLM, OpenAI and serve-model say (with status 400) when a prompt does not fit."""
-
-KEEPALIVE_S = 4.0
-"""Idle pooled connections are closed after this long: below uvicorn's 5 s default (vLLM's server),
-so the client never reuses a connection the server is closing."""
-_JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 class _RetryableAnswer(Exception):
@@ -70,205 +67,6 @@ class _RetryableAnswer(Exception):
     def __init__(self, reason: str, *, retry_after_s: float | None = None) -> None:
         super().__init__(reason)
         self.retry_after_s = retry_after_s
-
-
-@dataclass(frozen=True)
-class HttpAnswer:
-    """What a server answered to one request."""
-
-    status: int
-    body: bytes
-    retry_after: str | None = None
-    """The `Retry-After` header, if any."""
-
-
-class _TransportError(Exception):
-    """No answer: the connection failed, broke or was refused."""
-
-    def __init__(self, reason: str, *, reached: bool, refused: bool = False) -> None:
-        super().__init__(reason)
-        self.reached = reached
-        """The connection broke after the request was sent, so the server may have started on it."""
-        self.refused = refused
-        """The host refused the connection: nothing listens on the port (yet)."""
-
-
-class ServerUnreachableError(BackendError):
-    """No server answers at the URL (connection refused, unknown host, no answer at all)."""
-
-    refused: bool = False
-    """Nothing listens on the port (yet): a server that is still starting looks like this."""
-
-
-class ReplicaLostError(BackendError):
-    """The connection broke after the request was sent: the server died or dropped it mid-answer (not
-    retried unless `retry_reached_calls`: the server may have generated, and a resend samples anew)."""
-
-
-class RequestTimeoutError(BackendError):
-    """A request got no answer within `request_timeout_s` (not retried: the server may still be generating)."""
-
-
-def normalize_base_url(url: str) -> str:
-    """`http://host:port` or `http://host:port/v1/` -> `http://host:port/v1` (a bare host gets `/v1`)."""
-    url = url.strip().rstrip("/")
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"base URL {url!r} is not an http(s) URL such as http://127.0.0.1:8000/v1")
-    return url if parts.path not in ("", "/") else url + "/v1"
-
-
-def error_message(answer: HttpAnswer) -> str:
-    """The message of an error answer (OpenAI/vLLM `{"error": {"message"}}`, `{"message"}`, FastAPI `{"detail"}`)."""
-    try:
-        data = orjson.loads(answer.body)
-    except orjson.JSONDecodeError:
-        return preview(answer.body) or f"HTTP {answer.status}"
-    if isinstance(data, dict):
-        error = data.get("error")
-        if isinstance(error, dict) and error.get("message"):
-            return str(error["message"])
-        for key in ("message", "detail", "error"):
-            if data.get(key):
-                return data[key] if isinstance(data[key], str) else preview(data[key])
-    return preview(data)
-
-
-def _retry_after_s(value: str | None) -> float | None:
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None
-
-
-def _ssl_setting(urls: Sequence[str]) -> bool:
-    """aiohttp's `ssl` argument: False for plain-http servers only, which spares building an SSL context
-    (tens of milliseconds at start-up); True (verified TLS) as soon as one URL is https."""
-    return any(url.startswith("https:") for url in urls)
-
-
-def _describe(error: BaseException) -> str:
-    """A transport error in words that do not depend on the HTTP library."""
-    if isinstance(error, aiohttp.ClientConnectorError):
-        return f"ConnectError: {error}"
-    return f"{type(error).__name__}: {error}"
-
-
-def _never_sent(error: BaseException) -> bool:
-    """True for an aiohttp error that came before the request was sent: refused or reset while
-    connecting, a connect timeout, an unknown host. Anything later (the server disconnected, a reset
-    or a broken body after sending) may have reached the server. So does, conservatively, a pooled
-    keep-alive connection the server closed just as the request was written (rare: `KEEPALIVE_S` is
-    below servers' idle timeout, and a dead server's closed connections leave the pool)."""
-    return isinstance(error, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError))
-
-
-async def _request_once(method: str, url: str, *, body: Any = None, api_key: str | None, timeout_s: float) -> HttpAnswer:
-    """One request on a throwaway connection (start-up probes such as `/models`); raises `_TransportError`."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        async with asyncio.timeout(timeout_s):
-            connector = aiohttp.TCPConnector(ssl=_ssl_setting([url]))
-            async with aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar()) as session:
-                data = orjson.dumps(body) if body is not None else None
-                async with session.request(method, url, data=data, headers={**headers, **_JSON_HEADERS}) as response:
-                    return HttpAnswer(status=response.status, body=await response.read())
-    except TimeoutError:
-        raise _TransportError(f"no answer within {timeout_s:g} s", reached=True) from None
-    except (aiohttp.ClientError, OSError) as error:
-        refused = isinstance(getattr(error, "os_error", error), ConnectionRefusedError)
-        raise _TransportError(_describe(error), reached=not _never_sent(error), refused=refused) from None
-
-
-async def served_models(base_url: str, *, api_key: str | None = None, timeout_s: float = 10.0) -> list[dict[str, Any]]:
-    """The `data` of `GET {base_url}/models` (each has `id`; vLLM and serve-model add `root`, `max_model_len`).
-
-    Raises `ServerUnreachableError` when no server answers, `BackendError` when it answers something else.
-    """
-    url = normalize_base_url(base_url) + "/models"
-    try:
-        answer = await _request_once("GET", url, api_key=api_key, timeout_s=timeout_s)
-    except _TransportError as error:
-        unreachable = ServerUnreachableError(f"cannot reach {url}: {error}")
-        unreachable.refused = error.refused
-        raise unreachable from None
-    if answer.status != 200:
-        raise BackendAnswerError(f"{url} answered {answer.status}: {error_message(answer)}")
-    try:
-        data = orjson.loads(answer.body)["data"]
-        return [entry for entry in data if isinstance(entry, dict) and "id" in entry]
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        raise BackendAnswerError(f"{url} answered something other than a model list: {preview(answer.body)}") from None
-
-
-async def served_token_ids(base_url: str, text: str, *, model: str, api_key: str | None = None, timeout_s: float = 10.0) -> list[int] | None:
-    """How the server tokenizes `text` (vLLM's and serve-model's `POST /tokenize`, no special tokens added);
-    None when the server has no such endpoint or cannot be asked."""
-    root = normalize_base_url(base_url).removesuffix("/v1")
-    body = {"model": model, "prompt": text, "add_special_tokens": False}
-    try:
-        answer = await _request_once("POST", f"{root}/tokenize", body=body, api_key=api_key, timeout_s=timeout_s)
-        tokens = orjson.loads(answer.body)["tokens"] if answer.status == 200 else None
-    except (_TransportError, orjson.JSONDecodeError, KeyError, TypeError):
-        return None
-    return tokens if isinstance(tokens, list) else None
-
-
-@dataclass(frozen=True)
-class LoadedTokenizer:
-    """A tokenizer to render prompts with, and the EOS ids (the tokenizer's plus `generation_config.json`'s)."""
-
-    tokenizer: Any
-    eos_token_ids: list[int]
-    light: bool
-    """Loaded without transformers (`gym_bridge.policies.tokenizer`)."""
-
-
-def load_tokenizer(path: str, *, light: bool = True) -> LoadedTokenizer:
-    """A local tokenizer folder's tokenizer.
-
-    `light`: without transformers, which would import torch only to render prompts (seconds of
-    start-up), when the folder has a `tokenizer.json`; else with transformers' `AutoTokenizer`.
-    """
-    from gym_bridge.policies.tokenizer import load_tokenizer as load_light
-
-    if light and (Path(path) / "tokenizer.json").is_file():
-        tokenizer = load_light(path)
-        return LoadedTokenizer(tokenizer=tokenizer, eos_token_ids=tokenizer.eos_token_ids, light=True)
-    from transformers import AutoTokenizer, GenerationConfig
-
-    auto = AutoTokenizer.from_pretrained(path)
-    eos = {auto.eos_token_id} if isinstance(auto.eos_token_id, int) else set()
-    try:
-        configured = GenerationConfig.from_pretrained(path).eos_token_id
-    except (OSError, ValueError):
-        configured = None
-    eos.update([configured] if isinstance(configured, int) else (configured or []))
-    return LoadedTokenizer(tokenizer=auto, eos_token_ids=sorted(eos), light=False)
-
-
-class _Pool:
-    """An aiohttp session (its keep-alive connections) tied to one event loop.
-
-    The session is closed by `RemotePolicy.aclose`, or, when a loop ends without it, by the loop's
-    own shutdown (`asyncio.run` closes every live async generator, and `_lifetime` is one).
-    """
-
-    def __init__(self, session: aiohttp.ClientSession) -> None:
-        self.session = session
-        self._lifetime = self._live()
-
-    async def _live(self) -> AsyncGenerator[None, None]:
-        try:
-            yield
-        finally:
-            await self.session.close()
-
-    async def start(self) -> None:
-        await self._lifetime.asend(None)
-
-    async def close(self) -> None:
-        await self._lifetime.aclose()
 
 
 class RemotePolicy:
@@ -333,13 +131,14 @@ class RemotePolicy:
         self.extra_body = dict(extra_body or {})
         self.vocab_size = vocab_size
         self._rng = rng or random.Random()
-        self._transport = transport
-        self._headers = {**_JSON_HEADERS, **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+        self.http = HttpClient(self.base_urls, api_key=api_key, max_connections=max_connections,
+                               max_connections_per_server=self.max_connections_per_server, connect_timeout_s=self.connect_timeout_s,
+                               transport=transport)
+        """The one HTTP client every call goes through (its keep-alive pools, one per event loop)."""
         self._urls = [URL(url + "/completions", encoded=True) for url in self.base_urls]
         self.router = ReplicaRouter(self.base_urls, down_for_s=down_for_s)
         """Which server each call goes to (episode affinity, least busy, failover); a session it knows has had its prompt echo checked."""
         self._heads: dict[tuple[SamplingParams, bool], bytes] = {}
-        self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pool] = weakref.WeakKeyDictionary()
 
     @property
     def max_call_s(self) -> float:
@@ -398,14 +197,14 @@ class RemotePolicy:
         self.router.started(server)
         try:
             async with asyncio.timeout(self.request_timeout_s):
-                answer = await self._post(server, body)
+                answer = await self.http.post(self._urls[server], body)
         except TimeoutError:
             self.router.finished(server, ok=False)
             raise RequestTimeoutError(
                 f"{self.base_urls[server]}: request timed out after {self.request_timeout_s:g} s (no answer; not retried, since "
                 "the server may still be generating and a retry would start over): raise the request timeout"
             ) from None
-        except _TransportError as error:
+        except TransportError as error:
             self.router.finished(server, ok=False, down=True)
             if error.reached and not self.retry_reached_calls:
                 raise ReplicaLostError(
@@ -423,7 +222,7 @@ class RemotePolicy:
         self.router.finished(server, ok=False)
         message = error_message(answer)
         if status == 429 or status >= 500:
-            raise _RetryableAnswer(f"HTTP {status}: {message}", retry_after_s=_retry_after_s(answer.retry_after))
+            raise _RetryableAnswer(f"HTTP {status}: {message}", retry_after_s=retry_after_s(answer.retry_after))
         url = self.base_urls[server] + "/completions"
         if status == 400 and CONTEXT_OVERFLOW_PATTERN.search(message):
             raise ContextOverflowError(f"{url}: {message}")
@@ -447,31 +246,6 @@ class RemotePolicy:
         self.router.finished(server, ok=True)
         return generation
 
-    async def _post(self, server: int, body: bytes) -> HttpAnswer:
-        """POST `body` to a server's `/completions`; raises `_TransportError` when no answer comes (saying
-        whether the request had been sent)."""
-        if self._transport is not None:
-            return await self._post_through_transport(server, body)
-        session = (await self._pool()).session
-        try:
-            async with session.post(self._urls[server], data=body, headers=self._headers) as response:
-                return HttpAnswer(status=response.status, body=await response.read(), retry_after=response.headers.get("Retry-After"))
-        except (aiohttp.ClientError, OSError) as error:
-            raise _TransportError(_describe(error), reached=not _never_sent(error)) from None
-
-    async def _post_through_transport(self, server: int, body: bytes) -> HttpAnswer:
-        import httpx
-
-        assert self._transport is not None
-        request = httpx.Request("POST", str(self._urls[server]), content=body, headers=self._headers)
-        try:
-            response = await self._transport.handle_async_request(request)
-            content = await response.aread()
-        except httpx.TransportError as error:
-            never_sent = isinstance(error, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout))
-            raise _TransportError(_describe(error), reached=not never_sent) from None
-        return HttpAnswer(status=response.status_code, body=content, retry_after=response.headers.get("retry-after"))
-
     def _backoff_s(self, attempt: int, retry_after_s: float | None) -> float:
         delay_s = min(self.max_backoff_s, self.backoff_s * 2.0 ** (attempt - 1))
         delay_s *= 0.5 + 0.5 * self._rng.random()
@@ -479,32 +253,11 @@ class RemotePolicy:
             delay_s = max(delay_s, min(retry_after_s, self.max_backoff_s))
         return delay_s
 
-    async def _pool(self) -> _Pool:
-        """The connection pool of the running event loop (each loop gets its own)."""
-        loop = asyncio.get_running_loop()
-        pool = self._pools.get(loop)
-        if pool is None:
-            for stale in [other for other in self._pools if other.is_closed()]:
-                del self._pools[stale]
-            connector = aiohttp.TCPConnector(
-                limit=self.max_connections, limit_per_host=self.max_connections_per_server, keepalive_timeout=KEEPALIVE_S,
-                ttl_dns_cache=60, ssl=_ssl_setting(self.base_urls),
-            )
-            session = aiohttp.ClientSession(
-                connector=connector, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False,
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s),
-            )
-            pool = self._pools[loop] = _Pool(session)
-            await pool.start()
-        return pool
-
     async def aclose(self) -> None:
         """Close the running loop's connection pool; a later call opens a new one."""
-        pool = self._pools.pop(asyncio.get_running_loop(), None)
-        if pool is not None:
-            await pool.close()
+        await self.http.aclose()
 
     def close(self) -> None:
         """Forget every connection pool (inside an event loop, `aclose` closes its pool cleanly; `asyncio.run`
         closes a forgotten one when its loop ends)."""
-        self._pools.clear()
+        self.http.close()

@@ -70,7 +70,7 @@ def _load(
         chat = build_policy(PolicySpec(kind="chat", model=model, base_urls=(base_url,), api=chat_api, api_key=api_key,
                                        request_timeout_s=request_timeout_s, max_retries=max_retries))
         return TextModel(chat, None, sampling)
-    from gym_bridge.policies.remote import load_tokenizer
+    from gym_bridge.policies.tokenizer import load_tokenizer
 
     if tokenizer is None:
         from gym_bridge.policies.embedded import embedded_model_path

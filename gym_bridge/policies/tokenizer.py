@@ -6,12 +6,14 @@ torch for that, seconds before the first rollout. `LightTokenizer` reads the sam
 `generation_config.json`) and renders chat templates as transformers' `apply_chat_template` does:
 the same sandboxed jinja2 environment, filters and globals, special tokens as template variables,
 None-valued message keys dropped, reasoning fields aliased (tests/policies/test_tokenizer.py pins
-the equality on every template in ../shared/templates).
+the equality on every template in ../shared/templates). `load_tokenizer` is the one way gym_bridge
+loads a tokenizer folder: this light tokenizer where the folder allows it, else transformers'.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -170,7 +172,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def load_tokenizer(path: str | Path) -> LightTokenizer:
+def load_light_tokenizer(path: str | Path) -> LightTokenizer:
     """The tokenizer in a local folder (`tokenizer.json` required), with its chat templates and EOS ids.
 
     Raises `TokenizerLoadError` when the folder has no `tokenizer.json` or a file cannot be read.
@@ -205,3 +207,35 @@ def load_tokenizer(path: str | Path) -> LightTokenizer:
     generation = _read_json(folder / "generation_config.json").get("eos_token_id")
     generation_eos = [generation] if isinstance(generation, int) else [token for token in generation or [] if isinstance(token, int)]
     return LightTokenizer(backend, config=config, chat_template=chat_template, generation_eos_ids=generation_eos, name_or_path=str(folder))
+
+
+@dataclass(frozen=True)
+class LoadedTokenizer:
+    """A tokenizer to render prompts with, and the EOS ids (the tokenizer's plus `generation_config.json`'s)."""
+
+    tokenizer: Any
+    eos_token_ids: list[int]
+    light: bool
+    """Loaded without transformers (`LightTokenizer`)."""
+
+
+def load_tokenizer(path: str, *, light: bool = True) -> LoadedTokenizer:
+    """A local tokenizer folder's tokenizer: the one way gym_bridge loads one.
+
+    `light`: without transformers, which would import torch only to render prompts (seconds of
+    start-up), when the folder has a `tokenizer.json` (`load_light_tokenizer`); else with
+    transformers' `AutoTokenizer`.
+    """
+    if light and (Path(path) / "tokenizer.json").is_file():
+        tokenizer = load_light_tokenizer(path)
+        return LoadedTokenizer(tokenizer=tokenizer, eos_token_ids=tokenizer.eos_token_ids, light=True)
+    from transformers import AutoTokenizer, GenerationConfig
+
+    auto = AutoTokenizer.from_pretrained(path)
+    eos = {auto.eos_token_id} if isinstance(auto.eos_token_id, int) else set()
+    try:
+        configured = GenerationConfig.from_pretrained(path).eos_token_id
+    except (OSError, ValueError):
+        configured = None
+    eos.update([configured] if isinstance(configured, int) else (configured or []))
+    return LoadedTokenizer(tokenizer=auto, eos_token_ids=sorted(eos), light=False)

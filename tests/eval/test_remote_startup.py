@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 from gym_bridge.cli import _matching_tokenizer
 from gym_bridge.core.errors import GymBridgeError
 from gym_bridge.policies.embedded import embedded_model_path
-from gym_bridge.policies.tokenizer import load_tokenizer
+from gym_bridge.policies.tokenizer import load_light_tokenizer
 from tests.support.http_server import app_in_thread
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def vllm_like_app(*, root: str, tokenize_offset: int = 0, has_tokenize: bool = True) -> FastAPI:
     """`/v1/models`, `/tokenize` (ids shifted by `tokenize_offset`: a server with another tokenizer) and a
     `/v1/completions` that always answers "It is cold." and EOS."""
-    tokenizer = load_tokenizer(root)
+    tokenizer = load_light_tokenizer(root)
     answer = tokenizer.encode("It is cold.", add_special_tokens=False) + [tokenizer.eos_token_id]
     app = FastAPI()
 
@@ -97,4 +97,4 @@ def test_a_model_specific_tokenizer_class_that_cannot_be_checked_is_loaded_with_
 
 
 def config_eos(folder: Path) -> int:
-    return load_tokenizer(folder).eos_token_id
+    return load_light_tokenizer(folder).eos_token_id

@@ -302,3 +302,23 @@ def test_engine_records_infra_failures_only_for_the_rollouts_a_server_failed(smo
     for record in records:
         assert_token_invariants(record.to_dict())
     assert records[0].tokens.completion_ids == answer_ids
+
+
+def test_the_remote_policies_speak_http_through_one_client_module():
+    """Issue 29: one HTTP client. Among the policies, only policies/http.py imports aiohttp (the keep-alive pools,
+    the start-up probes); `RemotePolicy` holds one `HttpClient`, and the transport names still import from remote."""
+    import ast
+    from pathlib import Path
+
+    from gym_bridge.policies import http, remote
+
+    folder = Path(http.__file__).parent
+    importers = sorted(path.name for path in folder.glob("*.py") if any(
+        (isinstance(node, ast.Import) and any(alias.name.split(".")[0] == "aiohttp" for alias in node.names))
+        or (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "aiohttp")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))))
+    assert importers == ["http.py"]
+    policy = RemotePolicy("http://127.0.0.1:9/v1", model="m")
+    assert isinstance(policy.http, http.HttpClient)
+    assert remote.HttpAnswer is http.HttpAnswer and remote.ServerUnreachableError is http.ServerUnreachableError
+    assert remote.served_models.__module__ == "gym_bridge.policies.discovery"

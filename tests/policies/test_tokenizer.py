@@ -17,7 +17,7 @@ from gym_bridge.core.template.check import check_append_only
 from gym_bridge.policies.embedded import embedded_model_path
 from gym_bridge.core.template.piece_encoder import _AFTER_NEWLINE, _BEFORE_LAST_NEWLINE, _Splitter
 from gym_bridge.core.template.piece_encoder import splitter_for
-from gym_bridge.policies.tokenizer import LightTokenizer, load_tokenizer
+from gym_bridge.policies.tokenizer import LightTokenizer, load_light_tokenizer
 from tests.support.families import SHARED_TEMPLATES, TEMPLATES_MISSING
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,7 +47,7 @@ CONVERSATIONS = {
 
 @pytest.fixture(scope="module")
 def light():
-    return load_tokenizer(embedded_model_path())
+    return load_light_tokenizer(embedded_model_path())
 
 
 def _templates() -> dict[str, str]:
@@ -165,3 +165,17 @@ def test_the_chat_templates_piece_cache_gives_the_ids_of_a_whole_encode(smol_tok
         expected = smol_tokenizer.encode(text, add_special_tokens=False)
         assert template.encode(text) == expected, text[:200]
         assert template.encode(text) == expected, text[:200]  # again, from the cache
+
+
+def test_one_load_tokenizer_for_the_whole_package(light):
+    """Issue 29: a tokenizer folder is loaded one way. `load_tokenizer` is defined once (policies/tokenizer.py) and
+    the old import path (`gym_bridge.policies.remote`) gives that same function."""
+    from gym_bridge.policies import remote, tokenizer
+
+    defined = [path.relative_to(ROOT).as_posix() for path in (ROOT / "gym_bridge").rglob("*.py")
+               if "def load_tokenizer(" in path.read_text(encoding="utf-8")]
+    assert defined == ["gym_bridge/policies/tokenizer.py"]
+    assert remote.load_tokenizer is tokenizer.load_tokenizer and remote.LoadedTokenizer is tokenizer.LoadedTokenizer
+    loaded = tokenizer.load_tokenizer(str(embedded_model_path()))
+    assert loaded.light and isinstance(loaded.tokenizer, LightTokenizer)
+    assert loaded.eos_token_ids == light.eos_token_ids and loaded.tokenizer.encode("Seattle") == light.encode("Seattle")
