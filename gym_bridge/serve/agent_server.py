@@ -19,7 +19,6 @@ import json
 import math
 import os
 import re
-import zlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import get_environment, resolve_tasks
 from gym_bridge.core.rollout_file import dump_line
 from gym_bridge.core.task import MAX_ROW_DEPTH, Task, parse_task
+from gym_bridge.policies.router import ReplicaRouter
 from gym_bridge.serve.disconnect import ClientDisconnected, unless_disconnected
 
 if TYPE_CHECKING:
@@ -76,7 +76,8 @@ class AgentServerSettings:
 
 class ModelServers:
     """The chat policy of `/run`: NeMo RL's chat endpoints with token ids, every call of one
-    rollout on the same server (its prefix cache), rollouts spread by session id."""
+    rollout on the same server (its prefix cache), new rollouts on the least busy one: the
+    project's one routing rule, `gym_bridge.policies.router.ReplicaRouter`."""
 
     def __init__(self, settings: AgentServerSettings) -> None:
         if not settings.model_base_urls:
@@ -85,6 +86,8 @@ class ModelServers:
         self.model_name = settings.model
         """The served model's name (once asked from the server when not given)."""
         self._policies: list[ChatAPIPolicy] | None = None
+        self.router: ReplicaRouter | None = None
+        """Which server each call goes to (set with the servers, on the first call)."""
         self._lock = asyncio.Lock()
 
     async def _servers(self) -> list[ChatAPIPolicy]:
@@ -108,11 +111,22 @@ class ModelServers:
                                       request_timeout_s=settings.request_timeout_s, max_retries=settings.max_retries)
                         for url in urls
                     ]
+                    self.router = ReplicaRouter(urls)
         return self._policies
 
     async def chat(self, request: ChatRequest) -> ChatTurn:
         servers = await self._servers()
-        return await servers[zlib.crc32(request.session_id.encode()) % len(servers)].chat(request)
+        router = self.router
+        assert router is not None  # set with the servers
+        server = router.choose(request.session_id)
+        router.started(server)
+        ok = False
+        try:
+            turn = await servers[server].chat(request)
+            ok = True
+        finally:
+            router.finished(server, ok=ok)
+        return turn
 
     async def aclose(self) -> None:
         for policy in self._policies or []:

@@ -622,3 +622,42 @@ def test_runs_with_different_temperatures_share_one_engine_and_its_bound(monkeyp
     assert len(engines) == 2 and len(set(engines)) == 1      # both rollouts on one engine
     assert policy.peak == 1                                    # its bound of 1 held across the two settings
     assert sorted(policy.seen) == [("What is 7 + 5? (a)", 0.3, 0.9), ("What is 7 + 5? (b)", 1.1, 0.5)]
+
+
+def test_model_servers_keep_each_rollout_on_one_server_through_the_project_router(smol_tokenizer):
+    """Issue 29: `/run`'s model calls are routed by `policies/router.py`, not a `crc32 % n` of their own. Every call of
+    one rollout (session) goes to the server of its first call (sticky: that server's prefix cache), and a new rollout
+    goes to the least busy server: two sessions whose first calls overlap land on different servers, even when their
+    ids hash to the same server (what the old `crc32(session_id) % n` rule did)."""
+    import zlib
+
+    from gym_bridge.core.policy import ChatRequest, SamplingParams
+    from gym_bridge.policies.router import ReplicaRouter
+    from gym_bridge.serve.agent_server import ModelServers
+
+    candidates = [f"{task}-0" for task in range(64)]
+    first, second = next((a, b) for a in candidates for b in candidates if a < b and zlib.crc32(a.encode()) % 2 == zlib.crc32(b.encode()) % 2)
+    bodies: list[list[dict]] = [[], []]
+    apps = [recording(build_model_app(ScriptedModel(smol_tokenizer, by_turn(turn_of(smol_tokenizer, "Hello."))), model_name="scripted"),
+                      seen) for seen in bodies]
+    with app_in_thread(apps[0]) as url_a, app_in_thread(apps[1]) as url_b:
+        servers = ModelServers(AgentServerSettings(envs=("weather",), model_base_urls=(url_a + "/v1", url_b + "/v1"), model="scripted"))
+
+        def request(session: str) -> ChatRequest:
+            return ChatRequest(messages=[{"role": "user", "content": f"session {session}"}], tools=(),
+                               sampling=SamplingParams(max_new_tokens=8), session_id=session)
+
+        async def calls() -> None:
+            await asyncio.gather(servers.chat(request(first)), servers.chat(request(second)))  # both first calls in flight
+            for _ in range(3):
+                await asyncio.gather(servers.chat(request(first)), servers.chat(request(second)))
+            await servers.aclose()
+
+        asyncio.run(calls())
+    sessions = [{body["messages"][0]["content"] for body in seen} for seen in bodies]
+    assert sorted(sessions, key=sorted) == sorted([{f"session {first}"}, {f"session {second}"}], key=sorted)  # one server each
+    assert [len(seen) for seen in bodies] == [4, 4]
+    assert isinstance(servers.router, ReplicaRouter)
+    stats = servers.router.stats()
+    assert stats["affinity_hits"] == 6 and stats["affinity_misses"] == 0
+    assert [replica["episodes"] for replica in stats["replicas"]] == [1, 1]
