@@ -9,236 +9,43 @@ NAME.ray_resources=...`: `num_cpus`, `num_gpus`, `memory` in bytes, and custom o
 `sandbox`); environments with different requests get their own workers. Each worker's engine bound
 and its actor `max_concurrency` are set explicitly (never Ray's default of 1000 async calls) and
 stated at start. A worker that dies loses only its groups in flight: Ray restarts it, and those
-groups run again up to `max_retries` times, then end as `infra` failure records. Ray is imported
-here only, on first use; without it the error says `pip install 'gym-bridge[ray]'`.
+groups run again up to `max_retries` times, then end as `infra` failure records. Reaching the
+cluster is `ray_cluster`'s, the worker actor `ray_worker`'s; their names still import from here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-import os
-import socket
 import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from gym_bridge.core.engine import Engine, ensure_ready
+from gym_bridge.core.engine import Engine
 from gym_bridge.core.environment import Environment
-from gym_bridge.core.errors import ConfigError, MissingExtraError, SetupError
+from gym_bridge.core.errors import ConfigError, SetupError
 from gym_bridge.core.journal import RunFingerprint, RunJournal
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import TaskSet, resolve_tasks
 from gym_bridge.core.task import Task
 from gym_bridge.core.trajectory import Trajectory
-from gym_bridge.scale import admission
 from gym_bridge.policies.router import merge_stats
+from gym_bridge.scale import admission
+from gym_bridge.scale.ray_cluster import (
+    INSTALL_HINT as INSTALL_HINT,
+    RayOptions as RayOptions,
+    check_reachable as check_reachable,
+    connect as connect,
+    import_ray as import_ray,
+    preflight as preflight,
+)
+from gym_bridge.scale.ray_worker import JournalSpec as JournalSpec, RemoteEngineFactory as RemoteEngineFactory, RolloutWorker
 
-if TYPE_CHECKING:
-    from gym_bridge.policies.factory import PolicySpec
-
-INSTALL_HINT = "pip install 'gym-bridge[ray]'"
 RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory")
 """Keys of `ray_resources` that are Ray's own actor options; every other key is a custom resource."""
-
-
-@dataclass(frozen=True)
-class RayOptions:
-    """How rollouts are spread over a Ray cluster."""
-
-    address: str | None = None
-    """`host:port` of a running cluster's head (as `ray start --head` prints), `auto`, or None to start a local Ray."""
-    num_workers: int = 2
-    """Worker actors per kind of environment resources (each runs one engine)."""
-    worker_concurrency: int | None = None
-    """Rollouts in flight in one worker (None: the engine's `max_concurrency` divided over the workers)."""
-    max_retries: int = 2
-    """Times a group whose worker died is run again before its rollouts are recorded as `infra` failures."""
-    max_worker_restarts: int = 8
-    """Times Ray restarts one worker actor that died."""
-    worker_num_cpus: float = 1.0
-    """CPUs a worker asks for when its environment says nothing."""
-    init_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    """Passed to `ray.init` (e.g. `num_cpus`, `object_store_memory` for a local Ray)."""
-    connect_timeout_s: float = 10.0
-    """How long the head's address may take to accept a connection and answer as a Ray head before the run
-    stops with an error naming it (`--ray-connect-timeout-s`)."""
-    strict_admission: bool = False
-    """Refuse to start (instead of a warning) when a hop caps below the concurrency asked."""
-
-
-def import_ray() -> Any:
-    """The `ray` module; raises MissingDependencyError with the install command when it is missing."""
-    try:
-        import ray
-    except ImportError:
-        raise MissingExtraError(f"running rollouts on Ray needs Ray: {INSTALL_HINT}") from None
-    return ray
-
-
-_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
-"""HTTP/2's client preface and an empty SETTINGS frame: a Ray head (its GCS, or the Ray Client server of a
-`ray://` address) speaks gRPC over HTTP/2 and answers with a SETTINGS frame of its own."""
-_SETTINGS_FRAME = 0x04
-_CHECKS = ("check the address: `ray start --head` prints it (host:6379 by default; the dashboard's 8265 is not it), "
-           "and `ray status --address ADDRESS` on a cluster machine must answer")
-
-
-def check_reachable(address: str, *, timeout_s: float) -> None:
-    """Raise GymBridgeError unless the head at `address` (`host:port`) accepts a connection and answers as a
-    Ray head (gRPC's HTTP/2 SETTINGS frame) within `timeout_s`. Ray itself retries an unreachable head for
-    a minute and more, and waits without end on a port that accepts connections but is no Ray head."""
-    host, sep, port = address.rpartition(":")
-    if address.startswith("ray://"):
-        host, sep, port = address.removeprefix("ray://").rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError(f"--ray takes the head's host:port (as `ray start --head` prints) or `auto`, got {address!r}")
-    deadline = time.monotonic() + timeout_s
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s) as connection:
-            if os.environ.get("RAY_USE_TLS", "0") not in ("0", ""):
-                return  # a TLS head answers only after a handshake this probe does not make
-            answer = _first_frame_head(connection, deadline)
-            if answer is not None and answer[3:4] != bytes([_SETTINGS_FRAME]):
-                answer += _more(connection)
-    except OSError as error:
-        raise SetupError(f"cannot reach the Ray cluster at {address}: {error}; is `ray start --head` running there?") from None
-    if answer is None:
-        raise SetupError(f"{address} accepts connections but gave no Ray answer within {timeout_s:g} s "
-                             f"(--ray-connect-timeout-s): it is not a Ray head; {_CHECKS}")
-    if len(answer) < 9 or answer[3] != _SETTINGS_FRAME:
-        raise SetupError(f"{address} answered, but not as a Ray head ({answer[:40]!r}...: not gRPC); {_CHECKS}")
-
-
-def _more(connection: socket.socket) -> bytes:
-    """Up to 31 more bytes the peer has sent, for the error message (nothing if none come in 0.2 s)."""
-    connection.settimeout(0.2)
-    try:
-        return connection.recv(31)
-    except OSError:
-        return b""
-
-
-def _first_frame_head(connection: socket.socket, deadline: float) -> bytes | None:
-    """The first 9 bytes (an HTTP/2 frame header) the peer sends after our preface; what came before it
-    closed, or None when nothing came before `deadline`."""
-    connection.sendall(_HTTP2_PREFACE)
-    answer = b""
-    while len(answer) < 9:
-        left_s = deadline - time.monotonic()
-        if left_s <= 0:
-            return None if not answer else answer
-        connection.settimeout(left_s)
-        try:
-            chunk = connection.recv(9 - len(answer))
-        except TimeoutError:
-            return None if not answer else answer
-        if not chunk:
-            return answer or b"(closed the connection)"
-        answer += chunk
-    return answer
-
-
-def preflight(options: RayOptions) -> None:
-    """Fail fast, before a model is loaded: Ray missing (with the install command), or a cluster address
-    that cannot be reached."""
-    import_ray()
-    if options.address not in (None, "auto", "local"):
-        check_reachable(options.address, timeout_s=options.connect_timeout_s)
-
-
-def connect(options: RayOptions) -> Any:
-    """Join the cluster at `options.address`, or start a local Ray; returns the `ray` module."""
-    ray = import_ray()
-    if ray.is_initialized():
-        return ray
-    if options.address not in (None, "auto", "local"):
-        check_reachable(options.address, timeout_s=options.connect_timeout_s)
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True, **options.init_kwargs}
-    # None: a new local Ray, never whatever cluster /tmp/ray last pointed at (possibly another user's, or dead)
-    kwargs["address"] = "local" if options.address is None else options.address
-    kwargs.setdefault("runtime_env", {"env_vars": _forwarded_env()})
-    try:
-        ray.init(**kwargs)
-    except ConnectionError as error:
-        raise SetupError(f"cannot join the Ray cluster at {options.address}: {error}") from None
-    return ray
-
-
-def _forwarded_env() -> dict[str, str]:
-    """Environment variables the workers need to import the same code (PYTHONPATH) and stay offline."""
-    names = ("PYTHONPATH", "HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "HF_HOME")
-    return {name: os.environ[name] for name in names if name in os.environ}
-
-
-class RolloutWorker:
-    """One Ray actor: an engine built by `build_engine`, running the groups it is sent."""
-
-    def __init__(self, build_engine: bytes, sys_path: Sequence[str]) -> None:
-        for entry in reversed(sys_path):  # the driver's import path, so its environments and factories import here
-            if entry not in sys.path and os.path.isdir(entry):
-                sys.path.insert(0, entry)
-        from ray import cloudpickle
-
-        self.engine: Engine = cloudpickle.loads(build_engine)()
-        self.journal: RunJournal | None = None
-
-    def ready(self, samples: Sequence[Task]) -> dict[str, Any]:
-        """Check that the environments of `samples` (one task of each) resolve and can run here
-        (`check_ready`); returns the worker's pid, node, model name and engine settings."""
-        ensure_ready(resolve_tasks(samples).values())
-        return {"pid": os.getpid(), "model": self.engine.config.model_name, "node": socket.gethostname(), "config": self.engine.config}
-
-    def journal_visible(self, directory: str) -> str | None:
-        """None when the driver's journal `directory` is there on this node, else why not (a node without the shared
-        file system)."""
-        if os.path.isdir(directory):
-            return None
-        return f"node {socket.gethostname()} does not see the journal directory {directory}"
-
-    async def run_group(self, task: Task, repeats: Sequence[int], journal: JournalSpec | None = None) -> list[RolloutRecord]:
-        """The records of `repeats` of `task`; with `journal`, each rollout commits its turns to this worker's segment of
-        it, and one sent again (`journal.resume`) continues from the turns any process committed."""
-        env_class = resolve_tasks([task])[task.env_name]
-        self.engine.journal = self._join(journal)
-        if journal is not None and journal.resume:
-            assert self.engine.journal is not None
-            self.engine.journal.load([(task.index, repeat) for repeat in repeats])
-        return list(await asyncio.gather(*(self.engine.rollout(task, repeat, env_class=env_class) for repeat in repeats)))
-
-    def _join(self, spec: JournalSpec | None) -> RunJournal | None:
-        if spec is None:
-            return None
-        if self.journal is None or str(self.journal.directory) != spec.directory:
-            self.journal = RunJournal.join(spec.directory, RunFingerprint.from_dict(spec.fingerprint))
-        return self.journal
-
-    def replica_stats(self) -> dict[str, Any]:
-        router = getattr(self.engine.policy, "router", None)
-        return router.stats() if router is not None else {}
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    async def close(self) -> None:
-        """Close the policy's connections (before the actor is killed)."""
-        aclose = getattr(self.engine.policy, "aclose", None)
-        if aclose is not None:
-            await aclose()
-
-
-@dataclass(frozen=True)
-class JournalSpec:
-    """What a worker needs to commit to the run's journal: its directory (on the driver's file system, which every
-    worker must see at the same path) and the run's fingerprint; `resume` when the group's rollouts may have turns
-    committed by an earlier process."""
-
-    directory: str
-    fingerprint: dict[str, Any]
-    resume: bool = False
 
 
 @dataclass
@@ -578,26 +385,6 @@ class RayRollouts:
             self._ray.kill(handle)
         self._pools.clear()
         self._pool_of_env.clear()
-
-
-@dataclass(frozen=True)
-class RemoteEngineFactory:
-    """Builds, inside a worker, an engine that generates on OpenAI-compatible servers (a trainer's vLLM
-    servers): the trainer's template and engine settings, and a fresh policy built from the same
-    `PolicySpec` as the trainer's own (its servers, request timeout and retries)."""
-
-    spec: PolicySpec
-    template: Any
-    config: Any
-
-    def __call__(self) -> Engine:
-        from dataclasses import replace
-
-        from gym_bridge.core.policy import require_token_policy
-        from gym_bridge.policies.factory import build_policy
-
-        policy = require_token_policy(build_policy(self.spec))
-        return Engine(policy, self.template, replace(self.config, template_check="off"))  # checked in the trainer's process
 
 
 def _describe(error: BaseException) -> str:

@@ -72,3 +72,15 @@ def test_missing_ray_and_a_closed_address_are_clear_errors(monkeypatch):
         check_reachable("127.0.0.1:9", timeout_s=2)
     with pytest.raises(GymBridgeError, match="host:port"):
         check_reachable("head-node", timeout_s=2)
+
+
+def test_the_ray_modules_hold_one_concept_each_and_the_old_imports_still_work():
+    """Issue 29: scale/ray_runner.py held three concepts. Reaching the cluster is ray_cluster's, the worker actor
+    ray_worker's, the scheduler ray_runner's; every name imported from ray_runner before is the moved object."""
+    from gym_bridge.scale import ray_cluster, ray_runner, ray_worker
+
+    for name in ("RayOptions", "check_reachable", "connect", "import_ray", "preflight", "INSTALL_HINT"):
+        assert getattr(ray_runner, name) is getattr(ray_cluster, name), name
+    for name in ("RolloutWorker", "JournalSpec", "RemoteEngineFactory"):
+        assert getattr(ray_runner, name) is getattr(ray_worker, name), name
+    assert ray_runner.RayRollouts.__module__ == "gym_bridge.scale.ray_runner"
