@@ -159,7 +159,7 @@ def test_the_chat_templates_piece_cache_gives_the_ids_of_a_whole_encode(smol_tok
     from gym_bridge.core.template.chat_template import ChatTemplate
 
     template = ChatTemplate(smol_tokenizer)
-    assert template._pieces is not None and template._pieces.splitter is not None
+    assert template.codec.pieces is not None and template.codec.pieces.splitter is not None
     long_text = "\n".join(_corpus()[:3]) * 3  # over the batch-call threshold
     for text in [*_corpus(), long_text]:
         expected = smol_tokenizer.encode(text, add_special_tokens=False)

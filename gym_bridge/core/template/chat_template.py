@@ -3,30 +3,28 @@
 The first prompt is rendered once; after that the stream only grows by sampled ids and environment
 deltas, each rendered once per shape on a probe and then filled in by string joins. Earlier turns
 reach the template as a chat server would give them (see `template_profile`), `tools` on every
-render; every template failure is a `TemplateError`. Layer: above `chat_render` and
-`template_profile`; `template_check` (above it) says where streaming is append-only.
+render; every template failure is a `TemplateError`. Layer: above `render`, `profile`, `codec`,
+`delta` and `messages`, whose names (`Tokenizer`, `ToolOutput`) still import from here; `check`
+(above it) says where streaming is append-only.
 """
 
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import dataclass
-from typing import Any, Callable, Literal, Mapping, Protocol, Sequence, get_args
+from typing import Any, Literal, Mapping, Sequence, get_args
 
 import orjson
 
-from gym_bridge.core.template.render import prepared_messages, render_chat
-from gym_bridge.core.dialects.responses import item_text
+from gym_bridge.core.conversation import TemplateMessage
 from gym_bridge.core.dialects.template_view import to_template_tool
 from gym_bridge.core.errors import TemplateError
-from gym_bridge.core.conversation import TemplateMessage
-from gym_bridge.core.template.piece_encoder import PieceEncoder
+from gym_bridge.core.template.codec import TokenCodec, Tokenizer as Tokenizer, special_tokens
+from gym_bridge.core.template.delta import DeltaPlanner
+from gym_bridge.core.template.messages import ToolOutput as ToolOutput, conversation, tool_messages
 from gym_bridge.core.template.parsers import get_reasoning_parser, get_tool_parser, tool_parser_candidates
 from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn
-from gym_bridge.core.template.profile import (
-    PROBE_TOOLS, PROBE_USER, TemplateProfile, assistant_message, build_profile, first_end, is_short_id, short_call_id,
-)
+from gym_bridge.core.template.profile import PROBE_USER, TemplateProfile, assistant_message, build_profile, is_short_id, short_call_id
+from gym_bridge.core.template.render import prepared_messages, render_chat
 
 ToolFormat = Literal["native", "hermes_system"]
 
@@ -56,32 +54,8 @@ The results come back in the next message. When you have the answer, reply witho
 """For templates without tool support whose family writes calls in another syntax than Hermes
 (the example is that syntax, written by the family's tool parser)."""
 
-_SENTINEL = "\u2063GYMBRIDGE_ASSISTANT\u2063"
-_PROBE_ANSWER = "\u2063GYMBRIDGE_ANSWER\u2063"
-_SAMPLES = (' {"a": [1, 2]}\n\tb ', "<x> & 'q' \u00e9\\n\n")
-"""Contents that tell whether a template passes text through untouched, JSON-escaped or trimmed."""
-_TRANSFORMS: tuple[Callable[[str], str] | None, ...] = (None, lambda text: json.dumps(text, ensure_ascii=False)[1:-1], str.strip)
 _UNSET: Any = object()
 
-
-
-def _special_tokens(tokenizer: Any) -> Mapping[str, Any]:
-    """The tokenizer's special tokens as template variables (`bos_token`, ...); empty when it has none."""
-    tokens = getattr(tokenizer, "special_tokens_map", None)
-    return tokens if isinstance(tokens, Mapping) else {}
-
-
-class Tokenizer(Protocol):
-    """What gym_bridge needs of a (Hugging Face) tokenizer."""
-
-    chat_template: Any
-    eos_token_id: Any
-
-    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
-
-    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
-
-    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
 
 
 _APPLY_ARGUMENTS = frozenset({
@@ -99,35 +73,6 @@ def _cache_key(value: Any) -> bytes:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=str)
     except TypeError:  # what orjson refuses (an integer beyond 64 bits, ...)
         return json.dumps(value, sort_keys=True, default=str).encode()
-
-
-@dataclass(frozen=True)
-class ToolOutput:
-    """One tool result to render for the model."""
-
-    name: str
-    content: str
-    call_id: str
-
-
-@dataclass(frozen=True)
-class _DeltaPlan:
-    """How to build one delta shape: by joining fixed pieces around the messages' fields
-    (`slots`: message index, field, transform), or (pieces None) by rendering every time."""
-
-    structured: bool
-    """The probe's previous turn was structured (else a plain message holding a sentinel)."""
-    pieces: tuple[str, ...] | None
-    slots: tuple[tuple[int, str, Callable[[str], str] | None], ...] = ()
-
-    def join(self, messages: Sequence[Mapping[str, Any]]) -> str:
-        assert self.pieces is not None
-        out = [self.pieces[0]]
-        for (index, name, transform), piece in zip(self.slots, self.pieces[1:]):
-            value = messages[index][name]
-            out.append(value if transform is None else transform(value))
-            out.append(piece)
-        return "".join(out)
 
 
 def _describe(messages: Sequence[Mapping[str, Any]]) -> str:
@@ -176,19 +121,14 @@ class ChatTemplate:
         self._instruction_parser = tool_parser or tool_parser_candidates(self.template_text)[0]
         self._prompt_cache: dict[bytes, list[int]] = {}
         self._tool_listings: dict[bytes, str] = {}
-        self._plans: dict[tuple[tuple[str, str], ...], _DeltaPlan] = {}
         self._profile: TemplateProfile | None = None
         self._empty_tools: Any = _UNSET
         self._direct: Any = _UNSET
         self._direct_variables: dict[str, Any] = {}
-        self._probe_head: str | None = None
-        backend = getattr(tokenizer, "backend_tokenizer", None)  # a fast tokenizer's `tokenizers.Tokenizer`
-        fast = backend is not None and hasattr(backend, "encode_batch")
-        self._pieces = PieceEncoder(backend) if fast else None
-        plain = not getattr(tokenizer, "clean_up_tokenization_spaces", False)
-        self._decode_backend: Callable[..., str] | None = getattr(backend, "decode", None) if fast and plain else None
-        """A fast tokenizer's own decode, which gives `tokenizer.decode`'s text when it cleans up no spaces (its
-        Python wrapper checks every id's type first, on every model turn)."""
+        self.codec = TokenCodec(tokenizer)
+        """Text to ids and back (`encode`, `decode`)."""
+        self.deltas = DeltaPlanner(self)
+        """The environment deltas, each shape planned once (`delta_text`)."""
 
     def with_options(self, *, tool_parser: str | None = None, reasoning_parser: str | None = None,
                      chat_template_kwargs: Mapping[str, Any] | None = None) -> ChatTemplate:
@@ -243,10 +183,10 @@ class ChatTemplate:
         if self._direct is _UNSET:
             self._direct = None
             template = self.tokenizer.chat_template
-            if isinstance(template, str) and _special_tokens(self.tokenizer) and not set(self.chat_template_kwargs) & _APPLY_ARGUMENTS:
+            if isinstance(template, str) and special_tokens(self.tokenizer) and not set(self.chat_template_kwargs) & _APPLY_ARGUMENTS:
                 tool = to_template_tool({"name": "probe_tool", "description": "A probe.", "parameters": {
                     "type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}})
-                variables = {**_special_tokens(self.tokenizer), **self.chat_template_kwargs}
+                variables = {**special_tokens(self.tokenizer), **self.chat_template_kwargs}
                 try:
                     same = all(
                         render_chat(template, [PROBE_USER], tools=tools, add_generation_prompt=prompt, variables=variables)
@@ -335,33 +275,9 @@ class ChatTemplate:
 
     def conversation(self, output: Sequence[Mapping[str, Any]]) -> list[TemplateMessage]:
         """A trajectory's items (a record's `response.output`) as the chat messages this template is
-        given: one assistant message per model call (from its items and, for templates given raw
-        turns, its sampled ids), one tool message per tool output. For an append-only template,
+        given (`gym_bridge.core.template.messages.conversation`). For an append-only template,
         rendering the task's messages plus these with a generation prompt gives the next call's prompt."""
-        messages: list[TemplateMessage] = []
-        names: dict[str, str] = {}
-        reasoning: list[str] = []
-        content: list[str] = []
-        calls: list[ParsedCall] = []
-        for item in output:
-            kind = item.get("type")
-            if kind == "reasoning":
-                reasoning.append(item_text(item))
-            elif kind == "message":
-                content.append(item_text(item))
-            elif kind == "function_call":
-                calls.append(ParsedCall(name=item["name"], arguments=item["arguments"], call_id=item["call_id"]))
-                names[item["call_id"]] = item["name"]
-            elif kind == "function_call_output":
-                messages.append({"role": "tool", "name": names.get(item["call_id"], ""), "content": item["output"],
-                                 "tool_call_id": item["call_id"]})
-            if "generation_token_ids" in item:  # the last item of a model call
-                ids = list(item["generation_token_ids"])
-                raw = self.decode(ids[:-1] if ids and ids[-1] in self.eos_token_ids else ids)
-                turn = ParsedTurn(reasoning="\n".join(reasoning), content="".join(content), calls=tuple(calls))
-                messages.append(self.assistant_message(turn, call_ids=[call.call_id or "" for call in calls], raw_text=raw))
-                reasoning, content, calls = [], [], []
-        return messages
+        return conversation(self, output)
 
     # -- deltas ------------------------------------------------------------------------------
 
@@ -372,118 +288,20 @@ class ChatTemplate:
         return self.encode(self.render(self._with_tool_system(messages, tools), tools=tools, add_generation_prompt=add_generation_prompt))
 
     def tool_messages(self, outputs: Sequence[ToolOutput]) -> list[TemplateMessage]:
-        return [{"role": "tool", "name": out.name, "content": out.content, "tool_call_id": out.call_id} for out in outputs]
-
-    def _previous_turn(self, new_messages: Sequence[Mapping[str, Any]]) -> TemplateMessage:
-        """The probe's assistant turn before `new_messages`: calls answered by the tool messages among them."""
-        calls = [ParsedCall(name=m.get("name", ""), arguments="{}") for m in new_messages if m["role"] == "tool"]
-        ids = [m.get("tool_call_id", "") for m in new_messages if m["role"] == "tool"]
-        turn = ParsedTurn(reasoning="", content="" if calls else _PROBE_ANSWER, calls=tuple(calls))
-        raw = self.profile.parser.format(turn.calls) if calls else _PROBE_ANSWER
-        return self.assistant_message(turn, call_ids=ids, raw_text=raw)
-
-    def _render_delta(self, new_messages: Sequence[Mapping[str, Any]], *, structured: bool) -> str:
-        """The text after the previous turn's sampled text, starting with that turn's closing.
-
-        `structured`: the previous turn is given as a chat server would give it and the delta
-        starts at the first end-of-turn marker after it; else it is a plain message holding a
-        sentinel and the delta starts right after the sentinel.
-        """
-        tools = list(PROBE_TOOLS)
-        if structured:
-            if self._probe_head is None:
-                self._probe_head = self.render([PROBE_USER], tools=tools, add_generation_prompt=True)
-            head = self._probe_head
-            full = self.render([PROBE_USER, self._previous_turn(new_messages), *new_messages], tools=tools, add_generation_prompt=True)
-            start = len(os.path.commonprefix([head, full]))
-            end = first_end(full[start:], self.end_texts)
-            if end is None:
-                raise TemplateError("no end-of-turn marker after the assistant turn")
-            return full[start + end[0]:]
-        probe = [PROBE_USER, {"role": "assistant", "content": _SENTINEL}, *new_messages]
-        text = self.render(probe, tools=tools, add_generation_prompt=True)
-        return text[text.index(_SENTINEL) + len(_SENTINEL):]
-
-    def _plan(self, new_messages: Sequence[Mapping[str, Any]]) -> _DeltaPlan:
-        marks = [dict(m, content=f"\u2063GB{i}\u2063") for i, m in enumerate(new_messages)]
-        for i, mark in enumerate(marks):
-            if mark["role"] == "tool":
-                mark["tool_call_id"] = short_call_id(f"mark{i}") if self.profile.style.short_ids else f"call_GBMARK{i}"
-        structured = True
-        try:
-            text = self._render_delta(marks, structured=True)
-            if any(m["content"] not in text for m in marks):
-                raise TemplateError("a message's content is missing from the structured delta")
-        except TemplateError:
-            structured = False
-            text = self._render_delta(marks, structured=False)  # raises TemplateError when neither works
-        found: list[tuple[int, int, int, str]] = []
-        for index, mark in enumerate(marks):
-            for name in ("content", "tool_call_id"):
-                value = mark.get(name)
-                if not value or value not in text:
-                    continue
-                if text.count(value) != 1:
-                    return _DeltaPlan(structured=structured, pieces=None)
-                found.append((text.index(value), len(value), index, name))
-        found.sort()
-        pieces, slots, at = [], [], 0
-        for position, length, index, name in found:
-            pieces.append(text[at:position])
-            slots.append((index, name, None))
-            at = position + length
-        pieces.append(text[at:])
-        plan = _DeltaPlan(structured=structured, pieces=tuple(pieces), slots=tuple(slots))
-        for slot_number, (index, name, _) in enumerate(slots):
-            if name != "content":
-                continue
-            transform = self._transform(plan, marks, slot_number, index)
-            if transform is _UNSET:
-                return _DeltaPlan(structured=structured, pieces=None)
-            slots[slot_number] = (index, name, transform)
-            plan = _DeltaPlan(structured=structured, pieces=tuple(pieces), slots=tuple(slots))
-        return plan
-
-    def _transform(self, plan: _DeltaPlan, marks: list[TemplateMessage], slot_number: int, index: int) -> Any:
-        """How the template writes the content of message `index` (unchanged, JSON-escaped or
-        trimmed); _UNSET when it does something else."""
-        candidates = list(_TRANSFORMS)
-        for sample in _SAMPLES:
-            trial = [dict(m, content=sample) if i == index else m for i, m in enumerate(marks)]
-            rendered = self._render_delta(trial, structured=plan.structured)
-            candidates = [
-                transform for transform in candidates
-                if _DeltaPlan(plan.structured, plan.pieces, tuple(
-                    (i, n, transform if number == slot_number else t) for number, (i, n, t) in enumerate(plan.slots)
-                )).join(trial) == rendered
-            ]
-        return candidates[0] if candidates else _UNSET
+        return tool_messages(outputs)
 
     def delta_text(self, new_messages: Sequence[Mapping[str, Any]], *, closing_sampled: str) -> str:
         """The text to append after a sampled turn for `new_messages` (tool or user messages):
-        the rest of the turn's closing, the messages and the next generation prompt."""
-        key = tuple((m["role"], m.get("name", "")) for m in new_messages)
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = self._plans[key] = self._plan(new_messages)
-        after = plan.join(new_messages) if plan.pieces is not None else self._render_delta(new_messages, structured=plan.structured)
-        if closing_sampled and after.startswith(closing_sampled):
-            after = after[len(closing_sampled):]
-        return after
+        the rest of the turn's closing, the messages and the next generation prompt (see `gym_bridge.core.template.delta`)."""
+        return self.deltas.text(new_messages, closing_sampled=closing_sampled)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of `text` without special tokens added. With a `tokenizers` backend, the pieces
-        every prompt shares (system message, tool list, markup) are tokenized once (exact: see
-        `gym_bridge.core.template.piece_encoder`); long new texts go in a call that releases the GIL."""
-        if self._pieces is not None:
-            return self._pieces.encode(text)
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        """Token ids of `text` without special tokens added (`TokenCodec.encode`)."""
+        return self.codec.encode(text)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """The text of `token_ids`, special tokens kept (as `tokenizer.decode(..., skip_special_tokens=False)`)."""
-        if self._decode_backend is not None:
-            return self._decode_backend(list(token_ids), skip_special_tokens=False)
-        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+        return self.codec.decode(token_ids)
 
     def closing_text(self, last_token_id: int | None) -> str:
         """The text of the end-of-turn token the model sampled last ('' if it sampled none)."""

@@ -46,7 +46,7 @@ def check(template: ChatTemplate, tokenizer, texts) -> None:
 
 def test_embedded_tokenizer_uses_the_split_path_and_matches(smol_tokenizer):
     template = ChatTemplate(smol_tokenizer)
-    assert template._pieces is not None and template._pieces.splitter is not None
+    assert template.codec.pieces is not None and template.codec.pieces.splitter is not None
     check(template, smol_tokenizer, texts_for(template, ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<empty_output>")))
 
 
@@ -54,7 +54,7 @@ def test_embedded_tokenizer_uses_the_split_path_and_matches(smol_tokenizer):
 def test_every_family_matches_plain_encode(family, smol_tokenizer):
     tokenizer, eos_ids = family_tokenizer(smol_tokenizer, family)
     template = ChatTemplate(tokenizer, eos_token_ids=eos_ids)
-    assert template._pieces is not None and template._pieces.splitter is not None
+    assert template.codec.pieces is not None and template.codec.pieces.splitter is not None
     check(template, tokenizer, texts_for(template, family.markers))
 
 

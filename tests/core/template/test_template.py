@@ -78,9 +78,9 @@ def test_fast_delta_path_matches_full_rendering_for_awkward_contents(name, smol_
             if name == "mistral" and messages[0]["role"] == "user":
                 continue  # tool-call turns only: the template allows no user turn after a call here
             fast = template.delta_text(messages, closing_sampled="")
-            plan = template._plans[tuple((m["role"], m.get("name", "")) for m in messages)]
+            plan = template.deltas.plans[tuple((m["role"], m.get("name", "")) for m in messages)]
             assert plan.pieces is not None  # the cached fast path, not a render per delta
-            assert fast == template._render_delta(messages, structured=plan.structured)
+            assert fast == template.deltas.render(messages, structured=plan.structured)
             if messages[0]["role"] == "tool" and name == "mistral":
                 assert call_id in fast
 

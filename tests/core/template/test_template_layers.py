@@ -1,4 +1,5 @@
-"""Templating is four layers, each importing only the ones below it: render, profile, template, check.
+"""Templating is layers, each importing only the ones below it: render, profile, the three parts the template is made of
+(codec: text and ids; messages: turns read back; delta: environment deltas), the template, check.
 
 Read from the source with `ast`, so a cycle hidden behind `TYPE_CHECKING` or in a function-level
 import fails here too.
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import gym_bridge.core.template
 
-LAYERS = ("render", "profile", "chat_template", "check")
+LAYERS = ("render", "profile", "codec", "messages", "delta", "chat_template", "check")
 """Bottom first."""
 CORE = Path(gym_bridge.core.template.__file__).parent
 
@@ -48,7 +49,8 @@ def test_each_layer_imports_only_the_layers_below_it():
 
 
 def test_the_order_is_the_real_dependency_order():
-    assert _layers_imported(_tree("chat_template")) == {"render", "profile"}
+    assert _layers_imported(_tree("chat_template")) == {"render", "profile", "codec", "messages", "delta"}
+    assert _layers_imported(_tree("delta")) == {"profile"}
     assert _layers_imported(_tree("check")) >= {"profile", "chat_template"}
 
 
@@ -71,3 +73,14 @@ def test_the_checks_see_what_the_layering_removed():
         "gym_bridge.core.template.check", "gym_bridge.core.template.check.TemplateReport",
         "gym_bridge.core.template.check.check_template",
     ]
+
+
+def test_the_template_s_parts_keep_importing_from_chat_template():
+    """Issue 29: chat_template.py held four concepts; `Tokenizer` and `ToolOutput` moved with theirs and still
+    import from chat_template, and a template's deltas and tool messages are those of the moved functions."""
+    from gym_bridge.core.template import chat_template, codec, delta, messages
+
+    assert chat_template.Tokenizer is codec.Tokenizer and chat_template.ToolOutput is messages.ToolOutput
+    assert chat_template.ChatTemplate.__module__ == "gym_bridge.core.template.chat_template"
+    assert {"DeltaPlanner", "DeltaPlan"} <= set(vars(delta)) and "_DeltaPlan" not in vars(chat_template)
+    assert [name for name in ("_plan", "_render_delta", "_transform", "_previous_turn") if hasattr(chat_template.ChatTemplate, name)] == []
