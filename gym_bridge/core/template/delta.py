@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from gym_bridge.core.conversation import TemplateMessage
 from gym_bridge.core.errors import TemplateError
 from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn
-from gym_bridge.core.template.profile import PROBE_TOOLS, PROBE_USER, TemplateProfile, first_end, short_call_id
+from gym_bridge.core.template.profile import PROBE_TOOLS, PROBE_USER, Renderer, TemplateProfile, first_end, short_call_id
 
 _SENTINEL = "\u2063GYMBRIDGE_ASSISTANT\u2063"
 _PROBE_ANSWER = "\u2063GYMBRIDGE_ANSWER\u2063"
@@ -32,15 +32,12 @@ Slot = tuple[int, str, Callable[[str], str] | None]
 """Where a message's field goes in a delta: the message's index, the field's name, how the template writes it."""
 
 
-class DeltaTemplate(Protocol):
-    """What delta planning needs of a chat template (`gym_bridge.core.template.chat_template.ChatTemplate` is one)."""
-
-    end_texts: tuple[str, ...]
+class DeltaTemplate(Renderer, Protocol):
+    """What delta planning needs of a chat template (`gym_bridge.core.template.chat_template.ChatTemplate` is one):
+    profiling's `Renderer`, the profile it found, and the assistant message of a turn."""
 
     @property
     def profile(self) -> TemplateProfile: ...
-
-    def render(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[dict[str, Any]] | None, add_generation_prompt: bool) -> str: ...
 
     def assistant_message(self, turn: ParsedTurn, *, call_ids: Sequence[str], raw_text: str) -> TemplateMessage: ...
 
@@ -158,7 +155,7 @@ class DeltaPlanner:
             plan = DeltaPlan(structured=structured, pieces=tuple(pieces), slots=tuple(slots))
         return plan
 
-    def _transform(self, plan: DeltaPlan, marks: list[dict[str, Any]], slot_number: int, index: int) -> Any:
+    def _transform(self, plan: DeltaPlan, marks: list[TemplateMessage], slot_number: int, index: int) -> Any:
         """How the template writes the content of message `index` (unchanged, JSON-escaped or
         trimmed); `_NO_TRANSFORM` when it does something else."""
         candidates = list(_TRANSFORMS)
