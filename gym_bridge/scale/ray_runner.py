@@ -180,9 +180,9 @@ class RayRollouts:
                 self._ray.kill(handle)
             cause = getattr(error, "cause", None) or error
             raise SetupError(f"Ray workers for {', '.join(env_names)} could not start: {cause}") from None
-        self.model_name = infos[0]["model"]
-        self.engine_config = infos[0]["config"]
-        nodes = sorted({info["node"] for info in infos})
+        self.model_name = infos[0].model
+        self.engine_config = infos[0].config
+        nodes = sorted({info.node for info in infos})
         self.report(f"ray: {len(handles)} workers for {', '.join(env_names)} on {len(nodes)} node(s), resources {dict(options)}, "
                     f"{self.worker_concurrency} rollouts each")
         return [_Worker(handle) for handle in handles]
@@ -224,7 +224,7 @@ class RayRollouts:
         if journal is None:
             return None
         resume = group.attempts > 0 or any(journal.has_state((group.task.index, repeat)) for repeat in group.repeats)
-        return JournalSpec(str(journal.directory), journal.fingerprint.to_dict(), resume)
+        return JournalSpec(str(journal.directory), journal.fingerprint, resume)
 
     # -- running ------------------------------------------------------------------------------------
 

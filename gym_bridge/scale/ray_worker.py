@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gym_bridge.core.engine import Engine, ensure_ready
+from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.journal import RunFingerprint, RunJournal
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import resolve_tasks
@@ -23,6 +23,19 @@ from gym_bridge.core.task import Task
 
 if TYPE_CHECKING:
     from gym_bridge.policies.factory import PolicySpec
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """What a worker reports once it is ready."""
+
+    pid: int
+    model: str
+    """The model name its engine reports."""
+    node: str
+    """The host name of the node it runs on."""
+    config: EngineConfig
+    """Its engine's settings (what a journal's fingerprint holds)."""
 
 
 class RolloutWorker:
@@ -37,11 +50,11 @@ class RolloutWorker:
         self.engine: Engine = cloudpickle.loads(build_engine)()
         self.journal: RunJournal | None = None
 
-    def ready(self, samples: Sequence[Task]) -> dict[str, Any]:
+    def ready(self, samples: Sequence[Task]) -> WorkerInfo:
         """Check that the environments of `samples` (one task of each) resolve and can run here
         (`check_ready`); returns the worker's pid, node, model name and engine settings."""
         ensure_ready(resolve_tasks(samples).values())
-        return {"pid": os.getpid(), "model": self.engine.config.model_name, "node": socket.gethostname(), "config": self.engine.config}
+        return WorkerInfo(pid=os.getpid(), model=self.engine.config.model_name, node=socket.gethostname(), config=self.engine.config)
 
     def journal_visible(self, directory: str) -> str | None:
         """None when the driver's journal `directory` is there on this node, else why not (a node without the shared
@@ -64,7 +77,7 @@ class RolloutWorker:
         if spec is None:
             return None
         if self.journal is None or str(self.journal.directory) != spec.directory:
-            self.journal = RunJournal.join(spec.directory, RunFingerprint.from_dict(spec.fingerprint))
+            self.journal = RunJournal.join(spec.directory, spec.fingerprint)
         return self.journal
 
     def replica_stats(self) -> dict[str, Any]:
@@ -88,7 +101,7 @@ class JournalSpec:
     committed by an earlier process."""
 
     directory: str
-    fingerprint: dict[str, Any]
+    fingerprint: RunFingerprint
     resume: bool = False
 
 

@@ -59,7 +59,7 @@ def test_a_group_sent_again_continues_on_another_worker_from_its_committed_turns
     first = RolloutWorker(cloudpickle.dumps(TurnEngine(str(log), TURNS, delay_s=0.01)), [])
     fingerprint = RunFingerprint.of_engine(first.engine.config, tasks)
     driver = RunJournal.prepare(tmp_path / "out.jsonl.journal", fingerprint, resume=False)
-    spec = JournalSpec(str(driver.directory), fingerprint.to_dict())
+    spec = JournalSpec(str(driver.directory), fingerprint)
     policy = first.engine.policy
     generate = policy.generate
 
