@@ -95,7 +95,8 @@ class ModelServers:
             async with self._lock:
                 if self._policies is None:
                     from gym_bridge.policies.chat_api import ChatAPIPolicy
-                    from gym_bridge.policies.remote import normalize_base_url, served_models
+                    from gym_bridge.policies.discovery import served_models
+                    from gym_bridge.policies.http import normalize_base_url
 
                     settings = self.settings
                     urls = [normalize_base_url(url) for url in settings.model_base_urls]
