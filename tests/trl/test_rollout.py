@@ -248,6 +248,31 @@ def test_backend_vllm_server_mode_calls_the_server_from_every_rank(smol_tokenize
     assert make_rollout(server_model="m").prepare(trainer).engine.policy.base_urls == ["http://gpu-node:9000/v1"]
 
 
+def test_server_mode_catches_ids_outside_the_trainers_vocabulary(dataset, smol_tokenizer):
+    """An id the trainer's tokenizer does not have, sampled by a vLLM server (real HTTP on loopback), fails its
+    rollout as `infra` (a masked row) naming the ids, as it does in `eval --base-url`; it used to reach the trainer."""
+    from tests.scale.test_replica_answers import OUTSIDE, bad_replica, outside_ids
+
+    def answer(body):  # the weather task gets a usable answer (ids 28, EOS), the math task an id past the vocabulary
+        if "Oslo" not in smol_tokenizer.decode(body["prompt"]):
+            return outside_ids(body)
+        choice = {"index": 0, "text": "ok", "finish_reason": "stop", "token_ids": [28, 2], "prompt_token_ids": body["prompt"],
+                  "logprobs": {"token_logprobs": [-0.5, -0.5], "tokens": ["token_id:28", "token_id:2"]}}
+        return {"id": "cmpl-1", "object": "text_completion", "choices": [choice]}
+
+    with bad_replica(answer) as url:
+        trainer = vllm_trainer(smol_tokenizer, mode="server")
+        trainer.args.vllm_server_base_url = url.removesuffix("/v1")
+        trainer.accelerator.wait_for_everyone = lambda: None
+        rollout = make_rollout(server_model="stub", server_max_retries=0)
+        assert rollout.prepare(trainer).engine.policy.vocab_size == len(smol_tokenizer) == 49152
+        out, records = run(rollout, prompts_of(dataset, group_size=1), trainer)
+    assert out["env_name"] == ["weather", "math"] and out["failure_kind"] == [None, "infra"]
+    assert out["completion_ids"][0] == [28, 2] and out["env_reward"][1] is None and set(out["env_mask"][1]) == {0}
+    assert f"token ids outside the tokenizer's vocabulary [0, 49152): [{OUTSIDE}]" in records[1].failure_reason
+    assert all(OUTSIDE not in ids for ids in out["completion_ids"])
+
+
 def test_server_mode_request_timeout_and_retries_are_rollout_options(smol_tokenizer):
     default = make_rollout(server_model="m").prepare(vllm_trainer(smol_tokenizer, mode="server")).engine.policy
     assert (default.request_timeout_s, default.max_retries) == (120.0, 3)
