@@ -6,7 +6,9 @@ request's messages, the assistant message this session answered (as the harness 
 and then only tool or user messages, the prompt is the previous prompt and sampled ids followed
 by the template's rendering of the new messages, so the sampled tokens are never re-tokenized.
 Any other request (a rewritten history) is rendered whole with the chat template; the assembly
-then sees, on token ids, that it starts a new segment. The run's sampling settings apply (the
+then sees, on token ids, that it starts a new segment. The conversation is the engine's: the session
+holds a `ServedTranscript` per segment (`gym_bridge.core.transcript`), which owns that prefix rule,
+the answer and the items. The run's sampling settings apply (the
 harness's temperature is ignored, so log-probs mean what the trainer expects); the harness's
 `max_tokens` only lowers the cap. Once a budget is spent the session answers every call with
 an error and records why (`stop`), so the harness can be ended. Budgets hold for concurrent calls

@@ -7,7 +7,8 @@ out; the chat template renders what the environment adds). `MessageTranscript` k
 messages of a chat policy; a hosted API gives no token ids (its records carry none), a server
 that returns each call's ids (NeMo RL's) gets them back on its assistant messages, and the token
 stream is built from what it reports, checked to be contiguous across calls. The engine picks the
-kind once per policy (`transcript_starter`); both write the same Responses items.
+kind once per policy (`transcript_starter`); both write the same Responses items. The capture
+endpoint's sessions hold them too, one per segment (`ServedTranscript` for a token policy).
 """
 
 from __future__ import annotations
