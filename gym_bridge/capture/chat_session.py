@@ -40,10 +40,9 @@ class ChatCaptureSession(_Session):
     policy: ChatPolicy
     _tokens: dict[str, CallTokens] = field(default_factory=dict)
     """The token ids of every answered assistant message, by `_answer_key`."""
-    _seen: list[dict[str, Any]] = field(default_factory=list)
-    """The last request's messages and the answer (to tell which messages a request adds)."""
     _segment: MessageTranscript | None = None
-    """The token stream of the last call answered, which the next call's prompt ids may extend (else a new segment starts)."""
+    """The conversation of the last call answered (its messages and the answer; its token stream, which the next
+    call's prompt ids may extend, else a new segment starts)."""
 
     async def responses(self, data: Any) -> dict[str, Any]:
         """The answer to one `/v1/responses` body (served as the chat-completions call it means)."""
@@ -76,10 +75,10 @@ class ChatCaptureSession(_Session):
 
     def _input_items(self, messages: Sequence[Message]) -> None:
         """Tool outputs and user messages that extend the last answered conversation become input items."""
-        seen, segment = self._seen, self._segment
-        if not seen or segment is None or appended(seen, [_plain(m) for m in messages]) is None:
+        segment = self._segment
+        if segment is None or appended([_plain(m) for m in segment.messages], [_plain(m) for m in messages]) is None:
             return
-        segment.add_inputs(messages[len(seen):])
+        segment.add_inputs(messages[len(segment.messages):])
 
     def _transcript(self, tokens: CallTokens) -> MessageTranscript:
         """The last call's token stream when this call's prompt ids extend it (a token-in call); else a new segment's."""
@@ -103,7 +102,7 @@ class ChatCaptureSession(_Session):
         self._tokens[_answer_key(message)] = tokens
         transcript.add_answer(message, prompt_ids=tokens.prompt_token_ids, completion_ids=tokens.generation_token_ids,
                               logprobs=tokens.generation_log_probs)
-        self._seen = [_plain(m) for m in messages] + [_plain(message)]
+        transcript.messages = [*messages, message]
         choice = answer_choice(0, message, turn.finish_reason)
         return chat_completion([choice], model=self.model_name, prompt_tokens=len(prompt),
                                completion_tokens=len(tokens.generation_token_ids), completion_id=f"chatcmpl-{secrets.token_hex(12)}")
