@@ -87,7 +87,7 @@ class ChatCaptureSession(_Session):
             self.token_in_calls += 1
             return segment
         return MessageTranscript(self.policy, task=None, tools=(), trajectory=Trajectory(prompt_ids=[], output=self.output),
-                                 session_id=self.label, max_tokens=0, numbering=self._numbering)  # the session keeps the budgets
+                                 session_id=self.label, max_tokens=self.limits.max_completion_tokens, numbering=self._numbering)
 
     def _answer(self, messages: Sequence[Message], turn: ChatTurn, tokens: CallTokens) -> dict[str, Any]:
         transcript = self._segment = self._transcript(tokens)

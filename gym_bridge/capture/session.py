@@ -318,7 +318,8 @@ class CaptureSession(_Session):
             return extended
         try:
             return await ServedTranscript.start(self.policy, self.template, messages=messages, tools=tools, session_id=self.label,
-                                                numbering=self._numbering, output=self.output)
+                                                max_tokens=self.limits.max_completion_tokens, numbering=self._numbering,
+                                                output=self.output)
         except TimeoutError:
             raise
         except Exception as error:

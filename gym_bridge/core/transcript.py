@@ -229,20 +229,20 @@ class ServedTranscript(TokenTranscript):
     __slots__ = ("messages",)
 
     def __init__(self, policy: Policy, template: ChatTemplate, *, messages: list[TemplateMessage], tools: tuple[dict[str, Any], ...],
-                 trajectory: Trajectory, session_id: str, numbering: ItemIds, last_token: int | None = None) -> None:
+                 trajectory: Trajectory, session_id: str, max_tokens: int, numbering: ItemIds, last_token: int | None = None) -> None:
         super().__init__(policy, template, task=None, tools=tools, trajectory=trajectory, session_id=session_id,
-                         max_tokens=0, numbering=numbering)  # the capture session keeps the budgets
+                         max_tokens=max_tokens, numbering=numbering)
         self.messages = messages
         self._last_token = last_token
 
     @classmethod
     async def start(cls, policy: Policy, template: ChatTemplate, *, messages: list[TemplateMessage], tools: tuple[dict[str, Any], ...],
-                    session_id: str, numbering: ItemIds, output: list[Item]) -> ServedTranscript:
+                    session_id: str, max_tokens: int, numbering: ItemIds, output: list[Item]) -> ServedTranscript:
         """A conversation rendered whole from `messages` (in a worker thread when long), its items going to `output`.
         Raises what the chat template raises, TimeoutError when tokenizing outlasts `TOKENIZE_TIMEOUT_S`."""
         prompt_ids = await _tokenized(lambda: template.prompt_ids(messages, list(tools) or None), messages)
         return cls(policy, template, messages=messages, tools=tools, trajectory=Trajectory(prompt_ids=prompt_ids, output=output),
-                   session_id=session_id, numbering=numbering)
+                   session_id=session_id, max_tokens=max_tokens, numbering=numbering)
 
     def extension(self, messages: Sequence[TemplateMessage], tools: tuple[dict[str, Any], ...]) -> list[TemplateMessage] | None:
         """The messages a call adds when it extends this conversation (same tools) with tool or user messages only; else None."""
@@ -261,7 +261,8 @@ class ServedTranscript(TokenTranscript):
                           output=trajectory.output)
         copy.append_env(delta)
         transcript = ServedTranscript(self.policy, template, messages=self.messages + new, tools=self.tools, trajectory=copy,
-                                      session_id=self.session_id, numbering=self.item_ids, last_token=self._last_token)
+                                      session_id=self.session_id, max_tokens=self.max_tokens, numbering=self.item_ids,
+                                      last_token=self._last_token)
         transcript.add_inputs(new)
         return transcript
 

@@ -195,7 +195,7 @@ def test_a_served_transcript_extends_only_with_tool_or_user_messages_and_copies(
     first = [{"role": "user", "content": "Hi"}]
     numbering, output = ItemIds("s"), []
     start = asyncio.run(ServedTranscript.start(token_policy(template, ["x"]), template, messages=first, tools=tools,
-                                               session_id="s", numbering=numbering, output=output))
+                                               session_id="s", max_tokens=100, numbering=numbering, output=output))
     assert start.trajectory.prompt_ids == template.prompt_ids(first, list(tools))
     user, tool = {"role": "user", "content": "more"}, {"role": "tool", "tool_call_id": "c1", "content": "42"}
     assert start.extension([*first, user, tool], tools) == [user, tool]
