@@ -399,3 +399,43 @@ def test_a_batch_parses_routes_and_checks_its_rows_once(smol_tokenizer, turn, mo
     assert counts == {"parsed": 0, "routed": 3, "ready": 2}
     run(rollout, prompts_of(own, group_size=2), trainer)
     assert counts == {"parsed": 0, "routed": 3, "ready": 2}  # the same trainer's next batch: nothing again
+
+
+def test_a_batch_converts_each_record_once(dataset, smol_tokenizer, turn, monkeypatch, tmp_path):
+    """Issue 29 item 6: in one batch each record becomes its training row once (TRL's columns and the tool-call
+    alarm read it) and its JSONL line once, only where one is written: a recipe's `on_records` writer alone
+    (today: twice, the batch made every line for the alarm too), or `records_path`."""
+    import gym_bridge.trl._rollout as trl_module
+    from gym_bridge.core.health import HealthSettings
+    from gym_bridge.core.record import RolloutRecord
+
+    counts = {"training_row": 0, "line": 0}
+    real_row, real_line = trl_module.to_training_row, RolloutRecord.to_dict
+
+    def training_row(*args, **kwargs):
+        counts["training_row"] += 1
+        return real_row(*args, **kwargs)
+
+    def line(self):
+        counts["line"] += 1
+        return real_line(self)
+
+    monkeypatch.setattr(trl_module, "to_training_row", training_row)
+    monkeypatch.setattr(RolloutRecord, "to_dict", line)
+    prompts = prompts_of(dataset)  # 4 rows: weather x2, math x2
+    written = []
+    recipe_style = make_rollout(policy=ScriptedPolicy({"": [turn("No idea.")] * 8}), health=HealthSettings(no_tool_call_after=2),
+                                on_records=lambda records: written.extend(record.to_dict() for record in records))
+    trainer = Trainer(smol_tokenizer)
+    out = recipe_style(prompts, trainer)
+    assert counts == {"training_row": 4, "line": 4} and len(written) == 4 and len(out["prompt_ids"]) == 4
+    # the alarm still reads each rollout: weather offers a tool and its 2 rollouts called none
+    assert [message.split(":")[0] for message in recipe_style.prepare(trainer).alarm.alarms] == ["environment 'weather' offers tools, but none of its first 2 rollouts called one"]
+
+    counts.update(training_row=0, line=0)
+    path = tmp_path / "records.jsonl"
+    to_file = make_rollout(policy=ScriptedPolicy({"": [turn("No idea.")] * 8}), records_path=str(path))
+    to_file(prompts, Trainer(smol_tokenizer))
+    assert counts == {"training_row": 4, "line": 4}
+    lines = [json.loads(text) for text in path.read_text().splitlines()]
+    assert [(row["env"], row["metrics"]["train_step"]) for row in lines] == [("weather", None), ("weather", None), ("math", None), ("math", None)]
