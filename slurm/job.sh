@@ -41,6 +41,33 @@ address_of() {
 # and any GPU request there is rejected).
 gpu_request() { (( $1 > 0 )) && echo "--gpus-per-node=$1" || true; }
 
+# rank_status_dir: a fresh folder under the checkout's logs/ (a filesystem every node shares, as the job's output is
+# there) where the tasks of a job step record how they ended (run_rank), for first_failure to read.
+rank_status_dir() { mktemp -d "$PWD/logs/.ranks-${SLURM_JOB_ID:-local}.XXXXXX"; }
+
+# run_rank DIR COMMAND...: (in a task of a job step) run COMMAND and record "<time ns> <rank> <exit code>" in
+# DIR/rank-$SLURM_PROCID, then end with its exit code. A task that srun kills (--kill-on-bad-exit) records nothing.
+run_rank() {
+    local dir=$1 rc=0; shift
+    "$@" || rc=$?
+    echo "$(date +%s%N) ${SLURM_PROCID:-0} $rc" >"$dir/rank-${SLURM_PROCID:-0}"
+    return "$rc"
+}
+
+# first_failure DIR STEP_RC: the exit code the job ends with, and DIR removed. srun returns the highest status of
+# its tasks, so a rank failing with 1 while --kill-on-bad-exit ends the others with SIGTERM gives 143, naming no
+# one: the code of the rank that failed first (by the time it recorded) is said on stderr and echoed; without a
+# failing rank on record (srun itself failed, a node died), STEP_RC.
+first_failure() {
+    local dir=$1 step_rc=$2 first time rank rc
+    first=$(cat "$dir"/rank-* 2>/dev/null | awk '$3 != 0' | sort -n | head -n 1)
+    rm -rf "$dir"
+    if [[ -z $first ]]; then echo "$step_rc"; return; fi
+    read -r time rank rc <<<"$first"
+    echo "rank $rank failed first, with exit code $rc (the job step ended with $step_rc)" >&2
+    echo "$rc"
+}
+
 # wait_healthy URL PID TIMEOUT_S WHAT: wait until URL answers 2xx; refuse when the step PID exits first or
 # TIMEOUT_S passes, with the last connection error.
 wait_healthy() {

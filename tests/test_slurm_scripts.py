@@ -252,3 +252,75 @@ def test_generation_from_a_frozen_server_excludes_trls_own_vllm(capsys):
     assert "no weights are sent there" in capsys.readouterr().out
     text = unfolded(ROOT / "slurm" / "trl_grpo.sbatch")
     assert "--set grpo.use_vllm=false --set gym_bridge.generation_server.base_url=$VLLM_URL/v1" in text
+
+
+def test_first_failure_is_the_earliest_failing_rank_and_the_folder_goes():
+    """Ranks record `<time ns> <rank> <exit code>`; the job ends with the code of the first one that failed."""
+    done = bash("""
+        dir=$(mktemp -d)
+        echo "300 0 0" >"$dir/rank-0"; echo "200 2 9" >"$dir/rank-2"; echo "100 1 7" >"$dir/rank-1"
+        echo "picked $(first_failure "$dir" 143)"; [[ -d $dir ]] && echo kept || echo removed
+        dir=$(mktemp -d); echo "100 0 0" >"$dir/rank-0"; echo "none failed: $(first_failure "$dir" 0)"
+        dir=$(mktemp -d); echo "no record: $(first_failure "$dir" 255)"
+        dir=$(mktemp -d); SLURM_PROCID=3 run_rank "$dir" bash -c 'exit 5'; echo "run_rank: $? $(cut -d' ' -f2- "$dir/rank-3")"
+    """)
+    assert done.stdout.splitlines() == ["picked 7", "removed", "none failed: 0", "no record: 255", "run_rank: 5 3 5"]
+    assert done.stderr == "rank 1 failed first, with exit code 7 (the job step ended with 143)\n"
+
+
+def fake_cluster(tmp_path: Path, *, fail_rank: int | None, code: int) -> dict[str, str]:
+    """PATH with stand-ins for a 3-node allocation: `scontrol` (n1 n2 n3), `curl` (the server is healthy), `accelerate`
+    (the training rank `fail_rank` exits with `code` after 0.5 s while the others train for 60 s; with no `fail_rank`
+    every rank ends well after 0.2 s), and `srun`, which runs a
+    step's tasks here as Slurm does: each with its SLURM_PROCID, and with --kill-on-bad-exit the others get SIGTERM once
+    one exits non-zero; its own exit code is the highest of its tasks' (128 + 15 for a task it killed)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text('#!/bin/bash\nprintf "n1\\nn2\\nn3\\n"\n')
+    (bin_dir / "curl").write_text("#!/bin/bash\nexit 0\n")
+    train = "sleep 0.2" if fail_rank is None else f"(( RANK == {fail_rank} )) && {{ sleep 0.5; exit {code}; }}\nsleep 60"
+    (bin_dir / "accelerate").write_text(f"#!/bin/bash\n{train}\n")
+    (bin_dir / "srun").write_text(r"""#!/bin/bash
+ntasks=1 kill_on_bad_exit=0
+while [[ $1 == -* ]]; do
+    case $1 in --ntasks=*) ntasks=${1#*=} ;; --kill-on-bad-exit=1) kill_on_bad_exit=1 ;; esac
+    shift
+done
+case "$*" in
+    *vllm.entrypoints*) exec sleep 60 ;;
+    *recipes/trl_grpo.py*) ;;
+    *node_address*) echo 127.0.0.1; exit 0 ;;
+    *) exec "$@" ;;
+esac
+declare -A tasks
+for (( i = 0; i < ntasks; i++ )); do SLURM_PROCID=$i setsid "$@" & tasks[$!]=1; done
+highest=0
+while (( ${#tasks[@]} )); do
+    wait -n -p pid "${!tasks[@]}"; rc=$?
+    unset "tasks[$pid]"
+    (( rc > highest )) && highest=$rc
+    if (( rc != 0 && kill_on_bad_exit )); then
+        for other in "${!tasks[@]}"; do kill -TERM -- "-$other" 2>/dev/null; done
+    fi
+done
+exit "$highest"
+""")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    return {"PATH": f"{bin_dir}{os.pathsep}{VENV_PATH}", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_JOB_ID": "42",
+            "GPUS_PER_NODE": "0", "GYM_BRIDGE_DIR": str(ROOT), "GYM_BRIDGE_VENV": "", "HEALTH_TIMEOUT_S": "10"}
+
+
+@pytest.mark.parametrize("fail_rank, code, expected", [(1, 7, 7), (None, 0, 0)])
+def test_the_trl_job_exits_with_the_failing_ranks_code_not_sruns(tmp_path, fail_rank, code, expected):
+    """A training rank failing with 7 made srun kill the other (--kill-on-bad-exit) and return 143, the killed rank's
+    status: the job said SIGTERM where a rank had failed. It now ends with 7 and names the rank."""
+    config = tmp_path / "config.yaml"
+    config.write_text("model: /models/m\n")
+    env = {**fake_cluster(tmp_path, fail_rank=fail_rank, code=code), "CONFIG": str(config)}
+    done = subprocess.run(["bash", str(ROOT / "slurm" / "trl_grpo.sbatch")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=50, env={**os.environ, **env})
+    assert done.returncode == expected, done.stderr
+    if fail_rank is not None:
+        assert "rank 1 failed first, with exit code 7 (the job step ended with 143)" in done.stderr
+    assert not list((ROOT / "logs").glob(".ranks-42.*"))  # the status folder is removed

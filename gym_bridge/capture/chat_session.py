@@ -22,9 +22,10 @@ from gym_bridge.capture.assembly import CapturedCall
 from gym_bridge.capture.session import _Session
 from gym_bridge.core.conversation import Message, appended, assistant_message, tool_call
 from gym_bridge.core.dialects.chat import MessageIn, answer_choice, chat_completion
-from gym_bridge.core.items import TOKEN_FIELDS, function_call_output_item, user_message_item
-from gym_bridge.core.trajectory import extends
+from gym_bridge.core.items import TOKEN_FIELDS
 from gym_bridge.core.policy import BackendError, CallTokens, ChatPolicy, ChatRequest, ChatTurn
+from gym_bridge.core.trajectory import Trajectory
+from gym_bridge.core.transcript import MessageTranscript
 
 
 NO_TOKENS = ("the chat policy answered without token ids; a harness behind a chat policy needs one that returns "
@@ -39,8 +40,9 @@ class ChatCaptureSession(_Session):
     policy: ChatPolicy
     _tokens: dict[str, CallTokens] = field(default_factory=dict)
     """The token ids of every answered assistant message, by `_answer_key`."""
-    _seen: list[dict[str, Any]] = field(default_factory=list)
-    """The last request's messages and the answer (to tell which messages a request adds)."""
+    _segment: MessageTranscript | None = None
+    """The conversation of the last call answered (its messages and the answer; its token stream, which the next
+    call's prompt ids may extend, else a new segment starts)."""
 
     async def responses(self, data: Any) -> dict[str, Any]:
         """The answer to one `/v1/responses` body (served as the chat-completions call it means)."""
@@ -73,20 +75,24 @@ class ChatCaptureSession(_Session):
 
     def _input_items(self, messages: Sequence[Message]) -> None:
         """Tool outputs and user messages that extend the last answered conversation become input items."""
-        seen = self._seen
-        if not seen or appended(seen, [_plain(m) for m in messages]) is None:
+        segment = self._segment
+        if segment is None or appended([_plain(m) for m in segment.messages], [_plain(m) for m in messages]) is None:
             return
-        for message in messages[len(seen):]:
-            if message["role"] == "tool":
-                self.output.append(function_call_output_item(message["content"], call_id=message.get("tool_call_id", "")))
-            elif message["role"] == "user":
-                self.output.append(user_message_item(message["content"], item_id=self._item_id("msg")))
+        segment.add_inputs(messages[len(segment.messages):])
+
+    def _transcript(self, tokens: CallTokens) -> MessageTranscript:
+        """The last call's token stream when this call's prompt ids extend it (a token-in call); else a new segment's."""
+        segment = self._segment
+        if segment is not None and segment.continues(tokens):
+            self.token_in_calls += 1
+            return segment
+        return MessageTranscript(self.policy, task=None, tools=(), trajectory=Trajectory(prompt_ids=[], output=self.output),
+                                 session_id=self.label, max_tokens=self.limits.max_completion_tokens, numbering=self._numbering)
 
     def _answer(self, messages: Sequence[Message], turn: ChatTurn, tokens: CallTokens) -> dict[str, Any]:
-        previous = self.calls[-1] if self.calls else None
+        transcript = self._segment = self._transcript(tokens)
+        transcript.add_call_tokens(tokens)
         prompt = list(tokens.prompt_token_ids)
-        if previous is not None and extends(previous.prompt_ids + previous.completion_ids, prompt):
-            self.token_in_calls += 1
         self.calls.append(CapturedCall(prompt_ids=prompt, completion_ids=list(tokens.generation_token_ids),
                                        logprobs=list(tokens.generation_log_probs)))
         self.last_finish_reason = turn.finish_reason
@@ -94,9 +100,9 @@ class ChatCaptureSession(_Session):
                  for n, call in enumerate(turn.tool_calls)]
         message = assistant_message((turn.text or None) if calls else turn.text, calls, reasoning=turn.reasoning)
         self._tokens[_answer_key(message)] = tokens
-        self._append_turn(message, prompt_ids=tokens.prompt_token_ids, completion_ids=tokens.generation_token_ids,
-                          logprobs=tokens.generation_log_probs)
-        self._seen = [_plain(m) for m in messages] + [_plain(message)]
+        transcript.add_answer(message, prompt_ids=tokens.prompt_token_ids, completion_ids=tokens.generation_token_ids,
+                              logprobs=tokens.generation_log_probs)
+        transcript.messages = [*messages, message]
         choice = answer_choice(0, message, turn.finish_reason)
         return chat_completion([choice], model=self.model_name, prompt_tokens=len(prompt),
                                completion_tokens=len(tokens.generation_token_ids), completion_id=f"chatcmpl-{secrets.token_hex(12)}")

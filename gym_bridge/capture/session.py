@@ -6,7 +6,9 @@ request's messages, the assistant message this session answered (as the harness 
 and then only tool or user messages, the prompt is the previous prompt and sampled ids followed
 by the template's rendering of the new messages, so the sampled tokens are never re-tokenized.
 Any other request (a rewritten history) is rendered whole with the chat template; the assembly
-then sees, on token ids, that it starts a new segment. The run's sampling settings apply (the
+then sees, on token ids, that it starts a new segment. The conversation is the engine's: the session
+holds a `ServedTranscript` per segment (`gym_bridge.core.transcript`), which owns that prefix rule,
+the answer and the items. The run's sampling settings apply (the
 harness's temperature is ignored, so log-probs mean what the trainer expects); the harness's
 `max_tokens` only lowers the cap. Once a budget is spent the session answers every call with
 an error and records why (`stop`), so the harness can be ended. Budgets hold for concurrent calls
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, TypeVar
@@ -27,15 +29,14 @@ import pydantic
 
 from gym_bridge.capture.assembly import CapturedCall
 from gym_bridge.core.agent_loop import Limits
-from gym_bridge.core.bounded.call import call_bounded
-from gym_bridge.core.conversation import AssistantMessage, TemplateMessage, appended
-from gym_bridge.core.dialects.chat import ApiError, ChatBody, MessageIn, answer_choice, chat_completion, from_chat_tool
+from gym_bridge.core.conversation import TemplateMessage
+from gym_bridge.core.dialects.chat import ApiError, ChatBody, answer_choice, chat_completion, from_chat_tool
 from gym_bridge.core.dialects.responses_api import ResponsesBody, check_stateless, to_chat_body, to_response
 from gym_bridge.core.dialects.template_view import template_messages
-from gym_bridge.core.items import TOKEN_FIELDS, Item, function_call_item, function_call_output_item, message_item, reasoning_item, user_message_item
-from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest, Policy, SamplingParams
+from gym_bridge.core.items import Item
+from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, Policy, SamplingParams
 from gym_bridge.core.template.chat_template import ChatTemplate
-from gym_bridge.core.transcript import OFF_LOOP_TOKENIZE_CHARS, TOKENIZE_TIMEOUT_S, answer_message, read_turn
+from gym_bridge.core.transcript import ItemIds, ServedTranscript
 
 _Body = TypeVar("_Body", bound=pydantic.BaseModel)
 _Answer = TypeVar("_Answer")
@@ -59,16 +60,6 @@ class EndpointError:
 
     status: int
     message: str
-
-
-@dataclass(frozen=True)
-class _Context:
-    """What the next call may extend: the conversation as rendered, and its exact ids."""
-
-    messages: list[TemplateMessage]
-    tools: list[dict[str, Any]] | None
-    ids: list[int]
-    last_token: int | None
 
 
 class SessionState(Protocol):
@@ -128,7 +119,6 @@ class _Session:
     max_parallel_calls: int = 1
     """Generations of this session at once; later calls wait their turn. One keeps the engine's
     concurrency bound (one generation per rollout) for harnesses that call the model in parallel."""
-    _items: int = 0
     _in_flight: int = 0
     """Calls admitted (counted against `max_turns`) and not yet answered."""
     _reserved_tokens: int = 0
@@ -136,11 +126,14 @@ class _Session:
     _generations: set[asyncio.Task[Any]] = field(default_factory=set)
     _closed: bool = False
     _slots: asyncio.Semaphore = field(init=False)
+    _numbering: ItemIds = field(init=False)
+    """Numbers the items of every segment's transcript (`<prefix>_<label>_<n>`)."""
 
     def __post_init__(self) -> None:
         if self.max_parallel_calls < 1:
             raise ValueError(f"max_parallel_calls must be at least 1, got {self.max_parallel_calls}")
         self._slots = asyncio.Semaphore(self.max_parallel_calls)
+        self._numbering = ItemIds(self.label or "capture")
 
     @property
     def final_answer(self) -> str | None:
@@ -248,27 +241,6 @@ class _Session:
         use_tools = bool(body.tools) and body.tool_choice != "none"
         return [from_chat_tool(tool) for tool in body.tools or []] if use_tools else None
 
-    def _item_id(self, prefix: str) -> str:
-        self._items += 1
-        return f"{prefix}_{self.label or 'capture'}_{self._items}"
-
-    def _append_turn(self, message: AssistantMessage, *, prompt_ids: Sequence[int], completion_ids: Sequence[int],
-                     logprobs: Sequence[float]) -> None:
-        """The Responses items of one answered call (reasoning, message, function calls), the last one
-        carrying the call's token fields."""
-        items: list[Any] = []
-        reasoning = message.get("reasoning_content")
-        if reasoning:
-            items.append(reasoning_item(reasoning, item_id=self._item_id("rs")))
-        calls = message.get("tool_calls") or []
-        if message["content"] or not calls:
-            items.append(dict(message_item(message["content"] or "", item_id=self._item_id("msg"))))
-        for call in calls:
-            items.append(function_call_item(call["function"]["name"], call["function"]["arguments"], call_id=call["id"],
-                                            item_id=self._item_id("fc")))
-        items[-1].update(zip(TOKEN_FIELDS, (list(prompt_ids), list(completion_ids), list(logprobs))))
-        self.output.extend(items)
-
     async def _responses(self, data: Any, chat_completions: Callable[[Any], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
         """The answer to one `/v1/responses` body as a Responses `response` object: the request is
         served as the chat-completions call it means (by `chat_completions`), so capture and token-in
@@ -304,16 +276,6 @@ class _Session:
         return body
 
 
-async def _tokenized(render: Callable[[], list[int]], messages: list[TemplateMessage]) -> list[int]:
-    """`render()`, in a worker thread when `messages` hold `OFF_LOOP_TOKENIZE_CHARS` characters or more
-    (as the engine tokenizes long tool outputs): a megabyte stalled every rollout's calls for seconds."""
-    size = sum(len(content) for message in messages if isinstance(content := message.get("content"), str))
-    if size < OFF_LOOP_TOKENIZE_CHARS:
-        return render()
-    ids: list[int] = await call_bounded(render, timeout_s=TOKENIZE_TIMEOUT_S, owner="tokenizer")
-    return ids
-
-
 def _problems(error: pydantic.ValidationError) -> str:
     return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()[:5])
 
@@ -324,7 +286,8 @@ class CaptureSession(_Session):
 
     policy: Policy
     template: ChatTemplate
-    _context: _Context | None = None
+    _segment: ServedTranscript | None = None
+    """The conversation of the last call answered, which the next call may extend (a rewritten history starts another)."""
 
     async def responses(self, data: Any) -> dict[str, Any]:
         """The answer to one `/v1/responses` body (served as the chat-completions call it means)."""
@@ -333,57 +296,41 @@ class CaptureSession(_Session):
     async def chat_completions(self, data: Any) -> dict[str, Any]:
         """The answer to one request body, as OpenAI's API gives it; raises ApiError for a 4xx/5xx."""
         body = self._body(data)
-        tools = self._request_tools(body)
+        tools = tuple(self._request_tools(body) or ())
         try:
             messages = template_messages(body.messages, tool_format=self.template.tool_format)
         except ApiError as error:
             raise self.fail(error.status, error.message) from None
         async with self._turn():
-            prompt_ids = await self._prompt_ids(messages, tools)
+            transcript = await self._transcript(messages, tools)
             sampling = self._reserve(body)
-            request = GenerationRequest(prompt_ids=prompt_ids, sampling=sampling, session_id=self.label)
-            generation = await self._sampled(sampling, self.policy.generate(request))
-            return self._answer(messages, tools, prompt_ids, generation)
+            generation, prompt_ids = await self._sampled(sampling, transcript.sample(sampling))
+            return self._answer(transcript, prompt_ids, generation)
 
-    async def _prompt_ids(self, messages: list[TemplateMessage], tools: list[dict[str, Any]] | None) -> list[int]:
-        """The previous ids plus the rendered new messages when the request extends the last answer; else a whole render.
-        A long request is tokenized in a worker thread, so the other rollouts' calls go on meanwhile."""
-        context, template = self._context, self.template
-        new = appended(context.messages, messages) if context is not None and tools == context.tools else None
-        if context is not None and new and all(message["role"] in ("tool", "user") for message in new):
-            closing = template.closing_text(context.last_token)
-            delta = await _tokenized(lambda: template.encode(template.delta_text(new, closing_sampled=closing)), new)
+    async def _transcript(self, messages: list[TemplateMessage], tools: tuple[dict[str, Any], ...]) -> ServedTranscript:
+        """The last call's conversation extended by the rendered new messages when the request extends it; else a whole
+        render. A long request is tokenized in a worker thread, so the other rollouts' calls go on meanwhile."""
+        segment = self._segment
+        new = segment.extension(messages, tools) if segment is not None else None
+        if segment is not None and new:
+            extended = await segment.extended(new)
             self.token_in_calls += 1
-            self._input_items(new)
-            return context.ids + delta
+            return extended
         try:
-            ids: list[int] = await _tokenized(lambda: template.prompt_ids(messages, tools), messages)
+            return await ServedTranscript.start(self.policy, self.template, messages=messages, tools=tools, session_id=self.label,
+                                                max_tokens=self.limits.max_completion_tokens, numbering=self._numbering,
+                                                output=self.output)
         except TimeoutError:
             raise
         except Exception as error:
             raise self.fail(400, f"the chat template cannot render these messages: {type(error).__name__}: {error}") from None
-        return ids
 
-    def _answer(self, messages: list[TemplateMessage], tools: list[dict[str, Any]] | None,
-                prompt_ids: list[int], generation: Generation) -> dict[str, Any]:
+    def _answer(self, transcript: ServedTranscript, prompt_ids: list[int], generation: Generation) -> dict[str, Any]:
         ids = generation.token_ids
-        parsed, text, last_token = read_turn(self.template, ids, text=None, prompt_ids=prompt_ids, tools=tools or ())
-        number = len(self.calls)
-        message = answer_message(parsed, text, tools_offered=bool(tools),
-                                 call_id=lambda n, call: self.template.call_id(f"{number}x{n}", written=call.call_id))
+        message = transcript.answer(generation, prompt_ids, number=len(self.calls))
         self.last_finish_reason = generation.finish_reason
         self.calls.append(CapturedCall(prompt_ids=list(prompt_ids), completion_ids=list(ids), logprobs=list(generation.logprobs)))
-        self._append_turn(message, prompt_ids=prompt_ids, completion_ids=generation.token_ids, logprobs=generation.logprobs)
-        echoed = template_messages([MessageIn.model_validate(message)], tool_format=self.template.tool_format)
-        self._context = _Context(messages=messages + echoed, tools=tools, ids=list(prompt_ids) + list(ids), last_token=last_token)
+        self._segment = transcript
         choice = answer_choice(0, message, generation.finish_reason)
         return chat_completion([choice], model=self.model_name, prompt_tokens=len(prompt_ids), completion_tokens=len(ids),
                                completion_id=f"chatcmpl-{secrets.token_hex(12)}")
-
-    def _input_items(self, new: list[dict[str, Any]]) -> None:
-        for message in new:
-            if message["role"] == "tool":
-                self.output.append(function_call_output_item(message["content"], call_id=message.get("tool_call_id", "")))
-            else:
-                self.output.append(user_message_item(message["content"], item_id=self._item_id("msg")))
-

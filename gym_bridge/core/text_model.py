@@ -61,7 +61,7 @@ def _text_message(message: Mapping[str, str]) -> Message:
         return {"role": "user", "content": content}
     if role == "assistant":
         return {"role": "assistant", "content": content}
-    raise ConfigError(f"a helper model is asked with system, user and assistant messages, not {role!r}")
+    raise ConfigError(f"a TextModel is asked with system, user and assistant messages, not {role!r}")
 
 
 HelperModel = TextModel

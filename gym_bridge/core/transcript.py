@@ -7,20 +7,23 @@ out; the chat template renders what the environment adds). `MessageTranscript` k
 messages of a chat policy; a hosted API gives no token ids (its records carry none), a server
 that returns each call's ids (NeMo RL's) gets them back on its assistant messages, and the token
 stream is built from what it reports, checked to be contiguous across calls. The engine picks the
-kind once per policy (`transcript_starter`); both write the same Responses items.
+kind once per policy (`transcript_starter`); both write the same Responses items. The capture
+endpoint's sessions hold them too, one per segment (`ServedTranscript` for a token policy).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Protocol, Sequence
+from dataclasses import InitVar, dataclass, field, replace
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from gym_bridge.core.bounded.call import call_bounded
-from gym_bridge.core.conversation import AssistantMessage, Message, assistant_message, tool_call, tool_message
-from gym_bridge.core.dialects.template_view import task_template_messages
+from gym_bridge.core.conversation import AssistantMessage, Message, TemplateMessage, appended, assistant_message, tool_call, tool_message
+from gym_bridge.core.dialects.chat import MessageIn
+from gym_bridge.core.dialects.template_view import task_template_messages, template_messages
 from gym_bridge.core.errors import FailRollout
-from gym_bridge.core.items import POLICY_VERSION_FIELD, TOKEN_FIELDS, Item, function_call_item, message_item, reasoning_item, user_message_item
+from gym_bridge.core.items import (POLICY_VERSION_FIELD, TOKEN_FIELDS, Item, function_call_item, function_call_output_item, message_item,
+                                   reasoning_item, user_message_item)
 from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn
 from gym_bridge.core.policy import CallTokens, ChatPolicy, ChatRequest, ChatTurn, Generation, GenerationRequest, Policy, SamplingParams, is_token_policy
 from gym_bridge.core.task import Task
@@ -55,28 +58,50 @@ class Transcript(Protocol):
         ...
 
 
+class ItemIds:
+    """Numbers a conversation's items `<prefix>_<label>_<n>`, n counting every item from 1; one per rollout,
+    shared by the transcripts of a capture session's segments (so their items never share an id)."""
+
+    __slots__ = ("label", "count")
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.count = 0
+
+    def __call__(self, prefix: str) -> str:
+        self.count += 1
+        return f"{prefix}_{self.label}_{self.count}"
+
+
 @dataclass(slots=True)
 class _Conversation:
-    """What both transcripts share: the trajectory they write, the budget, item ids."""
+    """What both transcripts share: the trajectory they write, the budget, item ids, and the items of
+    model turns, answers and inputs."""
 
     trajectory: Trajectory
     session_id: str
     tools: tuple[dict[str, Any], ...]
     max_tokens: int
     """Model and environment tokens after the prompt, over all turns (`Limits.max_completion_tokens`)."""
-    _items: int = field(default=0, init=False)
+    numbering: InitVar[ItemIds | None] = None
+    """Numbers the items (default: a numbering of its own, labelled with `session_id`)."""
+    item_ids: ItemIds = field(init=False)
+
+    def __post_init__(self, numbering: ItemIds | None) -> None:
+        self.item_ids = ItemIds(self.session_id) if numbering is None else numbering
 
     def item_id(self, prefix: str) -> str:
-        self._items += 1
-        return f"{prefix}_{self.session_id}_{self._items}"
+        return self.item_ids(prefix)
 
     @property
     def budget_left(self) -> int:
         return self.max_tokens - self.trajectory.tokens_spent
 
-    def add_turn(self, parsed: ParsedTurn, call_id: Callable[[str, ParsedCall], str]) -> tuple[ParsedTurn, list[Item]]:
-        """Count the turn's parse errors and build its items; `call_id(item_id, call)` names each call.
-        Returns the turn with each call's record id, and the items (not yet in the output)."""
+    def add_turn(self, parsed: ParsedTurn, call_id: Callable[[str, ParsedCall], str], *,
+                 call_prefix: str = "call") -> tuple[ParsedTurn, list[Item]]:
+        """Count the turn's parse errors and build its items; `call_id(item_id, call)` names each call
+        (its item's id starts with `call_prefix`). Returns the turn with each call's record id, and the
+        items (not yet in the output)."""
         trajectory = self.trajectory
         if parsed.calls:
             trajectory.parse_errors += parsed.parse_errors
@@ -91,7 +116,7 @@ class _Conversation:
             return parsed, items
         calls = []
         for call in parsed.calls:
-            item_id = self.item_id("call")
+            item_id = self.item_id(call_prefix)
             record_id = call_id(item_id, call)
             calls.append(ParsedCall(name=call.name, arguments=call.arguments, error=call.error, call_id=record_id))
             items.append(function_call_item(call.name, call.arguments, call_id=record_id, item_id=item_id))
@@ -99,6 +124,27 @@ class _Conversation:
 
     def add_user_item(self, content: str) -> None:
         self.trajectory.output.append(user_message_item(content, item_id=self.item_id("msg")))
+
+    def add_answer(self, message: AssistantMessage, *, prompt_ids: Sequence[int], completion_ids: Sequence[int],
+                   logprobs: Sequence[float]) -> None:
+        """The items of an answer a chat endpoint gave (the capture sessions): reasoning, message and one
+        `fc` item per call, named as answered, the last item carrying the call's token fields."""
+        calls = tuple(ParsedCall(name=call["function"]["name"], arguments=call["function"]["arguments"], call_id=call["id"])
+                      for call in message.get("tool_calls") or [])
+        turn = ParsedTurn(reasoning=message.get("reasoning_content") or "", content=message["content"] or "", calls=calls)
+        _, items = self.add_turn(turn, _answered_id, call_prefix="fc")
+        last: Any = items[-1]
+        last.update(zip(TOKEN_FIELDS, (list(prompt_ids), list(completion_ids), list(logprobs))))
+        self.trajectory.output.extend(items)
+
+    def add_inputs(self, messages: Sequence[Mapping[str, Any]]) -> None:
+        """The items of messages a client added to the conversation: a tool message is a `function_call_output`,
+        a user message a `message`; other roles have none."""
+        for message in messages:
+            if message["role"] == "tool":
+                self.trajectory.output.append(function_call_output_item(message["content"], call_id=message.get("tool_call_id", "")))
+            elif message["role"] == "user":
+                self.add_user_item(message["content"])
 
     def finish(self) -> TokenView:
         return self.trajectory.tokens()
@@ -109,19 +155,27 @@ class TokenTranscript(_Conversation):
 
     __slots__ = ("policy", "template", "_last_token")
 
-    def __init__(self, policy: Policy, template: ChatTemplate, *, task: Task, tools: tuple[dict[str, Any], ...],
-                 trajectory: Trajectory, session_id: str, max_tokens: int) -> None:
-        super().__init__(trajectory=trajectory, session_id=session_id, tools=tools, max_tokens=max_tokens)
+    def __init__(self, policy: Policy, template: ChatTemplate, *, task: Task | None, tools: tuple[dict[str, Any], ...],
+                 trajectory: Trajectory, session_id: str, max_tokens: int, numbering: ItemIds | None = None) -> None:
+        """`task`: its messages render the prompt; None: `trajectory` holds it already."""
+        super().__init__(trajectory=trajectory, session_id=session_id, tools=tools, max_tokens=max_tokens, numbering=numbering)
         self.policy, self.template = policy, template
         self._last_token: int | None = None
         """The end-of-turn token the model sampled last, whose closing the next delta must not repeat."""
-        trajectory.prompt_ids = template.prompt_ids(task_template_messages(task.messages), tools or None)
+        if task is not None:
+            trajectory.prompt_ids = template.prompt_ids(task_template_messages(task.messages), tools or None)
 
-    async def generate(self, sampling: SamplingParams) -> tuple[Generation, ParsedTurn]:
-        trajectory, template = self.trajectory, self.template
+    async def sample(self, sampling: SamplingParams) -> tuple[Generation, list[int]]:
+        """One model call on everything so far, its tokens appended; returns it and the prompt ids it was given."""
+        trajectory = self.trajectory
         prompt_ids = trajectory.context_ids()
         generation = await self.policy.generate(GenerationRequest(prompt_ids=prompt_ids, sampling=sampling, session_id=self.session_id))
         trajectory.append_model(generation.token_ids, generation.logprobs)
+        return generation, prompt_ids
+
+    async def generate(self, sampling: SamplingParams) -> tuple[Generation, ParsedTurn]:
+        trajectory, template = self.trajectory, self.template
+        generation, prompt_ids = await self.sample(sampling)
         ids = generation.token_ids
         turn, _, self._last_token = read_turn(template, ids, text=generation.text, prompt_ids=prompt_ids, tools=self.tools)
         parsed, items = self.add_turn(turn, self._call_id)
@@ -166,16 +220,76 @@ class TokenTranscript(_Conversation):
         return True
 
 
+class ServedTranscript(TokenTranscript):
+    """The token transcript of a client that sends the whole conversation with every call (the capture
+    endpoint): it keeps the messages as rendered, so a call that only adds tool or user messages to them
+    extends its token stream (`extension`, `extended`: the sampled tokens are never re-tokenized), and any
+    other call (a rewritten history) starts a new one (`start`), a new segment."""
+
+    __slots__ = ("messages",)
+
+    def __init__(self, policy: Policy, template: ChatTemplate, *, messages: list[TemplateMessage], tools: tuple[dict[str, Any], ...],
+                 trajectory: Trajectory, session_id: str, max_tokens: int, numbering: ItemIds, last_token: int | None = None) -> None:
+        super().__init__(policy, template, task=None, tools=tools, trajectory=trajectory, session_id=session_id,
+                         max_tokens=max_tokens, numbering=numbering)
+        self.messages = messages
+        self._last_token = last_token
+
+    @classmethod
+    async def start(cls, policy: Policy, template: ChatTemplate, *, messages: list[TemplateMessage], tools: tuple[dict[str, Any], ...],
+                    session_id: str, max_tokens: int, numbering: ItemIds, output: list[Item]) -> ServedTranscript:
+        """A conversation rendered whole from `messages` (in a worker thread when long), its items going to `output`.
+        Raises what the chat template raises, TimeoutError when tokenizing outlasts `TOKENIZE_TIMEOUT_S`."""
+        prompt_ids = await _tokenized(lambda: template.prompt_ids(messages, list(tools) or None), messages)
+        return cls(policy, template, messages=messages, tools=tools, trajectory=Trajectory(prompt_ids=prompt_ids, output=output),
+                   session_id=session_id, max_tokens=max_tokens, numbering=numbering)
+
+    def extension(self, messages: Sequence[TemplateMessage], tools: tuple[dict[str, Any], ...]) -> list[TemplateMessage] | None:
+        """The messages a call adds when it extends this conversation (same tools) with tool or user messages only; else None."""
+        new = appended(self.messages, messages) if tools == self.tools else None
+        return new if new and all(message["role"] in ("tool", "user") for message in new) else None
+
+    async def extended(self, new: list[TemplateMessage]) -> ServedTranscript:
+        """A copy that goes on with `new` (from `extension`): their rendering appended after the sampled tokens
+        (environment tokens; in a worker thread when long) and their items added. A copy, so calls made at once
+        each extend the conversation they were sent."""
+        template, trajectory = self.template, self.trajectory
+        closing = template.closing_text(self._last_token)
+        delta = await _tokenized(lambda: template.encode(template.delta_text(new, closing_sampled=closing)), new)
+        copy = Trajectory(prompt_ids=trajectory.prompt_ids, completion_ids=list(trajectory.completion_ids),
+                          completion_mask=list(trajectory.completion_mask), completion_logprobs=list(trajectory.completion_logprobs),
+                          output=trajectory.output)
+        copy.append_env(delta)
+        transcript = ServedTranscript(self.policy, template, messages=self.messages + new, tools=self.tools, trajectory=copy,
+                                      session_id=self.session_id, max_tokens=self.max_tokens, numbering=self.item_ids,
+                                      last_token=self._last_token)
+        transcript.add_inputs(new)
+        return transcript
+
+    def answer(self, generation: Generation, prompt_ids: Sequence[int], *, number: int) -> AssistantMessage:
+        """The assistant message answering the call `sample` made (the `answer_message` rule, its calls named
+        `<number>x<n>`): its items added, the last with the call's tokens, and the conversation extended by it
+        as the client sends it back."""
+        template, ids = self.template, generation.token_ids
+        parsed, text, self._last_token = read_turn(template, ids, text=None, prompt_ids=prompt_ids, tools=self.tools)
+        message = answer_message(parsed, text, tools_offered=bool(self.tools),
+                                 call_id=lambda n, call: template.call_id(f"{number}x{n}", written=call.call_id))
+        self.add_answer(message, prompt_ids=prompt_ids, completion_ids=ids, logprobs=generation.logprobs)
+        self.messages = self.messages + template_messages([MessageIn.model_validate(message)], tool_format=template.tool_format)
+        return message
+
+
 class MessageTranscript(_Conversation):
     """The chat messages of a chat policy; the token stream only from ids the server returns."""
 
     __slots__ = ("policy", "messages")
 
-    def __init__(self, policy: ChatPolicy, *, task: Task, tools: tuple[dict[str, Any], ...],
-                 trajectory: Trajectory, session_id: str, max_tokens: int) -> None:
-        super().__init__(trajectory=trajectory, session_id=session_id, tools=tools, max_tokens=max_tokens)
+    def __init__(self, policy: ChatPolicy, *, task: Task | None, tools: tuple[dict[str, Any], ...],
+                 trajectory: Trajectory, session_id: str, max_tokens: int, numbering: ItemIds | None = None) -> None:
+        """`task`: the conversation starts with its messages; None: with none (a client sends them with each call)."""
+        super().__init__(trajectory=trajectory, session_id=session_id, tools=tools, max_tokens=max_tokens, numbering=numbering)
         self.policy = policy
-        self.messages: list[Message] = list(task.messages)
+        self.messages: list[Message] = list(task.messages) if task is not None else []
 
     async def generate(self, sampling: SamplingParams) -> tuple[Generation, ParsedTurn]:
         """One call of the chat policy: items and an assistant message, plus the call's tokens when
@@ -202,20 +316,30 @@ class MessageTranscript(_Conversation):
         """Grow the token stream from a chat call's ids: its prompt must start with everything seen
         so far; what follows is environment tokens (the server's rendering of the new messages)."""
         trajectory = self.trajectory
+        if trajectory.model_calls and (not trajectory.prompt_ids or not self.continues(tokens)):
+            seen, prompt = trajectory.context_ids(), tokens.prompt_token_ids
+            at = first_difference(seen, prompt)
+            raise FailRollout(
+                "infra",
+                f"the model server's prompt token ids for call {trajectory.model_calls + 1} do not start with the "
+                f"{len(seen)} tokens of the earlier calls (first difference at position {at}); the server must keep "
+                "the prefix exact from the token ids sent back on the assistant messages",
+            )
+        self.add_call_tokens(tokens)
+
+    def continues(self, tokens: CallTokens) -> bool:
+        """Whether a chat call's prompt ids start with every token so far (the prefix rule on a server's ids)."""
+        return extends(self.trajectory.context_ids(), tokens.prompt_token_ids)
+
+    def add_call_tokens(self, tokens: CallTokens) -> None:
+        """Grow the token stream by a chat call's ids (the first call's prompt is the stream's prompt); call
+        `continues` first: what its prompt adds to the stream becomes environment tokens."""
+        trajectory = self.trajectory
         prompt = list(tokens.prompt_token_ids)
         if trajectory.model_calls == 0:
             trajectory.prompt_ids = prompt
         else:
-            seen = trajectory.context_ids()
-            if not trajectory.prompt_ids or not extends(seen, prompt):
-                at = first_difference(seen, prompt)
-                raise FailRollout(
-                    "infra",
-                    f"the model server's prompt token ids for call {trajectory.model_calls + 1} do not start with the "
-                    f"{len(seen)} tokens of the earlier calls (first difference at position {at}); the server must keep "
-                    "the prefix exact from the token ids sent back on the assistant messages",
-                )
-            trajectory.append_env(prompt[len(seen):])
+            trajectory.append_env(prompt[len(trajectory.prompt_ids) + len(trajectory.completion_ids):])
         trajectory.append_model(list(tokens.generation_token_ids), list(tokens.generation_log_probs))
 
     async def append_tool_outputs(self, outputs: Sequence[ToolOutput]) -> bool:
@@ -283,6 +407,20 @@ def transcript_starter(policy: Policy | ChatPolicy, template: ChatTemplate | Non
         return MessageTranscript(chat_policy, task=task, tools=tools, trajectory=trajectory, session_id=session_id,
                                  max_tokens=max_tokens)
     return start_messages
+
+
+def _answered_id(item_id: str, call: ParsedCall) -> str:
+    return call.call_id or ""
+
+
+async def _tokenized(render: Callable[[], list[int]], messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    """`render()`, in a worker thread when `messages` hold `OFF_LOOP_TOKENIZE_CHARS` characters or more
+    (as the engine tokenizes long tool outputs): a megabyte stalled every rollout's calls for seconds."""
+    size = sum(len(content) for message in messages if isinstance(content := message.get("content"), str))
+    if size < OFF_LOOP_TOKENIZE_CHARS:
+        return render()
+    ids: list[int] = await call_bounded(render, timeout_s=TOKENIZE_TIMEOUT_S, owner="tokenizer")
+    return ids
 
 
 def _carry_tokens(message: AssistantMessage, last_item: Item, tokens: CallTokens) -> None:

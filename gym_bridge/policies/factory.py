@@ -3,7 +3,7 @@
 `PolicySpec(kind=...)` names what to build: `embedded` (the embedded SmolLM2 through transformers),
 `transformers` (a local folder or hub id; none: the embedded model), `vllm` (a `vllm.LLM` built here
 on that model), `remote` (an OpenAI-compatible server spoken token-in/token-out) or `chat` (a chat
-API: evaluation only). The CLI, helper models and TRL's server mode build through `build_policy`;
+API: evaluation only). The CLI, text models (`TextModel`) and TRL's server mode build through `build_policy`;
 backends a trainer owns (its `vllm.LLM`, its training model) are wrapped where the trainer is.
 A backend whose extra is not installed raises `MissingDependencyError` with the install command.
 """

@@ -1,6 +1,6 @@
 """Build a `TextModel` (a judge, a simulated user) from plain settings, once per process.
 
-Environments name their helper model with strings a user can pass on the command line: a local
+Environments name the model they ask with strings a user can pass on the command line: a local
 model folder (none: the embedded SmolLM2), or an OpenAI-compatible server (`base_url`, spoken
 token-in/token-out through `/v1/completions`, or as a chat API with `api="chat"|"responses"`).
 Equal settings share one loaded model, so every rollout's judge calls batch together.
@@ -35,7 +35,7 @@ def load_text_model(
     request_timeout_s: float = 60.0,
     max_retries: int = 2,
 ) -> TextModel:
-    """The helper model for these settings (cached: equal settings give the same object).
+    """The TextModel for these settings (cached: equal settings give the same object).
 
     Without `base_url`: the transformers model in folder `model` (None: the embedded model).
     With `base_url`: `api="completions"` renders prompts with `tokenizer` (a folder; default the
@@ -55,7 +55,7 @@ def _load(
 ) -> TextModel:
     sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
     if api not in HELPER_APIS:
-        raise ConfigError(f"helper model api must be one of {', '.join(HELPER_APIS)}, got {api!r}")
+        raise ConfigError(f"a TextModel's api must be one of {', '.join(HELPER_APIS)}, got {api!r}")
     api_key = os.environ.get(api_key_env) or None
     if base_url is None:
         local = build_policy(PolicySpec(kind="transformers", model=model))
@@ -65,7 +65,7 @@ def _load(
         return TextModel(local, ChatTemplate(template_tokenizer(local.tokenizer), eos_token_ids=sorted(local.eos_token_ids)), sampling)
     if api != "completions":
         if not model:
-            raise ConfigError(f"a helper model at {base_url} with api={api!r} needs the served model's name")
+            raise ConfigError(f"a TextModel at {base_url} with api={api!r} needs the served model's name")
         chat_api: Literal["chat", "responses"] = "chat" if api == "chat" else "responses"  # checked against HELPER_APIS above
         chat = build_policy(PolicySpec(kind="chat", model=model, base_urls=(base_url,), api=chat_api, api_key=api_key,
                                        request_timeout_s=request_timeout_s, max_retries=max_retries))
@@ -78,7 +78,7 @@ def _load(
         tokenizer = str(embedded_model_path())
     loaded = load_tokenizer(tokenizer)
     if not model:
-        raise ConfigError(f"a helper model at {base_url} needs the served model's name")
+        raise ConfigError(f"a TextModel at {base_url} needs the served model's name")
     remote = build_policy(PolicySpec(kind="remote", model=model, base_urls=(base_url,), api_key=api_key,
                                      request_timeout_s=request_timeout_s, max_retries=max_retries,
                                      vocab_size=len(loaded.tokenizer)))

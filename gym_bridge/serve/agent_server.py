@@ -190,6 +190,7 @@ class AgentServer:
             raise RowError("a /run body may not name the command its harness runs (it would run with this server's "
                            "permissions, whatever the environment allows elsewhere); the environment's own command runs",
                            field="harness.command")
+        check_verifier_fields(task, env_class)
         return task, env_class, self.sampling(task)
 
     def sampling(self, task: Task) -> SamplingParams:
@@ -246,6 +247,16 @@ class AgentServer:
         self.journal.finish(key)
         self._tried.discard(key)
         return record
+
+
+def check_verifier_fields(task: Task, env_class: type[Environment]) -> None:
+    """Raise RowError for the problems `env_class.validate_row` finds in the row's verifier fields (the check
+    `gym-bridge data validate` runs), naming the first problem's field and listing every problem."""
+    problems = env_class.validate_row(task.row)
+    if problems:
+        first, *others = problems
+        also = "".join(f"; {problem.field}: {problem.message}" for problem in others)
+        raise RowError(f"{first.message} (environment {env_class.name!r}){also}", field=first.field)
 
 
 class RolloutInFlight(UserError):

@@ -258,7 +258,7 @@ class AsyncRolloutWorker:
         )
         if policy is None:
             policy = RemotePolicy(f"{str(args.vllm_server_base_url).rstrip('/')}/v1", model=served_model,
-                                  request_timeout_s=float(args.request_timeout))
+                                  request_timeout_s=float(args.request_timeout), vocab_size=len(tokenizer))
         template = ChatTemplate(tokenizer)
         return cls(tasks, policy, template, settings)
 

@@ -61,7 +61,8 @@ def pick_backend(trainer: Any, options: RolloutOptions) -> tuple[BackendName, Po
         # Every rank calls the server itself; TRL's own client lives on rank 0 only.
         base_urls = list(options.server_base_urls or [args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"])
         model = options.server_model or _served_model(base_urls[0], timeout_s=options.server_timeout_s)
-        return "vllm_server", require_token_policy(build_policy(server_policy_spec(options, base_urls=base_urls, model=model)))
+        spec = server_policy_spec(options, base_urls=base_urls, model=model, vocab_size=len(tokenizer))
+        return "vllm_server", require_token_policy(build_policy(spec))
     distributed = _distributed(trainer)
     if getattr(distributed, "is_fsdp", False):
         raise ConfigError(
@@ -80,13 +81,14 @@ def pick_backend(trainer: Any, options: RolloutOptions) -> tuple[BackendName, Po
     return "transformers", TransformersPolicy(model, tokenizer, max_batch_size=options.max_batch_size or max(local_batch, 1))
 
 
-def server_policy_spec(options: RolloutOptions, *, base_urls: Sequence[str], model: str) -> PolicySpec:
+def server_policy_spec(options: RolloutOptions, *, base_urls: Sequence[str], model: str, vocab_size: int | None) -> PolicySpec:
     """The `remote` policy over the trainer's vLLM servers, with the request timeout and retries of
-    `options`: what every rank builds, and every Ray worker of `RolloutOptions(ray=...)` from it."""
+    `options`: what every rank builds, and every Ray worker of `RolloutOptions(ray=...)` from it.
+    `vocab_size`: the size of the trainer's tokenizer; an answer holding other ids fails its rollout as `infra`."""
     from gym_bridge.policies.factory import PolicySpec
 
     return PolicySpec(kind="remote", model=model, base_urls=tuple(base_urls), request_timeout_s=options.server_request_timeout_s,
-                      max_retries=options.server_max_retries)
+                      max_retries=options.server_max_retries, vocab_size=vocab_size)
 
 
 def on_ray(options: RolloutOptions, backend: BackendName, policy: Any, template: ChatTemplate, config: EngineConfig) -> RayRollouts | None:
@@ -99,7 +101,8 @@ def on_ray(options: RolloutOptions, backend: BackendName, policy: Any, template:
                          "generate on the vLLM servers, not with the trainer's own model or engine")
     from gym_bridge.scale.ray_runner import RayRollouts, RemoteEngineFactory
 
-    factory = RemoteEngineFactory(server_policy_spec(options, base_urls=policy.base_urls, model=policy.model), template, config)
+    factory = RemoteEngineFactory(server_policy_spec(options, base_urls=policy.base_urls, model=policy.model,
+                                                    vocab_size=policy.vocab_size), template, config)
     return RayRollouts(factory, options.ray, max_concurrency=options.max_concurrency,
                        engine_limits={"per_env": options.per_env_concurrency, "replica_connections": policy.max_connections})
 

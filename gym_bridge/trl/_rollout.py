@@ -116,10 +116,12 @@ class TRLRollout:
                 f"every rollout of the first batch failed; the first as {first.failure_kind}: {first.failure_reason}"
             )
         state.batches += 1
-        _watch(records, state.alarm, path=self.options.records_path, trainer=trainer)
+        rows = [to_training_row(record, max_completion_length=state.max_completion_length, eos_token_ids=state.eos_token_ids)
+                for record in records]
+        _watch(records, rows, state.alarm, path=self.options.records_path, trainer=trainer)
         if self.options.on_records is not None:
             self.options.on_records(records)
-        return to_trl_batch(records, eos_token_ids=state.eos_token_ids, max_completion_length=state.max_completion_length)
+        return _trl_columns(rows)
 
     def prepare(self, trainer: Any) -> _TrainerState:
         """Pick the backend, check the template and the trainer's settings; cached per trainer.
@@ -236,9 +238,14 @@ def to_trl_batch(records: Sequence[RolloutRecord], *, eos_token_ids: Sequence[in
     an empty completion: one EOS id; an answer without EOS: one appended; a harness's last segment,
     with `harness_rewrites` logged as `gym_bridge/harness_rewrites`) under TRL's keys.
     """
+    return _trl_columns([to_training_row(record, max_completion_length=max_completion_length, eos_token_ids=eos_token_ids)
+                         for record in records])
+
+
+def _trl_columns(rows: Sequence[TrainingRow]) -> dict[str, list[Any]]:
+    """TRL's rollout output for training rows already made (one conversion per record and batch)."""
     batch: dict[str, list[Any]] = {key: [] for key in ROW_KEYS}
-    for record in records:
-        row = to_training_row(record, max_completion_length=max_completion_length, eos_token_ids=eos_token_ids)
+    for row in rows:
         for key, value in _trl_row(row).items():
             batch[key].append(value)
     return batch
@@ -302,23 +309,35 @@ async def _run_all(engine: Engine, jobs: Sequence[tuple[Task, type[Environment]]
     return list(await asyncio.gather(*(engine.rollout(task, repeat, env_class=env_class) for (task, env_class), repeat in zip(jobs, repeats))))
 
 
-def _watch(records: Sequence[RolloutRecord], alarm: ToolCallAlarm, *, path: str | None, trainer: Any) -> None:
-    """Feed the tool-call alarm (it warns once per kind and environment) and append the records, with the
-    trainer's step, to `path`."""
-    step = getattr(getattr(trainer, "state", None), "global_step", None)
-    rows = [with_train_step(record.to_dict(), step) for record in records]
-    for row in rows:
-        alarm.observe(row)
+def _watch(records: Sequence[RolloutRecord], rows: Sequence[TrainingRow], alarm: ToolCallAlarm, *, path: str | None,
+           trainer: Any) -> None:
+    """Feed the tool-call alarm (it warns once per kind and environment) from the batch's training `rows`, and
+    append the records, with the trainer's step, to `path`: a record becomes its JSONL line only when one is
+    written (a recipe's `on_records` that writes them converts each once, not twice)."""
+    for record, row in zip(records, rows):
+        alarm.observe(_health_view(record, row))
     if path is not None:
         from pathlib import Path
 
         from gym_bridge.core.rollout_file import RolloutWriter
 
+        step = getattr(getattr(trainer, "state", None), "global_step", None)
         rank = _rank(trainer)
         target = Path(path) if rank == 0 else Path(path).with_name(f"{Path(path).stem}.rank{rank}.jsonl")
         with RolloutWriter(target, append=True) as writer:
-            for row in rows:
-                writer.write(row)
+            for record in records:
+                writer.write(with_train_step(record.to_dict(), step))
+
+
+def _health_view(record: RolloutRecord, row: TrainingRow) -> dict[str, Any]:
+    """The fields of a record's JSONL line that the tool-call alarm reads (`core.health`), from its training row."""
+    task_row = record.task.row
+    return {
+        "env": row.env_name, "env_path": record.env_path, "failure_kind": row.failure_kind,
+        "responses_create_params": task_row.get("responses_create_params"), "tools": task_row.get("tools"),
+        "metrics": {"tool_calls": row.tool_calls, "parse_errors": row.parse_errors, "unparsed_tool_calls": row.unparsed_tool_calls,
+                    "finish_reason": row.finish_reason},
+    }
 
 
 def _check_token_ids(records: Sequence[RolloutRecord]) -> None:

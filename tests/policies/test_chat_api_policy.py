@@ -133,6 +133,24 @@ def test_tool_calling_rollout_through_a_chat_api(api, kind):
         assert row["response"]["usage"]["output_tokens"] == 14
 
 
+def test_chat_policy_records_carry_no_policy_version_as_the_async_page_says(api):
+    """No chat server reports the weights version it sampled under, and VersionedPolicy wraps token policies only:
+    the record has no `policy_version` on any item and no version metrics; docs/training/async.md says so."""
+    from pathlib import Path
+
+    from gym_bridge.policies.versioned import VersionedPolicy
+
+    url, _ = api
+    [record] = run_weather(ChatAPIPolicy(model="ok", base_url=url, api="chat", max_retries=0))
+    assert record.failure_kind is None and record.policy_versions == ()
+    row = record.to_dict()
+    assert not any("policy_version" in item for item in row["response"]["output"])
+    assert not {"policy_version_min", "policy_version_max"} & set(row["metrics"])
+    assert not hasattr(VersionedPolicy, "chat")
+    page = " ".join((Path(__file__).parents[2] / "docs" / "training" / "async.md").read_text(encoding="utf-8").split())
+    assert "Chat policies carry no version: a `ChatAPIPolicy`" in page
+
+
 @pytest.mark.parametrize(("model", "kind", "match"), [
     ("overflow", ContextOverflowError, "maximum context length"),
     ("broken", BackendError, "HTTP 500"),

@@ -73,8 +73,8 @@ class GpuWeather(_weather_class()):  # type: ignore[misc]
 
 
 POLICY_SETTINGS = ("base_urls", "model", "request_timeout_s", "connect_timeout_s", "max_retries", "backoff_s", "max_backoff_s",
-                   "down_for_s", "retry_reached_calls", "max_connections", "max_connections_per_server", "extra_body")
-"""The settings of a `RemotePolicy` that decide how it calls its servers."""
+                   "down_for_s", "retry_reached_calls", "max_connections", "max_connections_per_server", "extra_body", "vocab_size")
+"""The settings of a `RemotePolicy` that decide how it calls its servers and which answers it can use."""
 
 
 def policy_settings(build_engine) -> dict:  # type: ignore[no-untyped-def]

@@ -163,7 +163,8 @@ def test_trainer_path_workers_generate_on_the_replicas_with_affinity(smol_templa
 def test_trainer_path_workers_keep_the_trainer_s_request_timeout_and_retries(smol_template):
     """`RolloutOptions(server_request_timeout_s=..., server_max_retries=...)` reach the policy each Ray
     worker builds: a replica slower than the timeout fails the rollouts as `infra` on the workers too
-    (not after the policy's default of 120 s), and the worker's policy has the driver's settings."""
+    (not after the policy's default of 120 s), and the worker's policy has the driver's settings, the
+    tokenizer's size its answers' ids are checked against included."""
     from gym_bridge.trl._rollout import RolloutOptions
     from gym_bridge.trl._backend import on_ray
     from gym_bridge.policies.remote import RemotePolicy
@@ -172,7 +173,8 @@ def test_trainer_path_workers_keep_the_trainer_s_request_timeout_and_retries(smo
     tasks = _weather_tasks(2)
     options = RolloutOptions(server_request_timeout_s=0.5, server_max_retries=0, ray=RayOptions(num_workers=1))
     with stub_replicas(1, delay_s=3.0) as replicas:
-        driver_policy = RemotePolicy([replicas[0].url], model="stub", request_timeout_s=0.5, max_retries=0)
+        driver_policy = RemotePolicy([replicas[0].url], model="stub", request_timeout_s=0.5, max_retries=0,
+                                     vocab_size=len(smol_template.tokenizer))
         rollouts = on_ray(options, "vllm_server", driver_policy, smol_template, EngineConfig(model_name="stub"))
         assert rollouts is not None
         rollouts.report = lambda line: None

@@ -74,6 +74,19 @@ def test_group_advantages_leave_failed_rollouts_out(smol_template):
     assert group_advantages([R(reward=0.0, mask_sample=True)])[0] == {}
 
 
+def test_for_trainer_checks_the_servers_ids_against_the_trainers_tokenizer(smol_tokenizer):
+    """The worker's vLLM-server policy knows the tokenizer's size, so an out-of-vocabulary id fails its rollout
+    as `infra` (see tests/scale/test_replica_answers.py) instead of reaching the trainer."""
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(num_generations=4, max_staleness=2, per_device_train_batch_size=4, token_budget=0, gradient_accumulation_steps=1,
+                           weight_sync_steps=1, max_completion_length=64, temperature=1.0, top_p=1.0, top_k=0,
+                           vllm_server_base_url="http://127.0.0.1:9", request_timeout=30)
+    worker = AsyncRolloutWorker.for_trainer(args, tasks=mixed_tasks(), tokenizer=smol_tokenizer, served_model="m")
+    policy = worker._policy.policy  # under the VersionedPolicy that stamps versions
+    assert isinstance(policy, RemotePolicy) and policy.vocab_size == len(smol_tokenizer) == 49152
+
+
 def test_rows_rewards_failures_and_records(smol_template, smol_tokenizer, tmp_path):
     stand_in = AsyncVLLMStandIn(smol_tokenizer)
     records_path = tmp_path / "records.jsonl"

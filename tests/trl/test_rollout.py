@@ -248,6 +248,31 @@ def test_backend_vllm_server_mode_calls_the_server_from_every_rank(smol_tokenize
     assert make_rollout(server_model="m").prepare(trainer).engine.policy.base_urls == ["http://gpu-node:9000/v1"]
 
 
+def test_server_mode_catches_ids_outside_the_trainers_vocabulary(dataset, smol_tokenizer):
+    """An id the trainer's tokenizer does not have, sampled by a vLLM server (real HTTP on loopback), fails its
+    rollout as `infra` (a masked row) naming the ids, as it does in `eval --base-url`; it used to reach the trainer."""
+    from tests.scale.test_replica_answers import OUTSIDE, bad_replica, outside_ids
+
+    def answer(body):  # the weather task gets a usable answer (ids 28, EOS), the math task an id past the vocabulary
+        if "Oslo" not in smol_tokenizer.decode(body["prompt"]):
+            return outside_ids(body)
+        choice = {"index": 0, "text": "ok", "finish_reason": "stop", "token_ids": [28, 2], "prompt_token_ids": body["prompt"],
+                  "logprobs": {"token_logprobs": [-0.5, -0.5], "tokens": ["token_id:28", "token_id:2"]}}
+        return {"id": "cmpl-1", "object": "text_completion", "choices": [choice]}
+
+    with bad_replica(answer) as url:
+        trainer = vllm_trainer(smol_tokenizer, mode="server")
+        trainer.args.vllm_server_base_url = url.removesuffix("/v1")
+        trainer.accelerator.wait_for_everyone = lambda: None
+        rollout = make_rollout(server_model="stub", server_max_retries=0)
+        assert rollout.prepare(trainer).engine.policy.vocab_size == len(smol_tokenizer) == 49152
+        out, records = run(rollout, prompts_of(dataset, group_size=1), trainer)
+    assert out["env_name"] == ["weather", "math"] and out["failure_kind"] == [None, "infra"]
+    assert out["completion_ids"][0] == [28, 2] and out["env_reward"][1] is None and set(out["env_mask"][1]) == {0}
+    assert f"token ids outside the tokenizer's vocabulary [0, 49152): [{OUTSIDE}]" in records[1].failure_reason
+    assert all(OUTSIDE not in ids for ids in out["completion_ids"])
+
+
 def test_server_mode_request_timeout_and_retries_are_rollout_options(smol_tokenizer):
     default = make_rollout(server_model="m").prepare(vllm_trainer(smol_tokenizer, mode="server")).engine.policy
     assert (default.request_timeout_s, default.max_retries) == (120.0, 3)
@@ -374,3 +399,43 @@ def test_a_batch_parses_routes_and_checks_its_rows_once(smol_tokenizer, turn, mo
     assert counts == {"parsed": 0, "routed": 3, "ready": 2}
     run(rollout, prompts_of(own, group_size=2), trainer)
     assert counts == {"parsed": 0, "routed": 3, "ready": 2}  # the same trainer's next batch: nothing again
+
+
+def test_a_batch_converts_each_record_once(dataset, smol_tokenizer, turn, monkeypatch, tmp_path):
+    """Issue 29 item 6: in one batch each record becomes its training row once (TRL's columns and the tool-call
+    alarm read it) and its JSONL line once, only where one is written: a recipe's `on_records` writer alone
+    (today: twice, the batch made every line for the alarm too), or `records_path`."""
+    import gym_bridge.trl._rollout as trl_module
+    from gym_bridge.core.health import HealthSettings
+    from gym_bridge.core.record import RolloutRecord
+
+    counts = {"training_row": 0, "line": 0}
+    real_row, real_line = trl_module.to_training_row, RolloutRecord.to_dict
+
+    def training_row(*args, **kwargs):
+        counts["training_row"] += 1
+        return real_row(*args, **kwargs)
+
+    def line(self):
+        counts["line"] += 1
+        return real_line(self)
+
+    monkeypatch.setattr(trl_module, "to_training_row", training_row)
+    monkeypatch.setattr(RolloutRecord, "to_dict", line)
+    prompts = prompts_of(dataset)  # 4 rows: weather x2, math x2
+    written = []
+    recipe_style = make_rollout(policy=ScriptedPolicy({"": [turn("No idea.")] * 8}), health=HealthSettings(no_tool_call_after=2),
+                                on_records=lambda records: written.extend(record.to_dict() for record in records))
+    trainer = Trainer(smol_tokenizer)
+    out = recipe_style(prompts, trainer)
+    assert counts == {"training_row": 4, "line": 4} and len(written) == 4 and len(out["prompt_ids"]) == 4
+    # the alarm still reads each rollout: weather offers a tool and its 2 rollouts called none
+    assert [message.split(":")[0] for message in recipe_style.prepare(trainer).alarm.alarms] == ["environment 'weather' offers tools, but none of its first 2 rollouts called one"]
+
+    counts.update(training_row=0, line=0)
+    path = tmp_path / "records.jsonl"
+    to_file = make_rollout(policy=ScriptedPolicy({"": [turn("No idea.")] * 8}), records_path=str(path))
+    to_file(prompts, Trainer(smol_tokenizer))
+    assert counts == {"training_row": 4, "line": 4}
+    lines = [json.loads(text) for text in path.read_text().splitlines()]
+    assert [(row["env"], row["metrics"]["train_step"]) for row in lines] == [("weather", None), ("weather", None), ("math", None), ("math", None)]
