@@ -5,6 +5,7 @@ It used to crash with transformers' traceback ("Repo id must be in the form ..."
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -25,11 +26,14 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_a_model_path_that_is_no_model_folder_is_refused_before_the_port_is_bound(tmp_path: Path, capsys, make, message) -> None:
     pytest.importorskip("fastapi")
     model = make(tmp_path)
-    started = time.monotonic()
-    assert main(["serve-model", "--model", str(model), "--port", "0"]) == 2
+    with socket.socket() as busy:  # the port is in use: the model's error comes first, so the port was not yet bound
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        started = time.monotonic()
+        assert main(["serve-model", "--model", str(model), "--port", str(busy.getsockname()[1])]) == 2
     assert time.monotonic() - started < 5  # no model was loaded
     err = capsys.readouterr().err
-    assert f"error: --model {model}" in err and message in err and "Traceback" not in err
+    assert f"error: --model {model}" in err and message in err and "Traceback" not in err and "in use" not in err
 
 
 def test_a_model_folder_that_transformers_cannot_load_is_said_with_the_flag(tmp_path: Path, capsys) -> None:
