@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -37,7 +38,8 @@ def test_every_process_of_a_command_gets_the_limits_but_not_the_reaper(smol_temp
     assert record["failure_kind"] is None and record["reward"] == 1.0, record["failure_reason"]
     lines = record["metrics"]["verify"]["stdout_tail"].splitlines()
     assert lines[:2] == [str(DEFAULT_MEMORY_LIMIT_MB * 1024), str(DEFAULT_CPU_LIMIT_S)]  # 8192 MiB = 8388608 KiB; 600 s
-    assert all("unlimited" in line for line in lines[2:4]) and len(lines) == 5, lines
+    own = [line for line in Path("/proc/self/limits").read_text().splitlines() if line.startswith(("Max cpu time", "Max data size"))]
+    assert lines[2:4] == own and len(lines) == 5, lines  # the reaper keeps the trainer's own limits
 
     configured = shell_env(script, harness_memory_limit_mb=256, harness_cpu_limit_s=7)
     record = rollout(engine(smol_template, {"": [turn("42")]}), configured)
@@ -115,3 +117,15 @@ def test_a_malformed_limit_is_refused_before_a_run(value) -> None:
         with pytest.raises(UserError, match=f"{key} must be a whole number"):
             shell_env("true", **{key: value}).check_ready()
     shell_env("true", harness_memory_limit_mb=None, harness_cpu_limit_s=None).check_ready()
+
+
+def test_eval_s_env_setting_changes_or_lifts_a_limit() -> None:
+    from gym_bridge.cli import _apply_env_options
+    from gym_bridge.core.registry import get_environment
+
+    register(Limited)
+    _apply_env_options([f"{Limited.name}.harness_cpu_limit_s=5", f"{Limited.name}.harness_memory_limit_mb=null"], [])
+    configured = get_environment(Limited.name)
+    assert configured.harness_limits() == HarnessLimits(memory_mb=None, cpu_s=5)  # type: ignore[attr-defined]
+    assert HarnessLimits().to_args() == ["data=8589934592", "cpu=600"]  # 8192 * 1024 * 1024 bytes
+    register(Limited)
