@@ -126,6 +126,7 @@ def test_eval_s_env_setting_changes_or_lifts_a_limit() -> None:
     register(Limited)
     _apply_env_options([f"{Limited.name}.harness_cpu_limit_s=5", f"{Limited.name}.harness_memory_limit_mb=null"], [])
     configured = get_environment(Limited.name)
-    assert configured.harness_limits() == HarnessLimits(memory_mb=None, cpu_s=5)  # type: ignore[attr-defined]
+    assert issubclass(configured, HarnessEnvironment)
+    assert configured.harness_limits() == HarnessLimits(memory_mb=None, cpu_s=5)
     assert HarnessLimits().to_args() == ["data=8589934592", "cpu=600"]  # 8192 * 1024 * 1024 bytes
     register(Limited)
