@@ -59,7 +59,7 @@ __all__ = [
     "Environment", "FailureKind", "Item", "RowProblem", "TOKEN_FIELDS", "Task", "ToolError", "Toolset", "VerifyResult",
     "draw_split", "final_text", "last_boxed", "last_tagged", "output_text", "remote_url", "run_in_process",
     "schema_problems", "tool",
-    # an environment's own agent loop, helper models
+    # an environment's own agent loop, text models
     "AgentLoop", "FailRollout", "Limits", "RolloutContext", "TextModel", "ToolCallingLoop",
     # routing and running
     "ChatTemplate", "Engine", "EngineConfig", "RolloutRecord", "configure", "get_environment", "known_environments",

@@ -13,7 +13,7 @@ PUBLIC = {
     "Environment", "FailureKind", "Item", "RowProblem", "TOKEN_FIELDS", "Task", "ToolError", "Toolset", "VerifyResult",
     "draw_split", "final_text", "last_boxed", "last_tagged", "output_text", "remote_url", "run_in_process",
     "schema_problems", "tool",
-    # an environment's own agent loop, helper models
+    # an environment's own agent loop, text models
     "AgentLoop", "FailRollout", "Limits", "RolloutContext", "TextModel", "ToolCallingLoop",
     # routing and running
     "ChatTemplate", "Engine", "EngineConfig", "RolloutRecord", "configure", "get_environment", "known_environments",
@@ -109,3 +109,19 @@ def test_text_model_s_old_names_still_import():
 
     assert HelperModel is TextModel and load_helper_model is load_text_model
     assert "HelperModel" not in gym_bridge.__all__
+
+
+def test_no_old_helper_model_wording_is_left_in_the_package_or_the_docs():
+    """What is now `TextModel` is called so in the package and on the site; only the old names kept as aliases
+    (`HelperModel`, `load_helper_model`, `HELPER_APIS`, each marked as an old name) still say it."""
+    import re
+
+    old = re.compile(r"helper.models?\b|HELPER_API", re.I)
+    alias = re.compile(r"HelperModel|load_helper_model|old name")
+    paths = [*(ROOT / "gym_bridge").rglob("*.py"), *(ROOT / "docs").rglob("*.md"), ROOT / "README.md"]
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}" for path in paths
+             for number, line in enumerate(path.read_text().splitlines(), 1) if old.search(line) and not alias.search(line)]
+    assert found == []
+    from gym_bridge.policies.text_model import HELPER_APIS, TEXT_MODEL_APIS
+
+    assert HELPER_APIS is TEXT_MODEL_APIS == ("completions", "chat", "responses")

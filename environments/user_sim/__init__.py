@@ -6,7 +6,7 @@ details from a user who reveals them only when asked, then file them with `submi
 a turn that talks to the user gets the user's reply as a new user message; it ends when a
 submission matches the row's `expected_request` (the goal), the user leaves, or turns run out.
 The user is scripted (each fact has keywords that make the user say it) or, with
-`user_sim.simulator = "policy"`, a helper model role-playing the row's persona.
+`user_sim.simulator = "policy"`, a text model role-playing the row's persona.
 Reward 1.0 iff the last submission equals `expected_request` (case and spacing ignored).
 """
 

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from gym_bridge.capture.assembly import assemble
-from gym_bridge.capture.harness import AgentCallable, AgentOutcome, run_callable, run_command
+from gym_bridge.capture.harness import (DEFAULT_CPU_LIMIT_S, DEFAULT_MEMORY_LIMIT_MB, AgentCallable, AgentOutcome, HarnessLimits,
+                                        run_callable, run_command)
 from gym_bridge.capture.server import capture_server
 from gym_bridge.capture.chat_session import ChatCaptureSession
 from gym_bridge.capture.session import CaptureSession, SessionState, StopKind
@@ -87,7 +88,7 @@ class HarnessLoop:
                 "GYM_BRIDGE_TASK_FILE": str(task_file)})
             try:
                 return await run_command(argv, env=variables, stdin=text.encode(), timeout_s=env_class.harness_timeout_s,
-                                         stop=session.stopped, tail_chars=env_class.tail_chars)
+                                         stop=session.stopped, tail_chars=env_class.tail_chars, limits=env_class.harness_limits())
             except OSError as error:
                 raise FailRollout("env", f"cannot start the harness {list(argv)}: {error}") from None
 
@@ -138,10 +139,21 @@ def _finish(env: HarnessEnvironment, session: SessionState, outcome: AgentOutcom
         return _SCORED_STOPS[stop.kind]  # a spent budget is scored, like the default loop's `max_turns` / `budget`
     if outcome.exit_code != 0:
         errors = "".join(f"; the endpoint answered {e.status}: {e.message}" for e in session.errors[-3:])
-        raise FailRollout("env", f"the harness exited with status {outcome.exit_code}{errors}{_tails(outcome)}")
+        raise FailRollout("env", f"{_limit_reason(env, outcome)}the harness exited with status {outcome.exit_code}{errors}{_tails(outcome)}")
     if not session.calls:
         raise FailRollout("env", f"the harness finished without calling the model{_tails(outcome)}")
     return "length" if session.last_finish_reason == "length" else "answer"
+
+
+def _limit_reason(env: HarnessEnvironment, outcome: AgentOutcome) -> str:
+    """What a failure reason says first when the harness hit a resource limit ('' when it did not)."""
+    env_class = type(env)
+    if outcome.limit == "cpu":
+        return f"the harness hit its CPU limit of {env_class.harness_cpu_limit_s} s per process (RLIMIT_CPU, harness_cpu_limit_s); "
+    if outcome.limit == "memory":
+        return (f"the harness ran out of memory under its limit of {env_class.harness_memory_limit_mb} MiB per process "
+                f"(RLIMIT_DATA, harness_memory_limit_mb); ")
+    return ""
 
 
 def _tails(outcome: AgentOutcome) -> str:
@@ -195,6 +207,11 @@ class HarnessEnvironment(Environment):
     """Or an async callable `agent(client, task)`; it wins over `command`."""
     harness_timeout_s: ClassVar[float] = 300.0
     """Wall limit of one agent run; the engine's rollout deadline also applies."""
+    harness_memory_limit_mb: ClassVar[int | None] = DEFAULT_MEMORY_LIMIT_MB
+    """Data size (RLIMIT_DATA: heap and private writable mappings) of each process of a command, MiB; past it
+    allocations fail. None: no limit. Not for `agent` callables, which run in the trainer's process."""
+    harness_cpu_limit_s: ClassVar[int | None] = DEFAULT_CPU_LIMIT_S
+    """CPU seconds (RLIMIT_CPU) of each process of a command: SIGXCPU then, SIGKILL a second later. None: no limit."""
     tail_chars: ClassVar[int] = 4000
     """Characters of stdout and stderr kept."""
     model_name: ClassVar[str] = "gym-bridge-policy"
@@ -204,7 +221,8 @@ class HarnessEnvironment(Environment):
     keeps the engine's concurrency bound (one generation per rollout in flight); raise it for an
     agent that fans out sub-agents (it then puts up to this many generations per rollout on the policy)."""
     agent_loop: ClassVar[HarnessLoop] = HarnessLoop()
-    settings: ClassVar[tuple[str, ...]] = ("harness_timeout_s", "tail_chars", "max_parallel_calls", "allow_row_commands", "harness_env_vars")
+    settings: ClassVar[tuple[str, ...]] = ("harness_timeout_s", "tail_chars", "max_parallel_calls", "allow_row_commands", "harness_env_vars",
+                                           "harness_memory_limit_mb", "harness_cpu_limit_s")
     tools_from_row = True  # the agent runs its own tools; a row's tool schemas are passed to it as they are
     resume: ClassVar[ResumeKind] = "restart"
     """An agent program's run cannot be picked up mid-way (its own loop and tools live in its process): a rollout in
@@ -262,8 +280,13 @@ class HarnessEnvironment(Environment):
         return problems
 
     @classmethod
+    def harness_limits(cls) -> HarnessLimits:
+        """The resource limits of this environment's commands."""
+        return HarnessLimits(memory_mb=cls.harness_memory_limit_mb, cpu_s=cls.harness_cpu_limit_s)
+
+    @classmethod
     def check_ready(cls) -> None:
-        """Refuse malformed `allow_row_commands` / `harness_env_vars` settings before any rollout."""
+        """Refuse malformed `allow_row_commands` / `harness_env_vars` / limit settings before any rollout."""
         super().check_ready()
         if not isinstance(cls.allow_row_commands, bool):
             raise ConfigError(f"{cls.name}.allow_row_commands must be true or false, got {cls.allow_row_commands!r}")
@@ -271,6 +294,10 @@ class HarnessEnvironment(Environment):
         if isinstance(names, str) or not isinstance(names, (list, tuple)) or not all(
                 isinstance(name, str) and name and "=" not in name for name in names):
             raise ConfigError(f"{cls.name}.harness_env_vars must be a list of variable names, e.g. [\"MY_TOKEN\"], got {names!r}")
+        for key, unit in (("harness_memory_limit_mb", "MiB"), ("harness_cpu_limit_s", "seconds")):
+            value = getattr(cls, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{cls.name}.{key} must be a whole number of {unit} (at least 1) or null for no limit, got {value!r}")
 
     @property
     def final_answer(self) -> str:

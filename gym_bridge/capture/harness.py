@@ -2,7 +2,8 @@
 (`reaper.py`), or an async Python callable `agent(client, task)` given an `openai.AsyncOpenAI` client.
 
 A command gets the environment it is given and the task on stdin. It is bounded by a wall limit
-(writing stdin included); it ends when it exits, whatever still holds its output; on its exit, a
+(writing stdin included) and by per-process memory and CPU limits (`HarnessLimits`, rlimits inherited by
+all it starts); it ends when it exits, whatever still holds its output; on its exit, a
 timeout, a cancel or when the session stops serving (a budget spent), everything it started is
 killed, in its process group or not. Only the last characters of stdout and stderr are kept. What
 happened is returned as an `AgentOutcome`; nothing here raises for a harness that crashes or hangs.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import signal
 import sys
@@ -20,7 +22,7 @@ import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 AgentCallable = Callable[[Any, dict[str, Any]], Awaitable[Any]]
 """`async def agent(client: openai.AsyncOpenAI, task: dict) -> str | None`; a returned string is its answer."""
@@ -33,6 +35,31 @@ REAP_LIMIT_S = 6.0
 """How long the reaper may take to kill a command's tree and end (it gives up on what it cannot kill after 5 s)."""
 DRAIN_LIMIT_S = 1.0
 """How long output is still read after the command's tree is gone."""
+DEFAULT_MEMORY_LIMIT_MB = 8192
+"""RLIMIT_DATA of each process of a command, MiB: far above what an agent program (a Python or Node loop over
+an HTTP client, a few hundred MiB) allocates, far below a training machine's memory."""
+DEFAULT_CPU_LIMIT_S = 600
+"""RLIMIT_CPU of each process of a command, seconds: twice the default wall limit (`harness_timeout_s`, 300 s),
+so a single-threaded process cannot reach it before the wall limit; an agent mostly waits for the model."""
+OUT_OF_MEMORY = re.compile(r"MemoryError|out of memory|Cannot allocate memory|bad_alloc|memory allocation of \d+ bytes failed", re.I)
+"""What runtimes print when an allocation fails (Python, Node, Go, libc's strerror, C++, Rust); none is killed by RLIMIT_DATA."""
+LimitKind = Literal["memory", "cpu"]
+
+
+@dataclass(frozen=True)
+class HarnessLimits:
+    """Resource limits of a command and of every process it starts (rlimits, set before it runs and inherited:
+    they bound each process, not the tree together). None: no limit."""
+
+    memory_mb: int | None = DEFAULT_MEMORY_LIMIT_MB
+    """RLIMIT_DATA (heap and private writable mappings) per process, MiB; an allocation past it fails."""
+    cpu_s: int | None = DEFAULT_CPU_LIMIT_S
+    """RLIMIT_CPU per process, seconds: SIGXCPU then, SIGKILL one second later for a process that ignores it."""
+
+    def to_args(self) -> list[str]:
+        """The reaper's limit arguments (`data=BYTES`, `cpu=SECONDS`)."""
+        return ([f"data={self.memory_mb * 1024 * 1024}"] if self.memory_mb is not None else []) + (
+            [f"cpu={self.cpu_s}"] if self.cpu_s is not None else [])
 
 
 @dataclass(frozen=True)
@@ -49,6 +76,10 @@ class AgentOutcome:
     """Ended because the session stopped serving (killed or cancelled after the grace period, or exited in it)."""
     answer: str | None = None
     """What a callable returned, when it returned a string."""
+    cpu_s: float | None = None
+    """CPU seconds a command used (with the children it waited for); None for a callable or when unknown."""
+    limit: LimitKind | None = None
+    """The resource limit that ended a command, as far as its exit says (`limit_hit`)."""
 
 
 class _Tail:
@@ -85,14 +116,15 @@ async def _race(work: asyncio.Future[Any], stop: asyncio.Event, timeout_s: float
 
 
 async def run_command(argv: Sequence[str], *, env: Mapping[str, str], stdin: bytes, timeout_s: float,
-                      stop: asyncio.Event, tail_chars: int = 4000, cwd: str | None = None) -> AgentOutcome:
-    """Run `argv` under its reaper to its exit, its timeout or the stop event. The wall limit also bounds
-    writing `stdin`; the command's exit ends the run, whatever still holds its output; nothing the
+                      stop: asyncio.Event, tail_chars: int = 4000, cwd: str | None = None,
+                      limits: HarnessLimits = HarnessLimits()) -> AgentOutcome:
+    """Run `argv` under its reaper, with `limits`, to its exit, its timeout or the stop event. The wall limit
+    also bounds writing `stdin`; the command's exit ends the run, whatever still holds its output; nothing the
     command started outlives this call (in its process group, another session, or a daemon).
 
     Raises OSError when the command cannot be started (not found, not executable).
     """
-    reaped = await _Reaped.start(argv, env=env, cwd=cwd)
+    reaped = await _Reaped.start(argv, env=env, cwd=cwd, limits=limits)
     stdout, stderr = _Tail(tail_chars), _Tail(tail_chars)
     process = reaped.process
     readers = [asyncio.ensure_future(_pump(process.stdout, stdout)), asyncio.ensure_future(_pump(process.stderr, stderr))]
@@ -102,8 +134,23 @@ async def run_command(argv: Sequence[str], *, env: Mapping[str, str], stdin: byt
     finally:
         with contextlib.suppress(asyncio.CancelledError):  # a cancelled rollout still ends its command's tree
             await asyncio.shield(asyncio.ensure_future(reaped.close(readers, feeder)))
-    return AgentOutcome(exit_code=reaped.exit_code(), stdout_tail=stdout.text, stderr_tail=stderr.text,
-                        timed_out=timed_out, stopped=stopped)
+    exit_code = reaped.exit_code()
+    return AgentOutcome(exit_code=exit_code, stdout_tail=stdout.text, stderr_tail=stderr.text, timed_out=timed_out,
+                        stopped=stopped, cpu_s=reaped.cpu_s, limit=limit_hit(exit_code, reaped.cpu_s, stderr.text, limits))
+
+
+def limit_hit(exit_code: int | None, cpu_s: float | None, stderr_tail: str, limits: HarnessLimits) -> LimitKind | None:
+    """Which limit a command's exit shows it hit, or None: `cpu` for SIGXCPU (also as a shell's status 128+24 for a
+    child), or SIGKILL after using the CPU limit; `memory` for a failed exit whose stderr names a failed allocation
+    (`OUT_OF_MEMORY`; RLIMIT_DATA kills nothing, the allocation fails)."""
+    if exit_code in (None, 0):
+        return None
+    if limits.cpu_s is not None and (exit_code in (-signal.SIGXCPU, 128 + signal.SIGXCPU) or (
+            exit_code == -signal.SIGKILL and cpu_s is not None and cpu_s >= limits.cpu_s)):
+        return "cpu"
+    if limits.memory_mb is not None and OUT_OF_MEMORY.search(stderr_tail):
+        return "memory"
+    return None
 
 
 class _Reaped:
@@ -116,18 +163,19 @@ class _Reaped:
         self.control_fd: int | None = control_fd
         self.reports, self.transport = reports, transport
         self.command_pid: int | None = None
+        self.cpu_s: float | None = None
         self.status: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
         """The command's exit status, once it exited or was killed (an OSError when it could not start)."""
         self.follower = asyncio.ensure_future(self._follow())
 
     @classmethod
-    async def start(cls, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None) -> _Reaped:
-        """Start the reaper, which starts `argv`; raises OSError when the reaper cannot start."""
+    async def start(cls, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None, limits: HarnessLimits) -> _Reaped:
+        """Start the reaper, which starts `argv` with `limits`; raises OSError when the reaper cannot start."""
         control_read, control_fd = os.pipe()
         report_fd, report_write = os.pipe()
         try:
             process = await asyncio.create_subprocess_exec(
-                _python(), "-I", "-S", str(REAPER), str(control_read), str(report_write), "--", *argv,
+                _python(), "-I", "-S", str(REAPER), str(control_read), str(report_write), *limits.to_args(), "--", *argv,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 env=dict(env), cwd=cwd, start_new_session=True, pass_fds=(control_read, report_write))
         except BaseException:
@@ -143,7 +191,7 @@ class _Reaped:
         return cls(process, control_fd, reports, transport)
 
     async def _follow(self) -> None:
-        """Read the reports to their end: `started PID`, `exit STATUS` (or `exit lost`), or `error MESSAGE`."""
+        """Read the reports to their end: `started PID`, `exit STATUS CPU_S` (or `exit lost`), or `error MESSAGE`."""
         try:
             while line := (await self.reports.readline()).decode("utf-8", "replace").strip():
                 word, _, rest = line.partition(" ")
@@ -153,7 +201,9 @@ class _Reaped:
                     if word == "error":
                         self.status.set_exception(OSError(rest))
                     else:
-                        self.status.set_result(int(rest) if rest.lstrip("-").isdigit() else None)
+                        status, _, cpu = rest.partition(" ")
+                        self.cpu_s = float(cpu) if cpu else None
+                        self.status.set_result(int(status) if status.lstrip("-").isdigit() else None)
         finally:
             if not self.status.done():  # the reaper ended without a word (killed)
                 self.status.set_result(None)

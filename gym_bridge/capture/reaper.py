@@ -1,9 +1,9 @@
-"""The reaper of one harness command: it starts the command, reports when it exits, and then kills
-every process the command left behind, also those that left its process group or session (`setsid`,
-a daemon's double fork). On Linux it is a child subreaper (PR_SET_CHILD_SUBREAPER), so orphaned
-descendants become its children instead of init's, and a walk of /proc's parent links finds them all.
-Run by `gym_bridge.capture.harness` as `python -I -S reaper.py CONTROL_FD REPORT_FD -- ARGV...`; it
-imports only the standard library (it starts in tens of milliseconds) and must stay that way.
+"""The reaper of one harness command: it starts the command under its resource limits (rlimits, which all
+it starts inherits; not the reaper's own), reports when it exits, and then kills every process the command
+left behind, also those that left its process group or session (`setsid`, a daemon's double fork). On Linux
+it is a child subreaper (PR_SET_CHILD_SUBREAPER): orphaned descendants become its children, found by /proc's
+parent links. Run by `gym_bridge.capture.harness` as `python -I -S reaper.py CONTROL_FD REPORT_FD [LIMIT=N...]
+-- ARGV...`; it imports only the standard library (it starts in tens of milliseconds) and must stay that way.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import resource
 import select
 import signal
 import subprocess
@@ -23,6 +24,34 @@ KILL_LIMIT_S = 5.0
 """How long the reaper keeps killing and reaping before it gives up on what it cannot kill."""
 POLL_S = 0.05
 """Wake-up period while waiting (only without pidfds); zombies of adopted orphans are reaped then too."""
+LIMITS = {"data": resource.RLIMIT_DATA, "cpu": resource.RLIMIT_CPU}
+"""The limits a caller may set, by the name it passes (`data=BYTES`, `cpu=SECONDS`)."""
+CPU_GRACE_S = 1
+"""The hard CPU limit is this much above the soft one: SIGXCPU at the soft limit, SIGKILL for one that ignores it."""
+
+
+def parse_limits(words: list[str]) -> dict[int, int]:
+    """`data=BYTES cpu=SECONDS` as {resource: value}; raises ValueError for an unknown name or a bad value."""
+    limits: dict[int, int] = {}
+    for word in words:
+        name, _, value = word.partition("=")
+        if name not in LIMITS or not value.isdigit() or int(value) < 1:
+            raise ValueError(f"bad limit {word!r}: give data=BYTES or cpu=SECONDS")
+        limits[LIMITS[name]] = int(value)
+    return limits
+
+
+def set_limits(limits: dict[int, int]) -> None:
+    """Set `limits` in this process (the command's, before exec: its descendants inherit them), never above the
+    hard limit it already has; no core files (SIGXCPU would dump one into the working directory)."""
+    for which, value in limits.items():
+        _, hard = resource.getrlimit(which)
+        top = value + CPU_GRACE_S if which == resource.RLIMIT_CPU else value
+        if hard != resource.RLIM_INFINITY:
+            value, top = min(value, hard), min(top, hard)
+        resource.setrlimit(which, (value, top))
+    if limits:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
 def become_subreaper() -> bool:
@@ -67,18 +96,21 @@ class Reaper:
         self.command = command
         self.status: int | None = None
         """The command's exit status once reaped (negative: killed by that signal)."""
+        self.cpu_s = 0.0
+        """CPU seconds (user and system) of the command and of the children it waited for, once reaped."""
 
     def reap(self) -> bool:
         """Reap every child that has ended; False when no child is left."""
         while True:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
                 return False
             if pid == 0:
                 return True
             if pid == self.command.pid:
                 self.status = os.waitstatus_to_exitcode(status)
+                self.cpu_s = usage.ru_utime + usage.ru_stime
                 self.command.returncode = self.status
 
     def wait(self, control_fd: int) -> None:
@@ -118,13 +150,16 @@ def report(fd: int, line: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """`reaper.py CONTROL_FD REPORT_FD -- ARGV...`: reports `started PID` then `exit STATUS` (`exit lost`: it
-    could not be reaped), or `error MESSAGE` when the command cannot start; exits once nothing of it is left."""
-    control_fd, report_fd, command = int(argv[1]), int(argv[2]), argv[4:]
+    """`reaper.py CONTROL_FD REPORT_FD [data=BYTES] [cpu=SECONDS] -- ARGV...`: reports `started PID` then `exit
+    STATUS CPU_S` (`exit lost`: it could not be reaped), or `error MESSAGE` when the command cannot start (or a
+    limit is malformed); exits once nothing of it is left."""
+    control_fd, report_fd = int(argv[1]), int(argv[2])
+    split = argv.index("--")
     become_subreaper()
     try:
-        child = subprocess.Popen(command, start_new_session=True)
-    except (OSError, ValueError) as error:
+        limits = parse_limits(argv[3:split])
+        child = subprocess.Popen(argv[split + 1:], start_new_session=True, preexec_fn=lambda: set_limits(limits))
+    except (OSError, ValueError, subprocess.SubprocessError) as error:
         report(report_fd, f"error {error}")
         return 1
     null = os.open(os.devnull, os.O_RDWR)
@@ -136,10 +171,10 @@ def main(argv: list[str]) -> int:
     reaper.wait(control_fd)
     exited = reaper.status is not None
     if exited:  # said at once: what it left behind is killed while its runner drains the pipes
-        report(report_fd, f"exit {reaper.status}")
+        report(report_fd, f"exit {reaper.status} {reaper.cpu_s:.3f}")
     reaper.kill_all()
     if not exited:
-        report(report_fd, "exit lost" if reaper.status is None else f"exit {reaper.status}")
+        report(report_fd, "exit lost" if reaper.status is None else f"exit {reaper.status} {reaper.cpu_s:.3f}")
     return 0
 
 

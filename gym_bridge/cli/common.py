@@ -1,14 +1,18 @@
 """What several `gym-bridge` commands share: exit codes, the help formatter, the module-path options
-(`--no-module-paths`, `--allow-module`), URL checks, JSON-object options and the CPU-thread choice of a
-local model."""
+(`--no-module-paths`, `--allow-module`), URL checks, JSON-object options, and the checks and CPU-thread
+choice of a local model (`eval --model`, `serve-model --model`)."""
 
 from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, Sequence
+import re
+from pathlib import Path
+from typing import Any, Callable, Sequence, TypeVar
 
-from gym_bridge.core.errors import ConfigError
+from gym_bridge.core.errors import ConfigError, SetupError
+
+_T = TypeVar("_T")
 
 EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
 
@@ -117,3 +121,38 @@ def _load_average() -> float | None:
         return os.getloadavg()[0]
     except OSError:  # not available on this system
         return None
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9_][\w.-]*(/[A-Za-z0-9_][\w.-]*)?")
+"""What a Hugging Face hub id looks like (`name` or `namespace/name`)."""
+
+
+def check_local_model(model: str | None) -> None:
+    """Refuse a local `--model` (eval's without --base-url, serve-model's) that cannot be a model before anything
+    is written or bound: a path that does not exist, a file, or a folder with no `config.json`. A name shaped like
+    a hub id that is not a local path is left to transformers (`model_flag_errors` says what it answers). None
+    (the embedded model) passes. Raises ConfigError naming the flag and the path."""
+    if model is None:
+        return
+    path = Path(model).expanduser()
+    usage = ("give the folder of a transformers model (the one `save_pretrained` writes, with its config.json), "
+             "a hub id, or no --model for the embedded model")
+    if not path.exists():
+        if _HUB_ID.fullmatch(model):
+            return
+        raise ConfigError(f"--model {model}: no such file or folder; {usage}")
+    if not path.is_dir():
+        raise ConfigError(f"--model {model} is a file, not a model folder; {usage}")
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"--model {model} is not a model folder (it has no config.json); {usage}")
+
+
+def model_flag_errors(model: str | None, load: Callable[..., _T], *arguments: Any) -> _T:
+    """`load(*arguments)`, with what transformers raises for a `--model` it cannot load (OSError: a hub id not in the
+    cache offline, a folder without weights; ValueError: one without a tokenizer) said as a SetupError naming the flag."""
+    try:
+        return load(*arguments)
+    except (OSError, ValueError) as error:
+        if model is None:
+            raise
+        raise SetupError(f"--model {model} cannot be loaded: {error}") from None

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine, Sequence, TypeVar
 from gym_bridge.cli.common import EXIT_OK, EXIT_TOO_MANY_FAILED, _HelpFormatter, _json_object, _module_path_arguments, check_urls
 from gym_bridge.core.errors import ConfigError
 from gym_bridge.core.journal import JOURNAL_BY_DEFAULT
-from gym_bridge.cli.eval_engine import _apply_env_options, _base_urls, _build_engine, check_local_model, _ray_options, _ray_rollouts, _warn_admission
+from gym_bridge.cli.common import check_local_model
+from gym_bridge.cli.eval_engine import _apply_env_options, _base_urls, _build_engine, _ray_options, _ray_rollouts, _warn_admission
 from gym_bridge.view import cli as view_cli
 
 if TYPE_CHECKING:
@@ -142,7 +143,8 @@ async def _eval(args: argparse.Namespace) -> int:
     from gym_bridge.core.rollout_file import locked_output
 
     check_not_an_input(args.output, args.data)
-    check_local_model(args)  # a --model that cannot be loaded: said before the lock file and the output's folder are made
+    if not _base_urls(args):  # with --base-url, --model is the served model's name
+        check_local_model(args.model)  # a --model that cannot be loaded: said before the lock file and the output's folder are made
     with locked_output(args.output):  # refuse a second run on the same file before loading anything
         check_output_free(args.output, resume=args.resume, overwrite=args.overwrite)
         return await _eval_locked(args)

@@ -8,17 +8,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import time
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence
 
-from gym_bridge.cli.common import EMBEDDED_MODEL_NAME, _allow_row_commands, _limit_module_paths, _load_average, torch_threads
+from gym_bridge.cli.common import (EMBEDDED_MODEL_NAME, _allow_row_commands, _limit_module_paths, _load_average, model_flag_errors,
+                                   torch_threads)
 from gym_bridge.core.errors import ConfigError, SetupError
-
-_T = TypeVar("_T")
 
 
 def _load_policy(model: str | None) -> Any:
@@ -27,41 +25,6 @@ def _load_policy(model: str | None) -> Any:
 
     cpu_threads(torch_threads(None, default=cpu_threads(), cores=os.cpu_count() or 1, load=_load_average()))
     return build_policy(PolicySpec(kind="transformers", model=model))
-
-
-_HUB_ID = re.compile(r"[A-Za-z0-9_][\w.-]*(/[A-Za-z0-9_][\w.-]*)?")
-"""What a Hugging Face hub id looks like (`name` or `namespace/name`)."""
-
-
-def check_local_model(args: argparse.Namespace) -> None:
-    """Refuse a `--model` that cannot be a local model before anything is written: a path that does not
-    exist, a file, or a folder with no `config.json`. A name shaped like a hub id that is not a local path
-    is left to transformers (`_local_setup` says what it answers). Does nothing with `--base-url`, where
-    `--model` is the served model's name. Raises ConfigError naming the flag and the path."""
-    if args.model is None or _base_urls(args):
-        return
-    path = Path(args.model).expanduser()
-    usage = ("give the folder of a transformers model (the one `save_pretrained` writes, with its config.json), "
-             "a hub id, or no --model for the embedded model")
-    if not path.exists():
-        if _HUB_ID.fullmatch(args.model):
-            return
-        raise ConfigError(f"--model {args.model}: no such file or folder; {usage}")
-    if not path.is_dir():
-        raise ConfigError(f"--model {args.model} is a file, not a model folder; {usage}")
-    if not (path / "config.json").is_file():
-        raise ConfigError(f"--model {args.model} is not a model folder (it has no config.json); {usage}")
-
-
-def _model_flag_errors(model: str | None, load: Callable[[Any], _T], *arguments: Any) -> _T:
-    """`load(*arguments)`, with what transformers raises for a `--model` it cannot load (OSError: a hub id not in the
-    cache offline, a folder without weights; ValueError: one without a tokenizer) said as a SetupError naming the flag."""
-    try:
-        return load(*arguments)
-    except (OSError, ValueError) as error:
-        if model is None:
-            raise
-        raise SetupError(f"--model {model} cannot be loaded: {error}") from None
 
 
 def _local_setup(args: argparse.Namespace) -> tuple[Any, Any, str]:
@@ -75,11 +38,11 @@ def _local_setup(args: argparse.Namespace) -> tuple[Any, Any, str]:
         from gym_bridge.policies.remote import load_tokenizer
 
         path = args.model or str(embedded_model_path())
-        loaded = _model_flag_errors(args.model, load_tokenizer, path)
+        loaded = model_flag_errors(args.model, load_tokenizer, path)
         policy = build_policy(PolicySpec(kind="vllm", model=path, seed=args.seed, logprobs_mode="raw",
                                          gpu_memory_utilization=args.gpu_memory_utilization))
         return policy, ChatTemplate(loaded.tokenizer, eos_token_ids=loaded.eos_token_ids), model_name
-    policy = _model_flag_errors(args.model, _load_policy, args.model)
+    policy = model_flag_errors(args.model, _load_policy, args.model)
     return policy, ChatTemplate(policy.tokenizer, eos_token_ids=sorted(policy.eos_token_ids)), model_name
 
 

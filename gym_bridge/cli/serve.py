@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from gym_bridge.cli.common import EMBEDDED_MODEL_NAME, _load_average, check_hosts_resolve, check_urls, torch_threads
+from gym_bridge.cli.common import (EMBEDDED_MODEL_NAME, _load_average, check_hosts_resolve, check_local_model, check_urls,
+                                   model_flag_errors, torch_threads)
 from gym_bridge.core.errors import ConfigError, MissingExtraError
 
 
@@ -52,6 +53,7 @@ def _serve_model(args: argparse.Namespace) -> int:
 
     if args.max_concurrency < 1:
         raise ConfigError(f"--max-concurrency must be at least 1, got {args.max_concurrency}")
+    check_local_model(args.model)  # as eval says it, before the port is taken and the model loads
     sock = bind_socket(args.host, args.port)  # a busy port fails now, not after the model has loaded
     from gym_bridge.policies.factory import PolicySpec, build_policy
     from gym_bridge.policies.transformers import TransformersPolicy, cpu_threads
@@ -59,9 +61,10 @@ def _serve_model(args: argparse.Namespace) -> int:
     threads = cpu_threads(torch_threads(args.threads, default=cpu_threads(), cores=os.cpu_count() or 1, load=_load_average()))
     print(f"serve-model: {threads} CPU thread{'s' if threads > 1 else ''} per generation (--threads N to change)", file=sys.stderr, flush=True)
 
-    policy = build_policy(PolicySpec(kind="transformers", model=args.model, device=args.device, max_batch_size=args.max_batch_size,
-                                     batch_wait_s=args.batch_wait_s, max_batch_tokens=args.max_batch_tokens,
-                                     release_memory_above_tokens=args.release_memory_above_tokens))
+    spec = PolicySpec(kind="transformers", model=args.model, device=args.device, max_batch_size=args.max_batch_size,
+                      batch_wait_s=args.batch_wait_s, max_batch_tokens=args.max_batch_tokens,
+                      release_memory_above_tokens=args.release_memory_above_tokens)
+    policy = model_flag_errors(args.model, build_policy, spec)
     assert isinstance(policy, TransformersPolicy)
     if args.model is None:
         from gym_bridge.policies.embedded import embedded_model_path

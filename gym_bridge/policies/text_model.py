@@ -19,7 +19,9 @@ from gym_bridge.core.policy import SamplingParams
 from gym_bridge.core.template.chat_template import ChatTemplate
 from gym_bridge.policies.factory import PolicySpec, build_policy
 
-HELPER_APIS = ("completions", "chat", "responses")
+TEXT_MODEL_APIS = ("completions", "chat", "responses")
+"""How a TextModel behind a server is spoken to (`load_text_model(api=...)`)."""
+HELPER_APIS = TEXT_MODEL_APIS  # TEXT_MODEL_APIS's old name (before issue 29)
 _loading = threading.Lock()
 
 
@@ -54,8 +56,8 @@ def _load(
     request_timeout_s: float, max_retries: int,
 ) -> TextModel:
     sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
-    if api not in HELPER_APIS:
-        raise ConfigError(f"a TextModel's api must be one of {', '.join(HELPER_APIS)}, got {api!r}")
+    if api not in TEXT_MODEL_APIS:
+        raise ConfigError(f"a TextModel's api must be one of {', '.join(TEXT_MODEL_APIS)}, got {api!r}")
     api_key = os.environ.get(api_key_env) or None
     if base_url is None:
         local = build_policy(PolicySpec(kind="transformers", model=model))
@@ -66,7 +68,7 @@ def _load(
     if api != "completions":
         if not model:
             raise ConfigError(f"a TextModel at {base_url} with api={api!r} needs the served model's name")
-        chat_api: Literal["chat", "responses"] = "chat" if api == "chat" else "responses"  # checked against HELPER_APIS above
+        chat_api: Literal["chat", "responses"] = "chat" if api == "chat" else "responses"  # checked against TEXT_MODEL_APIS above
         chat = build_policy(PolicySpec(kind="chat", model=model, base_urls=(base_url,), api=chat_api, api_key=api_key,
                                        request_timeout_s=request_timeout_s, max_retries=max_retries))
         return TextModel(chat, None, sampling)
