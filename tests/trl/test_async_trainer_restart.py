@@ -1,0 +1,180 @@
+"""The TRL async worker across real trainer restarts: a trainer process (`tests/support/async_trainer.py`, driving
+`AsyncRolloutWorker` as TRL's AsyncGRPOTrainer does and checkpointing each step) is killed with SIGKILL at random
+moments mid-episode, then started again over the same journal and checkpoint, until it has trained its steps.
+
+Checked against an uninterrupted run: every group trained once, token for token; no committed turn generated again
+(extra model calls at most one per rollout in flight per kill, counted by the model server); the turns a resumed
+rollout committed before a kill keep the policy versions they were generated with, older than the restarted trainer's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("trl.experimental.async_grpo", reason="needs TRL >= 1.16")
+
+from gym_bridge.core.policy import Generation, GenerationRequest  # noqa: E402
+from tests.support import async_trainer  # noqa: E402
+from tests.support.scripted_model import ScriptedModel  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 8
+CALLS = [
+    '<tool_call>\n{"name": "get_synonym_value", "arguments": {"synonym": "Warm"}}\n</tool_call>',
+    '<tool_call>\n{"name": "get_synonym_value", "arguments": {"synonym": "Blazing"}}\n</tool_call>',
+    '<tool_call>\n{"name": "extract_synonym_values", "arguments": {"synonym_values": [407, 711]}}\n</tool_call>',
+    "I submitted the values.",
+]
+IN_FLIGHT = (async_trainer.MAX_STALENESS + 1) * async_trainer.ROWS_PER_VERSION + async_trainer.GROUP_SIZE
+"""Rollouts a trainer process can hold uncovered by its checkpoint: its worker's staleness window, plus one group
+admitted when nothing else runs."""
+
+
+class SlowScriptedModel(ScriptedModel):
+    """Answers turn k of every episode with CALLS[k] after a few milliseconds, as a loaded server would; logs prompts."""
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        await asyncio.sleep(0.01)
+        return await super().generate(request)
+
+
+@pytest.fixture(scope="module")
+def model_server(smol_tokenizer):
+    from gym_bridge.policies.embedded import embedded_model_path
+    from gym_bridge.serve.model_server import build_app
+    from tests.support.http_server import app_in_thread
+
+    turns = []
+    for text in CALLS:
+        ids = smol_tokenizer.encode(text, add_special_tokens=False) + [smol_tokenizer.eos_token_id]
+        turns.append(Generation(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop"))
+
+    def answer(prompt_text: str, request: GenerationRequest) -> Generation:
+        return turns[min(prompt_text.count("<|im_start|>assistant") - 1, len(turns) - 1)]
+
+    model = SlowScriptedModel(smol_tokenizer, answer)
+    with app_in_thread(build_app(model, model_name="scripted", model_root=str(embedded_model_path()))) as url:
+        yield model, f"{url}/v1"
+
+
+class Trainer:
+    """One trainer process: forked from this test process (TRL already imported: fast) or a fresh interpreter."""
+
+    def __init__(self, work: Path, url: str, *, fresh: bool) -> None:
+        argv = [str(work), url, str(STEPS)]
+        if fresh:
+            env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                   "TRL_EXPERIMENTAL_SILENCE": "1"}
+            self.popen: subprocess.Popen[bytes] | None = subprocess.Popen([sys.executable, "-m", "tests.support.async_trainer", *argv],
+                                                                          cwd=REPO, env=env)
+            self.forked = None
+        else:
+            self.popen = None
+            self.forked = multiprocessing.get_context("fork").Process(target=async_trainer.main, args=(argv,), daemon=True)
+            self.forked.start()
+
+    def running(self) -> bool:
+        return self.popen.poll() is None if self.popen is not None else self.forked.is_alive()
+
+    def kill(self) -> None:
+        os.kill(self.popen.pid if self.popen is not None else self.forked.pid, signal.SIGKILL)
+
+    def wait(self, timeout_s: float) -> int | None:
+        if self.popen is not None:
+            return self.popen.wait(timeout_s)
+        self.forked.join(timeout_s)
+        return self.forked.exitcode
+
+
+def prompts(model: ScriptedModel, since: int) -> Counter[tuple[int, ...]]:
+    return Counter(tuple(request.prompt_ids) for request in model.requests[since:])
+
+
+def run_to_the_end(model_server, work: Path, *, kills: int, seed: int, fresh: bool) -> dict[str, Any]:
+    """Start the trainer over `work` `kills` times, each SIGKILLed after a random number of model calls; then once more
+    to the end. Returns its checkpoint, the model calls made, the kills that landed, and every process's records."""
+    model, url = model_server
+    work.mkdir()
+    rng, killed, start = random.Random(seed), 0, len(model.requests)
+    for _ in range(kills):
+        launched = len(model.requests)
+        trainer = Trainer(work, url, fresh=fresh)
+        target = launched + rng.randint(1, 30)  # a random moment, in model calls of this process
+        deadline = time.monotonic() + 120
+        while len(model.requests) < target and trainer.running() and time.monotonic() < deadline:
+            time.sleep(0.002)
+        if trainer.running():
+            trainer.kill()
+            killed += 1
+        trainer.wait(30)
+    final = Trainer(work, url, fresh=fresh)
+    assert final.wait(300) == 0
+    records = {}
+    for start_line in (work / "starts.jsonl").read_text().splitlines():
+        started = json.loads(start_line)
+        path = work / f"records-{started['pid']}.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        records[started["version"]] = [json.loads(line) for line in lines]
+    return {"checkpoint": json.loads((work / "checkpoint.json").read_text()), "prompts": prompts(model, start),
+            "killed": killed, "records": records}
+
+
+def by_task(rows: list[dict[str, Any]]) -> dict[int, list[tuple]]:
+    """The rows of each trained group's task (group g runs task g % TASKS), as comparable tuples."""
+    groups: dict[int, list[tuple]] = {}
+    for row in rows:
+        key = (tuple(row["input_ids"]), tuple(row["completion_mask"]), tuple(round(v, 6) for v in row["old_log_probs"]))
+        groups.setdefault(row["group_id"], []).append(key)
+    return {group % async_trainer.TASKS: sorted(keys) for group, keys in groups.items()}
+
+
+def check(result: dict[str, Any], baseline: dict[str, Any]) -> None:
+    rows = result["checkpoint"]["rows"]
+    assert result["checkpoint"]["step"] == STEPS and not result["checkpoint"]["dropped"]
+    groups = Counter(row["group_id"] for row in rows)
+    assert len(groups) == STEPS and set(groups.values()) == {async_trainer.GROUP_SIZE}  # every group trained once, whole
+    expected = by_task(baseline["checkpoint"]["rows"])
+    for task, keys in by_task(rows).items():
+        assert keys == expected[task]  # token for token as the uninterrupted run
+    extra = result["prompts"] - baseline["prompts"]
+    assert sum(extra.values()) <= result["killed"] * IN_FLIGHT, (result["killed"], sum(extra.values()))
+    resumed = 0
+    for first_version, records in result["records"].items():  # each process: the version of its first weight sync
+        for record in records:
+            turn = record["metrics"].get("resumed_from_turn") or 0
+            versions = [item["policy_version"] for item in record["response"]["output"] if "generation_token_ids" in item]
+            assert len(versions) == len(CALLS)
+            assert all(v < first_version for v in versions[:turn]) and all(v >= first_version for v in versions[turn:])
+            resumed += turn > 0
+    assert resumed, "no rollout was resumed mid-episode: the kills missed every episode"
+
+
+@pytest.fixture(scope="module")
+def baseline(model_server, tmp_path_factory):
+    return run_to_the_end(model_server, tmp_path_factory.mktemp("baseline") / "run", kills=0, seed=0, fresh=False)
+
+
+def test_a_trainer_process_killed_mid_episode_continues_its_groups_from_their_last_turn(model_server, baseline, tmp_path):
+    result = run_to_the_end(model_server, tmp_path / "run", kills=3, seed=31, fresh=False)
+    assert result["killed"] >= 2
+    check(result, baseline)
+
+
+@pytest.mark.slow  # about a minute: fresh interpreters import TRL each time; by default: forked processes (test above)
+def test_a_trainer_process_killed_many_times_in_fresh_interpreters(model_server, baseline, tmp_path):
+    result = run_to_the_end(model_server, tmp_path / "run", kills=8, seed=7, fresh=True)
+    assert result["killed"] >= 6
+    check(result, baseline)
