@@ -253,9 +253,11 @@ class AsyncRolloutWorker:
             raise ConfigError("follow_checkpoints() must be called before the worker starts")
         self._follow_checkpoints = True
 
-    def checkpoint_state(self) -> WorkerState:
-        """What to save with a checkpoint now: the groups the trainer has taken every row of, and the policy version."""
-        return self._ledger.state(self._version)
+    def checkpoint_state(self, *, trained_rows: int | None = None) -> WorkerState:
+        """What to save with a checkpoint now: the groups every row of which is among the first `trained_rows` rows the
+        trainer took since `start` (None: all it took; a trainer's data loader may take a batch ahead of its steps),
+        and the policy version."""
+        return self._ledger.state(self._version, trained_rows=trained_rows)
 
     def checkpoint_saved(self, state: WorkerState) -> None:
         """A checkpoint holding `state` is complete: the journal of the groups it covers is dropped."""

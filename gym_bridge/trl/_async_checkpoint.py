@@ -60,6 +60,11 @@ def worker_checkpoint_callback(worker: AsyncRolloutWorker) -> Any:
     class WorkerCheckpoint(TrainerCallback):
         """Saves gym_bridge's async worker state with each checkpoint."""
 
+        start_step = 0
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.start_step = int(state.global_step)  # the checkpoint's step when resuming
+
         def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if not state.is_world_process_zero:
                 return
@@ -67,11 +72,21 @@ def worker_checkpoint_callback(worker: AsyncRolloutWorker) -> Any:
             if not folder.is_dir():
                 logger.warning("gym_bridge: no checkpoint folder %s to save the worker state in", folder)
                 return
-            progress = worker.checkpoint_state()
+            per_step = rows_per_step(args)
+            trained = None if per_step is None else (int(state.global_step) - self.start_step) * per_step
+            progress = worker.checkpoint_state(trained_rows=trained)
             save_worker_state(progress, folder)
             worker.checkpoint_saved(progress)
 
     return WorkerCheckpoint()
+
+
+def rows_per_step(args: Any) -> int | None:
+    """Rows an `AsyncGRPOConfig` trainer trains per optimizer step: exact with `token_budget=0` (fixed-count batches);
+    None with a token budget, where it varies (a checkpoint then counts every row taken as trained)."""
+    if args.token_budget is None or args.token_budget > 0:
+        return None
+    return int(args.per_device_train_batch_size) * int(args.world_size) * int(args.gradient_accumulation_steps)
 
 
 def restore_async_worker(trainer: Any, worker: AsyncRolloutWorker, resume_from_checkpoint: str | bool | None) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,42 +53,36 @@ class WorkerState:
 
 
 class GroupLedger:
-    """Rows pushed and taken per group (the worker's loop pushes, the trainer's thread takes), thread-safe."""
+    """Rows pushed per group and the groups of the rows taken, in order (the worker's loop pushes, the trainer's thread
+    takes), thread-safe. A trainer's data loader takes rows ahead of the step it trains, so a checkpoint counts only
+    the rows its steps trained (`trained_rows`) as covered when it knows them."""
 
     def __init__(self, start: WorkerState | None = None) -> None:
         self.start = start
         self._lock = threading.Lock()
         self._pushed: dict[int, int] = {}
-        self._taken: dict[int, int] = {}
-        self._done: set[int] = set()
-        """Groups whose rows the trainer has all taken (or that had none), since `start`."""
+        self._takes: list[int] = []
+        """The group of each row taken since `start`, in order."""
         self._held: set[int] = set()
-        """Done groups whose journal is kept until a checkpoint covers them."""
+        """Groups pushed whose journal is kept until a checkpoint covers them."""
 
     def pushed(self, group_id: int, rows: int) -> None:
         """`rows` rows of `group_id` are about to enter the buffer (called before they do)."""
         with self._lock:
             self._pushed[group_id] = rows
-            self._check(group_id)
+            self._held.add(group_id)
 
     def taken(self, group_id: int) -> None:
         """The trainer took one row of `group_id`."""
         with self._lock:
-            self._taken[group_id] = self._taken.get(group_id, 0) + 1
-            self._check(group_id)
+            self._takes.append(group_id)
 
-    def _check(self, group_id: int) -> None:
-        rows = self._pushed.get(group_id)
-        if rows is not None and self._taken.get(group_id, 0) >= rows:
-            self._pushed.pop(group_id)
-            self._taken.pop(group_id, None)
-            self._done.add(group_id)
-            self._held.add(group_id)
-
-    def state(self, model_version: int) -> WorkerState:
-        """The progress to save with a checkpoint now."""
+    def state(self, model_version: int, *, trained_rows: int | None = None) -> WorkerState:
+        """The progress to save with a checkpoint now: the groups every row of which is among the first `trained_rows`
+        rows taken since `start` (None: every row taken so far)."""
         with self._lock:
-            covered = set(self._done)
+            taken = Counter(self._takes if trained_rows is None else self._takes[:max(trained_rows, 0)])
+            covered = {group for group, rows in self._pushed.items() if taken[group] >= rows}
             if self.start is not None:
                 covered |= set(self.start.taken_after)
             first = self.start.next_group if self.start is not None else 0
@@ -96,7 +91,7 @@ class GroupLedger:
             return WorkerState(next_group=first, taken_after=tuple(sorted(g for g in covered if g > first)), model_version=model_version)
 
     def release(self, state: WorkerState) -> list[int]:
-        """The done groups `state` covers whose journal was kept: a saved checkpoint no longer needs them."""
+        """The groups `state` covers whose journal was kept: a saved checkpoint no longer needs them."""
         with self._lock:
             released = sorted(g for g in self._held if state.covers(g))
             self._held.difference_update(released)
