@@ -3,7 +3,7 @@
 As the trainer: the policy version restored from the checkpoint, a weight sync, then `worker.start()`; rows taken from
 `rollout_buffer` (with `check_health` while it waits, rows older than `max_staleness` dropped); a weight sync after each
 optimizer step, which bumps the version and calls `update_model_version`. Stand-in parts: the optimizer step records
-the rows it took instead of training, and a checkpoint (`checkpoint.json`, written atomically with the worker's
+the rows it took and sleeps instead of training, and a checkpoint (`checkpoint.json`, written atomically with the worker's
 `checkpoint_state`, as `worker_checkpoint_callback` saves it) follows every weight sync, the first one included, so a
 version number names one set of weights across restarts. The model is a server on `url` (`/v1/completions`).
 
@@ -12,20 +12,25 @@ version number names one set of weights across restarts. The model is a server o
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
 import queue
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP_SIZE = 2
 MAX_STALENESS = 8
-TASKS = 4
+TASKS = 64
+"""Rows: the multi_step examples, each user message ending with `(request N)`, so every group's prompts are its own."""
 ROWS_PER_STEP = GROUP_SIZE
 ROWS_PER_VERSION = 1
+STEP_S = 0.05
+"""An optimizer step's time: meanwhile the worker runs ahead, its rows waiting in the buffer."""
 """What the worker counts on the trainer taking per version at least (it takes ROWS_PER_STEP): a smaller window."""
 
 
@@ -38,13 +43,20 @@ def worker_for(work: Path, url: str) -> Any:
     from gym_bridge.policies.remote import RemotePolicy
     from gym_bridge.trl import AsyncRolloutWorker, AsyncWorkerSettings
 
-    rows = load_tasks(ROOT / "environments/multi_step/data/example.jsonl", limit=TASKS)
-    tasks = [parse_task(task.row, index=index) for index, task in enumerate(rows)]
+    examples = load_tasks(ROOT / "environments/multi_step/data/example.jsonl")
+    tasks = [parse_task(marked(examples[index % len(examples)].row, index), index=index) for index in range(TASKS)]
     settings = AsyncWorkerSettings(group_size=GROUP_SIZE, max_staleness=MAX_STALENESS, rows_per_version=ROWS_PER_VERSION,
                                    limits=Limits(max_turns=6, max_completion_tokens=2048), max_concurrency=16,
                                    model_name="scripted", records_path=str(work / f"records-{os.getpid()}.jsonl"),
                                    journal_dir=str(work / "journal"))
     return AsyncRolloutWorker(tasks, RemotePolicy(url, model="scripted"), ChatTemplate(load_embedded_tokenizer()), settings)
+
+
+def marked(row: dict[str, Any], index: int) -> dict[str, Any]:
+    """`row` with `(request <index>)` after its last message."""
+    row = copy.deepcopy(row)
+    row["responses_create_params"]["input"][-1]["content"] += f" (request {index})"
+    return row
 
 
 def save(path: Path, checkpoint: dict[str, Any]) -> None:
@@ -103,6 +115,7 @@ def main(argv: list[str]) -> None:
             rows = [{"group_id": int(s.group_id), "input_ids": s.input_ids.tolist(), "completion_mask": s.completion_mask.tolist(),
                      "old_log_probs": s.old_log_probs.tolist(), "model_version": int(s.model_version), "taken_at": version}
                     for s in samples]
+            time.sleep(STEP_S)
             checkpoint["step"] += 1
             checkpoint["dropped"] = checkpoint["dropped"] + dropped
             version = sync(rows)

@@ -3,7 +3,7 @@
 moments mid-episode, then started again over the same journal and checkpoint, until it has trained its steps.
 
 Checked against an uninterrupted run: every group trained once, token for token; no committed turn generated again
-(extra model calls at most one per rollout in flight per kill, counted by the model server); the turns a resumed
+(the model server counts each group's calls: at most one more per rollout for each kill that cut the group); the turns a resumed
 rollout committed before a kill keep the policy versions they were generated with, older than the restarted trainer's.
 """
 
@@ -14,6 +14,7 @@ import json
 import multiprocessing
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -38,13 +39,13 @@ CALLS = [
     '<tool_call>\n{"name": "extract_synonym_values", "arguments": {"synonym_values": [407, 711]}}\n</tool_call>',
     "I submitted the values.",
 ]
-IN_FLIGHT = (async_trainer.MAX_STALENESS + 1) * async_trainer.ROWS_PER_VERSION + async_trainer.GROUP_SIZE
-"""Rollouts a trainer process can hold uncovered by its checkpoint: its worker's staleness window, plus one group
-admitted when nothing else runs."""
 
 
 class SlowScriptedModel(ScriptedModel):
-    """Answers turn k of every episode with CALLS[k] after a few milliseconds, as a loaded server would; logs prompts."""
+    """Answers turn k of every episode with CALLS[k] after a few milliseconds, as a loaded server would; logs prompts,
+    and in `tasks` the task of each call (its `(request N)` marker: group g runs task g, so the call's group)."""
+
+    tasks: list[int]
 
     async def generate(self, request: GenerationRequest) -> Generation:
         await asyncio.sleep(0.01)
@@ -63,9 +64,11 @@ def model_server(smol_tokenizer):
         turns.append(Generation(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop"))
 
     def answer(prompt_text: str, request: GenerationRequest) -> Generation:
+        model.tasks.append(int(re.findall(r"\(request (\d+)\)", prompt_text)[0]))
         return turns[min(prompt_text.count("<|im_start|>assistant") - 1, len(turns) - 1)]
 
     model = SlowScriptedModel(smol_tokenizer, answer)
+    model.tasks = []
     with app_in_thread(build_app(model, model_name="scripted", model_root=str(embedded_model_path()))) as url:
         yield model, f"{url}/v1"
 
@@ -73,8 +76,8 @@ def model_server(smol_tokenizer):
 class Trainer:
     """One trainer process: forked from this test process (TRL already imported: fast) or a fresh interpreter."""
 
-    def __init__(self, work: Path, url: str, *, fresh: bool) -> None:
-        argv = [str(work), url, str(STEPS)]
+    def __init__(self, work: Path, url: str, *, fresh: bool, steps: int) -> None:
+        argv = [str(work), url, str(steps)]
         if fresh:
             env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                    "TRL_EXPERIMENTAL_SILENCE": "1"}
@@ -99,20 +102,17 @@ class Trainer:
         return self.forked.exitcode
 
 
-def prompts(model: ScriptedModel, since: int) -> Counter[tuple[int, ...]]:
-    return Counter(tuple(request.prompt_ids) for request in model.requests[since:])
-
-
-def run_to_the_end(model_server, work: Path, *, kills: int, seed: int, fresh: bool) -> dict[str, Any]:
+def run_to_the_end(model_server, work: Path, *, kills: int, seed: int, fresh: bool, steps: int = STEPS) -> dict[str, Any]:
     """Start the trainer over `work` `kills` times, each SIGKILLed after a random number of model calls; then once more
-    to the end. Returns its checkpoint, the model calls made, the kills that landed, and every process's records."""
+    to the end. Returns its checkpoint, the model calls made for each group, the kills that landed, the groups each killed process
+    made calls for, and every process's records."""
     model, url = model_server
     work.mkdir()
-    rng, killed, start = random.Random(seed), 0, len(model.requests)
+    rng, killed, start, cut = random.Random(seed), 0, len(model.requests), []
     for _ in range(kills):
         launched = len(model.requests)
-        trainer = Trainer(work, url, fresh=fresh)
-        target = launched + rng.randint(1, 30)  # a random moment, in model calls of this process
+        trainer = Trainer(work, url, fresh=fresh, steps=steps)
+        target = launched + rng.randint(8, 48)  # a random moment, in model calls of this process (a group makes 8)
         deadline = time.monotonic() + 120
         while len(model.requests) < target and trainer.running() and time.monotonic() < deadline:
             time.sleep(0.002)
@@ -120,7 +120,8 @@ def run_to_the_end(model_server, work: Path, *, kills: int, seed: int, fresh: bo
             trainer.kill()
             killed += 1
         trainer.wait(30)
-    final = Trainer(work, url, fresh=fresh)
+        cut.append(set(model.tasks[launched:]))
+    final = Trainer(work, url, fresh=fresh, steps=steps)
     assert final.wait(300) == 0
     records = {}
     for start_line in (work / "starts.jsonl").read_text().splitlines():
@@ -128,17 +129,17 @@ def run_to_the_end(model_server, work: Path, *, kills: int, seed: int, fresh: bo
         path = work / f"records-{started['pid']}.jsonl"
         lines = path.read_text().splitlines() if path.exists() else []
         records[started["version"]] = [json.loads(line) for line in lines]
-    return {"checkpoint": json.loads((work / "checkpoint.json").read_text()), "prompts": prompts(model, start),
-            "killed": killed, "records": records}
+    return {"checkpoint": json.loads((work / "checkpoint.json").read_text()),
+            "calls": Counter(model.tasks[start:]), "killed": killed, "cut": cut, "records": records}
 
 
-def by_task(rows: list[dict[str, Any]]) -> dict[int, list[tuple]]:
-    """The rows of each trained group's task (group g runs task g % TASKS), as comparable tuples."""
+def by_group(rows: list[dict[str, Any]]) -> dict[int, list[tuple]]:
+    """The rows of each trained group, as comparable tuples."""
     groups: dict[int, list[tuple]] = {}
     for row in rows:
         key = (tuple(row["input_ids"]), tuple(row["completion_mask"]), tuple(round(v, 6) for v in row["old_log_probs"]))
         groups.setdefault(row["group_id"], []).append(key)
-    return {group % async_trainer.TASKS: sorted(keys) for group, keys in groups.items()}
+    return {group: sorted(keys) for group, keys in groups.items()}
 
 
 def check(result: dict[str, Any], baseline: dict[str, Any]) -> None:
@@ -146,11 +147,12 @@ def check(result: dict[str, Any], baseline: dict[str, Any]) -> None:
     assert result["checkpoint"]["step"] == STEPS and not result["checkpoint"]["dropped"]
     groups = Counter(row["group_id"] for row in rows)
     assert len(groups) == STEPS and set(groups.values()) == {async_trainer.GROUP_SIZE}  # every group trained once, whole
-    expected = by_task(baseline["checkpoint"]["rows"])
-    for task, keys in by_task(rows).items():
-        assert keys == expected[task]  # token for token as the uninterrupted run
-    extra = result["prompts"] - baseline["prompts"]
-    assert sum(extra.values()) <= result["killed"] * IN_FLIGHT, (result["killed"], sum(extra.values()))
+    expected = by_group(baseline["checkpoint"]["rows"])
+    for group, keys in by_group(rows).items():
+        assert keys == expected[group]  # token for token as the uninterrupted run
+        # no committed turn made again: each kill that cut the group cost at most one call per rollout
+        cuts = sum(group in tasks for tasks in result["cut"])
+        assert result["calls"][group] <= len(CALLS) * async_trainer.GROUP_SIZE + cuts * async_trainer.GROUP_SIZE, (group, cuts)
     resumed = 0
     for first_version, records in result["records"].items():  # each process: the version of its first weight sync
         for record in records:
@@ -164,7 +166,9 @@ def check(result: dict[str, Any], baseline: dict[str, Any]) -> None:
 
 @pytest.fixture(scope="module")
 def baseline(model_server, tmp_path_factory):
-    return run_to_the_end(model_server, tmp_path_factory.mktemp("baseline") / "run", kills=0, seed=0, fresh=False)
+    result = run_to_the_end(model_server, tmp_path_factory.mktemp("baseline") / "run", kills=0, seed=0, fresh=False, steps=2 * STEPS)
+    assert all(result["calls"][row["group_id"]] == len(CALLS) * async_trainer.GROUP_SIZE for row in result["checkpoint"]["rows"])
+    return result
 
 
 def test_a_trainer_process_killed_mid_episode_continues_its_groups_from_their_last_turn(model_server, baseline, tmp_path):
