@@ -110,7 +110,7 @@ class TRLRollout:
         repeats = repeat_indices(prompts, group_size=_group_size(trainer), offset=_rank(trainer) * len(prompts))
         keys = None
         if state.journal is not None:
-            keys = state.journal.keys(int(trainer.state.global_step), [task for task, _ in jobs], repeats, group_size=_group_size(trainer))
+            keys = state.journal.keys(int(trainer.state.global_step), len(jobs))
             LOOP.run(state.journal.begin(keys))
         with generation_context(state.backend, trainer):
             if state.ray is not None:

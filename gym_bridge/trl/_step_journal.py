@@ -4,7 +4,8 @@ TRL 1.16's GRPOTrainer generates a step's batch from the dataloader's batch (its
 skips the batches of the steps already trained) with the weights of that moment, and after a restart from checkpoint N
 it generates again (`_buffered_inputs` is None) the batch of step N + 1 with checkpoint N's weights: the batch the
 crashed run was generating, or training on, when the crash came right after checkpoint N. So each rollout is keyed by
-the trainer step, the row and the repeat; a batch's journal is kept until the next batch starts (a crash during its
+the trainer step and its place in the rank's batch (its row and repeat as the sampler lays them out again; a row the
+dataset holds twice stays two rollouts), and continues only if its prompt matches too; a batch's journal is kept until the next batch starts (a crash during its
 optimizer step still finds it), and the journal of any other step is dropped, never continued under other weights.
 """
 
@@ -15,7 +16,6 @@ from pathlib import Path
 
 from gym_bridge.core.engine import Engine
 from gym_bridge.core.journal import RolloutKey, RunFingerprint, RunJournal
-from gym_bridge.core.task import Task
 
 
 class StepJournal:
@@ -35,9 +35,9 @@ class StepJournal:
         return cls(journal)
 
     @staticmethod
-    def keys(step: int, tasks: Sequence[Task], repeats: Sequence[int], *, group_size: int) -> list[RolloutKey]:
-        """Each rollout's key: the trainer step, then its row (the task's index in the datasets) and repeat."""
-        return [(step, task.index * group_size + repeat) for task, repeat in zip(tasks, repeats)]
+    def keys(step: int, rollouts: int) -> list[RolloutKey]:
+        """The keys of a batch of `rollouts` generated at trainer step `step`: the step and each one's place."""
+        return [(step, position) for position in range(rollouts)]
 
     async def begin(self, keys: Sequence[RolloutKey]) -> None:
         """A batch of `keys` starts (on the engine's loop): drop the journal of every other rollout it holds."""

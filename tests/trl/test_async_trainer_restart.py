@@ -177,7 +177,7 @@ def test_a_trainer_process_killed_mid_episode_continues_its_groups_from_their_la
     check(result, baseline)
 
 
-@pytest.mark.slow  # about 3-4 minutes on 2 shared cores: 9 fresh interpreters import TRL; by default: forked processes (test above)
+@pytest.mark.slow  # 1.5-4 minutes on 2 shared cores: 9 fresh interpreters import TRL; by default: forked processes (test above)
 def test_a_trainer_process_killed_many_times_in_fresh_interpreters(model_server, baseline, tmp_path):
     result = run_to_the_end(model_server, tmp_path / "run", kills=8, seed=7, fresh=True, steps=3 * STEPS)
     assert result["killed"] >= 6
