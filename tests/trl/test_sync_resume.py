@@ -120,3 +120,53 @@ def test_the_batch_journal_outlives_its_step_and_is_dropped_at_another_step(tiny
     again = TurnPolicy(smol_template, turns)
     _, batches = train(tiny_model_dir, tmp_path / "out3", again, journal, max_steps=1)
     assert again.calls == ROLLOUTS * len(CALLS) and not any(record["metrics"].get("resumed_from_turn") for record in batches[0])
+
+
+@pytest.fixture(scope="module")
+def scripted_server(smol_tokenizer):
+    """The real `serve-model` app answering turn k of every episode with CALLS[k]; it keeps every request."""
+    from gym_bridge.policies.embedded import embedded_model_path
+    from gym_bridge.serve.model_server import build_app
+    from tests.support.http_server import app_in_thread
+    from tests.support.scripted_model import ScriptedModel
+
+    turns = script(smol_tokenizer)
+
+    def answer(prompt_text: str, request: GenerationRequest) -> Generation:
+        return turns[min(prompt_text.count("<|im_start|>assistant") - 1, len(turns) - 1)]
+
+    model = ScriptedModel(smol_tokenizer, answer)
+    with app_in_thread(build_app(model, model_name="scripted", model_root=str(embedded_model_path()))) as url:
+        yield model, f"{url}/v1"
+
+
+@pytest.mark.slow  # about 20 s: the recipe trains three times; by default: make_rollout(journal_dir=...) above
+def test_the_sync_recipe_journals_its_batch_and_resumes_from_its_checkpoint(scripted_server, tiny_model_dir, tmp_path, monkeypatch):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    model, url = scripted_server
+    repo = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("trl_grpo_recipe", repo / "recipes" / "trl_grpo.py")
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+
+    def run(*overrides: str) -> int:
+        common = [f"model={tiny_model_dir}", "datasets=[{env: multi_step}]", f"grpo.output_dir={tmp_path}", "grpo.save_strategy=steps",
+                  "grpo.save_steps=1", f"grpo.per_device_train_batch_size={ROLLOUTS}", "grpo.gradient_accumulation_steps=1",
+                  "grpo.num_generations=2", "grpo.max_completion_length=512", "save_model=false", "gym_bridge.max_turns=6",
+                  "gym_bridge.journal=true", f"gym_bridge.generation_server={{base_url: '{url}', model: scripted}}"]
+        argv = ["trl_grpo.py", "--config", str(repo / "recipes/configs/trl_grpo_cpu_demo.yaml")] + [f"--set={o}" for o in common + list(overrides)]
+        monkeypatch.setattr(sys, "argv", argv)
+        before = len(model.requests)
+        recipe.main()
+        return len(model.requests) - before
+
+    assert run("grpo.max_steps=1") == ROLLOUTS * len(CALLS)
+    assert (tmp_path / "rollout_journal" / "rank0").is_dir() and (tmp_path / "checkpoint-1").is_dir()
+    # started again over the same output (its step-0 batch kept in the journal): only each rollout's answer again
+    assert run("grpo.max_steps=1", "grpo.save_strategy='no'") == ROLLOUTS
+    # resumed from checkpoint-1: step 2 only, a batch of another step than the journal's, so generated whole
+    assert run("grpo.max_steps=2", "resume_from_checkpoint=true") == ROLLOUTS * len(CALLS)
+    assert (tmp_path / "checkpoint-2").is_dir()
