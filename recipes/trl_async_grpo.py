@@ -19,7 +19,10 @@ The YAML config:
                turn of the rollouts in flight to `<output_dir>/rollout_journal/`, so a restarted run continues
                them from their last turn, keeping their turns' policy versions)
   resume_from_checkpoint  a checkpoint folder, or true for the latest under output_dir: passed to
-               `trainer.train`; with `gym_bridge.journal`, the groups in flight at the crash continue mid-episode
+               `trainer.train`. Each checkpoint also holds the worker's progress (which groups the trainer took,
+               the policy version), so the restarted run goes on counting versions and groups from there; with
+               `gym_bridge.journal`, the groups not yet covered by the checkpoint (in flight, or pushed or taken
+               after it) continue from their last turn, keeping their turns' policy versions
   weights      `file`: FileWeightTransfer (a file and /collective_rpc; CPU servers, or any server on the same
                filesystem); `nccl`: TRL's own transfer (CUDA servers started with the NCCL weight-transfer engine)
   cpu          true: train on the CPU (AsyncGRPOTrainer's CUDA-only tree attention gets its PyTorch stand-in)
@@ -108,16 +111,15 @@ def launch_cpu_server(model: str, served_model: str, port: int, log_path: Path) 
     raise SystemExit(f"the vLLM server did not answer within 600 s; see {log_path}")
 
 
-def main() -> None:
-    args = parse_args()
-    config = load_config(args.config, args.set)
+def run(config: dict[str, Any], config_dir: Path) -> tuple[Any, Any]:
+    """Train as `config` says (the server started first when `server.launch`); returns the trainer and its worker."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
     from datasets import Dataset
     from transformers import AutoTokenizer
 
     import gym_bridge
-    from gym_bridge.trl import FileWeightTransfer, async_seams, cpu_async_grpo_trainer
+    from gym_bridge.trl import FileWeightTransfer, async_seams, cpu_async_grpo_trainer, restore_async_worker, worker_checkpoint_callback
 
     model = config.get("model")
     if model is None:
@@ -129,7 +131,7 @@ def main() -> None:
     url = str(server.get("url", "http://127.0.0.1:8000")).rstrip("/")
     grpo_args = seams.config(**{**(config.get("async_grpo") or {}), "vllm_server_base_url": url})
     output_dir = Path(grpo_args.output_dir)
-    tasks = load_rows(config.get("datasets") or [], Path(args.config).parent, int(grpo_args.seed))
+    tasks = load_rows(config.get("datasets") or [], config_dir, int(grpo_args.seed))
     tokenizer = AutoTokenizer.from_pretrained(model)
     process = None
     if server.get("launch"):
@@ -148,12 +150,21 @@ def main() -> None:
         # the worker brings its own rows; the trainer's dataset only sizes its epoch bookkeeping (max_steps rules)
         trainer = build(model=model, args=grpo_args, processing_class=tokenizer, rollout_worker=worker, weight_transfer=transfer,
                         train_dataset=Dataset.from_dict({"prompt": [""] * len(tasks)}))
-        trainer.train(resume_from_checkpoint=config.get("resume_from_checkpoint"))
+        if grpo_args.save_strategy != "no":  # each checkpoint holds the worker's groups and policy version
+            trainer.add_callback(worker_checkpoint_callback(worker))
+        checkpoint = restore_async_worker(trainer, worker, config.get("resume_from_checkpoint"))
+        trainer.train(resume_from_checkpoint=checkpoint)
         print(f"trained {trainer.state.global_step} steps; worker: {dict(worker.counts)}", flush=True)
+        return trainer, worker
     finally:
         if process is not None:
             process.terminate()
             process.wait(timeout=60)
+
+
+def main() -> None:
+    args = parse_args()
+    run(load_config(args.config, args.set), Path(args.config).parent)
 
 
 if __name__ == "__main__":

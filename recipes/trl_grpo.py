@@ -10,7 +10,7 @@
     python recipes/trl_grpo.py --config recipes/configs/trl_grpo_cpu_demo.yaml
     # any config value can be overridden: --set grpo.max_steps=5 --set model=/path/to/model
 
-The YAML config has five parts:
+The YAML config has these parts:
   model      a local folder or hub id (null: the embedded SmolLM2-135M-Instruct)
   datasets   a list of {path: FILE.jsonl}, {env: NAME} (its example data) or
              {env: NAME, prepare: {split, size, seed}} (rows from its generator), each with a `weight`
@@ -24,8 +24,12 @@ The YAML config has five parts:
              (default `rollouts`, under grpo.output_dir; null: none): every rollout record as
              JSONL, one file per rank, in a new `run-N` folder per run, each record with the
              training step it was generated at (`metrics.train_step`)
+             `journal: true` commits each finished turn of the batch in flight to
+             `grpo.output_dir/rollout_journal/`, so a run resumed from its checkpoint continues that batch's
+             episodes from their last turn (worth it with a checkpoint each step: `grpo.save_steps: 1`)
   peft       optional LoRA settings (peft.LoraConfig fields; needs `pip install peft`)
   save_model true: the trained weights (and tokenizer) are saved to grpo.output_dir at the end
+  resume_from_checkpoint  a checkpoint folder, or true for the latest under grpo.output_dir (`trainer.train`'s)
 
 The rollout function runs each task's environment and tools itself and enforces
 `max_completion_length` over all turns; the reward is the environment's verifier
@@ -279,6 +283,8 @@ def main() -> None:
 
     rollout_options = dict(config.get("gym_bridge") or {})
     records_dir = rollout_options.pop("records_dir", "rollouts")
+    if rollout_options.pop("journal", False):
+        rollout_options["journal_dir"] = str(output_dir / "rollout_journal")
     _ = grpo_args.device  # sets up the launch's process group, through which the ranks agree on run_dir
     check_world_size(os.environ.get("GYM_BRIDGE_WORLD_SIZE"))
     run_dir = run_directory(output_dir / (records_dir or "runs"))
@@ -321,7 +327,7 @@ def main() -> None:
     if trainer.accelerator.is_main_process:
         print(f"gym_bridge: {len(train_dataset)} rows, {tasks} tasks from {[str(p) for p in paths]}", flush=True)
 
-    trainer.train()
+    trainer.train(resume_from_checkpoint=config.get("resume_from_checkpoint"))
 
     if writer is not None:
         writer.close()

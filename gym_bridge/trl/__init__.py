@@ -3,7 +3,7 @@
 Importing this package imports nothing but itself: each name resolves on first use from its private
 module (`_rollout`, which loads gym_bridge's core, no torch, no trl); torch, transformers and trl are
 imported when a rollout first runs against a trainer. The async recipe's parts (`async_seams`,
-`cpu_async_grpo_trainer`, `FileWeightTransfer`, and `FileWeightReceiver` for vLLM's
+`cpu_async_grpo_trainer`, `FileWeightTransfer`, `worker_checkpoint_callback`, `restore_async_worker`, and `FileWeightReceiver` for vLLM's
 `--worker-extension-cls gym_bridge.trl.FileWeightReceiver`) resolve here too, outside `__all__`.
 """
 
@@ -15,6 +15,7 @@ from gym_bridge._lazy import lazy_homes
 
 if TYPE_CHECKING:  # the names, for type checkers and linters; at run time `__getattr__` imports them
     from gym_bridge.trl._async_api import async_seams  # noqa: F401
+    from gym_bridge.trl._async_checkpoint import restore_async_worker, worker_checkpoint_callback  # noqa: F401
     from gym_bridge.trl._async_cpu import cpu_async_grpo_trainer  # noqa: F401
     from gym_bridge.trl._async_weights import FileWeightReceiver, FileWeightTransfer  # noqa: F401
     from gym_bridge.trl._rollout import (  # noqa: F401
@@ -29,6 +30,8 @@ __all__ = [
 _ADAPTER = "gym_bridge.trl._rollout"
 _ASYNC_PARTS = {
     "async_seams": "gym_bridge.trl._async_api",
+    "restore_async_worker": "gym_bridge.trl._async_checkpoint",
+    "worker_checkpoint_callback": "gym_bridge.trl._async_checkpoint",
     "cpu_async_grpo_trainer": "gym_bridge.trl._async_cpu",
     "FileWeightTransfer": "gym_bridge.trl._async_weights",
     "FileWeightReceiver": "gym_bridge.trl._async_weights",

@@ -9,13 +9,14 @@ failed rollout is left out of the loss and of its group's statistics, counted in
 stops the worker. Groups start only while `StalenessWindow` says their rows will still be fresh enough
 when the trainer reaches them; every model call records its policy version (`VersionedPolicy`). With a
 journal (`journal_dir`), a worker started again after its trainer restarted continues the groups left in flight
-from their last turn, each earlier turn keeping the policy version it was generated with.
+from their last turn, each earlier turn keeping the policy version it was generated with; following the trainer's
+checkpoints (`follow_checkpoints`, `checkpoint_state`, `restore_checkpoint_state`), it also keeps a group's journal
+until a checkpoint covers its rows and goes on from the checkpoint's groups.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import math
 import queue
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from gym_bridge.trl._async_api import async_seams
+from gym_bridge.trl._async_ledger import GroupLedger, WorkerState
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.training_row import to_training_row
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
@@ -182,6 +184,10 @@ class AsyncRolloutWorker:
         self._journal: RunJournal | None = None
         self._resumed_groups: list[int] = []
         """Group ids a killed worker left in flight in the journal: run first, continued from their last turn."""
+        self._covered_groups: list[int] = []
+        """Group ids the journal holds that the restored checkpoint says the trainer took: dropped from it at start."""
+        self._ledger = GroupLedger()
+        self._follow_checkpoints = False
 
     # -- RolloutWorkerProtocol ----------------------------------------------------------------------
 
@@ -192,7 +198,10 @@ class AsyncRolloutWorker:
         if self.settings.journal_dir is not None and self._journal is None:
             fingerprint = RunFingerprint.of_engine(self._engine.config, self._tasks)
             self._journal = RunJournal.prepare(self.settings.journal_dir, fingerprint, resume=True)
-            self._resumed_groups = sorted({group_id for group_id, _ in self._journal.pending()})
+            pending = sorted({group_id for group_id, _ in self._journal.pending()})
+            start = self._ledger.start
+            self._covered_groups = [group_id for group_id in pending if start is not None and start.covers(group_id)]
+            self._resumed_groups = [group_id for group_id in pending if group_id not in self._covered_groups]
             self._engine.journal = self._journal
         self.window.base_version = self._version
         self._heartbeat = time.time()
@@ -233,6 +242,44 @@ class AsyncRolloutWorker:
     @property
     def model_version(self) -> int:
         return self._version
+
+    # -- the trainer's checkpoints ------------------------------------------------------------------
+
+    def follow_checkpoints(self) -> None:
+        """The trainer saves checkpoints and gives each one's `checkpoint_state` back on restart: keep a group's
+        journal until `checkpoint_saved` says a checkpoint covers its rows (not only until they are pushed), so rows
+        pushed or taken after the last checkpoint are continued, not generated again, by the restarted worker."""
+        if self._thread is not None:
+            raise ConfigError("follow_checkpoints() must be called before the worker starts")
+        self._follow_checkpoints = True
+
+    def checkpoint_state(self, *, trained_rows: int | None = None) -> WorkerState:
+        """What to save with a checkpoint now: the groups every row of which is among the first `trained_rows` rows the
+        trainer took since `start` (None: all it took; a trainer's data loader may take a batch ahead of its steps),
+        and the policy version."""
+        return self._ledger.state(self._version, trained_rows=trained_rows)
+
+    def checkpoint_saved(self, state: WorkerState) -> None:
+        """A checkpoint holding `state` is complete: the journal of the groups it covers is dropped."""
+        groups = self._ledger.release(state)
+        loop = self._loop
+        if groups and self._journal is not None and loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._finish_groups, groups)
+
+    def restore_checkpoint_state(self, state: WorkerState) -> None:
+        """Before `start`, on a restarted trainer: go on from `state`'s groups (those it covers are not run again, nor
+        continued from the journal) at its policy version. The trainer's own counter must restart from
+        `state.model_version` too (`gym_bridge.trl.restore_async_worker` sets both)."""
+        if self._thread is not None:
+            raise ConfigError("restore_checkpoint_state() must be called before the worker starts")
+        self._ledger = GroupLedger(state)
+        self._version = state.model_version
+
+    def _finish_groups(self, groups: Sequence[int]) -> None:
+        if self._journal is not None:
+            for group_id in groups:
+                for repeat in range(self.settings.group_size):
+                    self._journal.finish((group_id, repeat))
 
     @classmethod
     def for_trainer(cls, args: Any, *, tasks: Sequence[Task], tokenizer: Any, served_model: str, num_processes: int = 1,
@@ -284,6 +331,7 @@ class AsyncRolloutWorker:
                 loop.close()
 
     async def _produce(self) -> None:
+        self._finish_groups(self._covered_groups)
         running: set[asyncio.Task[None]] = set()
         ticker = asyncio.ensure_future(self._tick())
         try:
@@ -300,10 +348,9 @@ class AsyncRolloutWorker:
             await asyncio.gather(ticker, *running, return_exceptions=True)
 
     def _groups(self) -> Iterator[tuple[int, Task]]:
-        """Group ids and their rows: the groups a killed worker left in flight first, then on from the one after them."""
-        first = self._resumed_groups[-1] + 1 if self._resumed_groups else 0
-        ids = itertools.chain(self._resumed_groups, itertools.count(first))
-        return ((group_id, self._tasks[group_id % len(self._tasks)]) for group_id in ids)
+        """Group ids and their rows: the groups a killed worker left in flight first, then on from the restored
+        checkpoint's groups (or from the one after the last resumed group)."""
+        return ((group_id, self._tasks[group_id % len(self._tasks)]) for group_id in self._ledger.order(self._resumed_groups))
 
     async def _tick(self) -> None:
         while True:
@@ -340,17 +387,19 @@ class AsyncRolloutWorker:
             records = list(await asyncio.gather(*(self._engine.rollout(task, repeat, env_class=env_class, journal_key=(group_id, repeat))
                                                   for repeat in range(self.settings.group_size))))
             samples = self._samples(group_id, records, env_class)
+            self._ledger.pushed(group_id, len(samples))  # before the trainer can take the first
             for sample in samples:
                 sample.enqueued_at = time.time()
                 self.rollout_buffer.put_nowait(sample)
             pushed = len(samples)
-            if self._journal is not None:
-                for repeat in range(self.settings.group_size):
-                    self._journal.finish((group_id, repeat))
+            if not self._follow_checkpoints:
+                self._finish_groups([group_id])
         except asyncio.CancelledError:
             raise
         except Exception:  # a bug in building rows must not stop the worker: counted, logged, skipped
             self.counts["group_errors"] += 1
+            if not pushed:
+                self._ledger.pushed(group_id, 0)  # no rows for the trainer: the group is done
             logger.exception("gym_bridge: group %d of task %d could not be turned into rows", group_id, task.index)
             self._push_metrics({"gym_bridge/group_errors_total": 1.0})
         finally:
@@ -419,6 +468,7 @@ class AsyncRolloutWorker:
     def _on_consumed(self, sample: Any) -> None:
         """The trainer took `sample` at the current version: its staleness goes to the metrics, its record to the file."""
         staleness = self._version - int(sample.model_version)
+        self._ledger.taken(int(sample.group_id))
         self._push_metrics({"gym_bridge/staleness_max": float(staleness), "gym_bridge/staleness_mean": float(staleness)})
         with self._lock:
             row, first = self._records.pop(id(sample), (None, False))

@@ -64,6 +64,10 @@ class RolloutOptions:
     records_path: str | None = None
     """Append every rollout's record to this JSONL file (rank N > 0: `<stem>.rankN.jsonl`), each with the
     trainer's step in `metrics.train_step`, for `gym-bridge show` / `view`."""
+    journal_dir: str | None = None
+    """Commit each finished turn of the batch in flight to `<journal_dir>/rank<N>` (`gym_bridge.trl._step_journal`): a
+    trainer restarted from its checkpoint, generating the same step's batch again, continues each of its rollouts
+    from its last turn instead of turn 0. Not with `ray`."""
     health: HealthSettings = HealthSettings()
     """When to warn that an environment's rollouts call no tool or write unparsable calls (once per trainer)."""
     ray: RayOptions | None = None

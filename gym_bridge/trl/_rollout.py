@@ -31,6 +31,7 @@ from gym_bridge.trl._options import RolloutOptions as RolloutOptions
 from gym_bridge.trl._backend import LOOP, BackendName, generation_context, on_ray, pick_backend, release_policy
 from gym_bridge.trl._dataset import REGISTRY, example_data_paths, key_from_prompt, load_dataset
 from gym_bridge.trl._rewards import env_reward, reward_metrics
+from gym_bridge.trl._step_journal import StepJournal
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.training_row import TrainingRow, to_training_row
 from gym_bridge.core.dialects.responses import item_text
@@ -38,6 +39,7 @@ from gym_bridge.core.engine import Engine, EngineConfig, ready_tasks
 from gym_bridge.core.environment import Environment
 from gym_bridge.core.errors import ConfigError, DataError, SetupError, TokenPolicyRequiredError
 from gym_bridge.core.health import ToolCallAlarm
+from gym_bridge.core.journal import RolloutKey
 from gym_bridge.core.template.parsers import get_reasoning_parser, get_tool_parser
 from gym_bridge.core.policy import SamplingParams
 from gym_bridge.core.record import RolloutRecord, with_train_step
@@ -78,6 +80,8 @@ class _TrainerState:
     alarm: ToolCallAlarm = dataclasses.field(default_factory=ToolCallAlarm)
     ray: RayRollouts | None = None
     """Set with `RolloutOptions(ray=...)`: the batch runs on these Ray workers instead of `engine`."""
+    journal: StepJournal | None = None
+    """Set with `RolloutOptions(journal_dir=...)`: `engine` commits each turn there."""
 
 
 class TRLRollout:
@@ -104,11 +108,15 @@ class TRLRollout:
         state = self.prepare(trainer)
         jobs = self._tasks(state, prompts, trainer)
         repeats = repeat_indices(prompts, group_size=_group_size(trainer), offset=_rank(trainer) * len(prompts))
+        keys = None
+        if state.journal is not None:
+            keys = state.journal.keys(int(trainer.state.global_step), len(jobs))
+            LOOP.run(state.journal.begin(keys))
         with generation_context(state.backend, trainer):
             if state.ray is not None:
                 records = LOOP.run(state.ray.run_pairs([(task, repeat) for (task, _), repeat in zip(jobs, repeats)]))
             else:
-                records = LOOP.run(_run_all(state.engine, jobs, repeats))
+                records = LOOP.run(_run_all(state.engine, jobs, repeats, keys))
         _check_token_ids(records)
         if state.batches == 0 and records and all(record.failed for record in records):
             first = records[0]
@@ -172,9 +180,12 @@ class TRLRollout:
         if backend != "policy":  # a policy built here is released with its trainer; one passed in is its owner's
             weakref.finalize(trainer, release_policy, policy)
         logger.info("gym_bridge.trl: generating with the %s backend (%s)", backend, type(policy).__name__)
+        if options.journal_dir is not None and options.ray is not None:
+            raise ConfigError("make_rollout(journal_dir=...) journals rollouts run in the trainer's process; with ray=..., drop journal_dir")
+        journal = StepJournal.open(options.journal_dir, rank=_rank(trainer), engine=engine) if options.journal_dir is not None else None
         return _TrainerState(backend=backend, engine=engine, eos_token_ids=eos_token_ids, max_completion_length=max_completion_length,
                              alarm=ToolCallAlarm(options.health),
-                             ray=on_ray(options, backend, policy, template, config))
+                             ray=on_ray(options, backend, policy, template, config), journal=journal)
 
     def _tasks(self, state: _TrainerState, prompts: Sequence[Any], trainer: Any) -> list[tuple[Task, type[Environment]]]:
         """The task and environment class of each prompt, kept per trainer: a row new to this trainer is
@@ -305,8 +316,11 @@ def sampling_from_args(args: Any, *, max_new_tokens: int) -> SamplingParams:
     )
 
 
-async def _run_all(engine: Engine, jobs: Sequence[tuple[Task, type[Environment]]], repeats: Sequence[int]) -> list[RolloutRecord]:
-    return list(await asyncio.gather(*(engine.rollout(task, repeat, env_class=env_class) for (task, env_class), repeat in zip(jobs, repeats))))
+async def _run_all(engine: Engine, jobs: Sequence[tuple[Task, type[Environment]]], repeats: Sequence[int],
+                   keys: Sequence[RolloutKey] | None = None) -> list[RolloutRecord]:
+    keyed = keys if keys is not None else [None] * len(jobs)
+    return list(await asyncio.gather(*(engine.rollout(task, repeat, env_class=env_class, journal_key=key)
+                                       for (task, env_class), repeat, key in zip(jobs, repeats, keyed))))
 
 
 def _watch(records: Sequence[RolloutRecord], rows: Sequence[TrainingRow], alarm: ToolCallAlarm, *, path: str | None,

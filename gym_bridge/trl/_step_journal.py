@@ -1,0 +1,48 @@
+"""The journal of TRL's synchronous rollout function: a trainer restarted from its checkpoint continues the batch in flight.
+
+TRL 1.16's GRPOTrainer generates a step's batch from the dataloader's batch (its sampler is seeded; a resumed `Trainer`
+skips the batches of the steps already trained) with the weights of that moment, and after a restart from checkpoint N
+it generates again (`_buffered_inputs` is None) the batch of step N + 1 with checkpoint N's weights: the batch the
+crashed run was generating, or training on, when the crash came right after checkpoint N. So each rollout is keyed by
+the trainer step and its place in the rank's batch (its row and repeat as the sampler lays them out again; a row the
+dataset holds twice stays two rollouts), and continues only if its prompt matches too; a batch's journal is kept until the next batch starts (a crash during its
+optimizer step still finds it), and the journal of any other step is dropped, never continued under other weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from gym_bridge.core.engine import Engine
+from gym_bridge.core.journal import RolloutKey, RunFingerprint, RunJournal
+
+
+class StepJournal:
+    """One rank's journal (`<journal_dir>/rank<N>`), shared by the engine and the rollout function's batches."""
+
+    def __init__(self, journal: RunJournal) -> None:
+        self.journal = journal
+        self._kept: list[RolloutKey] = journal.pending()
+        """The rollouts the journal holds that no later batch has dropped: the last batch's, or a killed run's."""
+
+    @classmethod
+    def open(cls, journal_dir: str | Path, *, rank: int, engine: Engine) -> StepJournal:
+        """Prepare the rank's journal over what a killed run left and let `engine` commit to it. Raises JournalError
+        for a damaged journal or one of another run (another model or other rollout settings)."""
+        journal = RunJournal.prepare(Path(journal_dir) / f"rank{rank}", RunFingerprint.of_engine(engine.config, []), resume=True)
+        engine.journal = journal
+        return cls(journal)
+
+    @staticmethod
+    def keys(step: int, rollouts: int) -> list[RolloutKey]:
+        """The keys of a batch of `rollouts` generated at trainer step `step`: the step and each one's place."""
+        return [(step, position) for position in range(rollouts)]
+
+    async def begin(self, keys: Sequence[RolloutKey]) -> None:
+        """A batch of `keys` starts (on the engine's loop): drop the journal of every other rollout it holds."""
+        wanted = set(keys)
+        for key in self._kept:
+            if key not in wanted:
+                self.journal.finish(key)
+        self._kept = list(keys)
