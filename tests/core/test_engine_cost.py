@@ -12,6 +12,9 @@ import asyncio
 import json
 import sys
 
+import pytest
+
+from gym_bridge.core.agent_loop import RolloutContext, ToolCallingLoop
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.policy import ScriptedPolicy
 from gym_bridge.core.registry import get_environment
@@ -67,3 +70,9 @@ def test_a_parked_policys_calls_still_hold_the_deadline(smol_template, turn):
     started, _ = async_generators_started(Parked({"": five_calls(turn)}, record_calls=False), smol_template)
     assert len(started) == 1 + 6
 
+
+@pytest.mark.parametrize("function", [Engine.rollout, Engine._rollout, Engine._attempt, RolloutContext.generate,
+                                      RolloutContext.call_tool, ToolCallingLoop.run], ids=lambda f: f.__qualname__)
+def test_the_per_rollout_functions_allocate_no_closure_cells(function):
+    # a variable a lambda or inner function captures is a cell, allocated on every call even where the lambda is not made
+    assert function.__code__.co_cellvars == ()
