@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Coroutine, Protocol, Sequence
 
 from gym_bridge.core.bounded.call import call_bounded, call_environment
 from gym_bridge.core.bounded.deadline import RolloutDeadline
@@ -136,9 +136,10 @@ class RolloutContext:
         if max_new <= 0:
             return None
         sampling = self.sampling if max_new == self.sampling.max_new_tokens else replace(self.sampling, max_new_tokens=max_new)
-        if self.deadline is None:
+        deadline = self.deadline
+        if deadline is None or not deadline.parked:  # the call counts against the deadline: nothing to hold
             return await self.transcript.generate(sampling)
-        async with self.deadline.model_call():
+        async with deadline.model_call():
             return await self.transcript.generate(sampling)
 
     async def call_tool(self, call: ParsedCall, call_id: str | None = None) -> ToolOutput:
@@ -156,16 +157,18 @@ class RolloutContext:
         self.trajectory.output.append(function_call_output_item(content, call_id=call_id))
         return ToolOutput(name=call.name, content=content, call_id=call_id)
 
-    async def _tool_content(self, call: ParsedCall) -> str:
+    def _tool_content(self, call: ParsedCall) -> Coroutine[Any, Any, str]:
+        """The coroutine of `call`'s output: `_run_tool`'s itself (no frame of its own on every call), or an
+        error text for the model."""
         spec = type(self.env).tool_specs().get(call.name)
         offered = self._tool_names
         if offered is None:
             offered = self._tool_names = frozenset(schema["name"] for schema in self.tools)
         if call.error:
-            return json.dumps({"error": f"malformed tool call: {call.error}"})
+            return _text(json.dumps({"error": f"malformed tool call: {call.error}"}))
         if call.name not in offered or (spec is None and not type(self.env).tools_from_row):
-            return json.dumps({"error": f"unknown tool {call.name!r}; available tools: {sorted(offered)}"})
-        return await self._run_tool(call.name, call.arguments, spec)
+            return _text(json.dumps({"error": f"unknown tool {call.name!r}; available tools: {sorted(offered)}"}))
+        return self._run_tool(call.name, call.arguments, spec)
 
     async def _run_tool(self, name: str, arguments: str, spec: ToolSpec | None) -> str:
         """The tool's output as the model reads it (`Environment.call_tool`'s text, or its JSON, cut at
@@ -217,6 +220,10 @@ class RolloutContext:
         return await self.transcript.append_user_message(content)
 
 
+async def _text(content: str) -> str:
+    return content
+
+
 class AgentLoop(Protocol):
     """Drives one rollout; returns its finish reason (`answer`, `max_turns`, `length`, `budget`)."""
 
@@ -236,7 +243,9 @@ class ToolCallingLoop:
                 return "length"
             if not parsed.calls:
                 return "answer"
-            outputs = [await ctx.call_tool(call) for call in parsed.calls]
+            outputs = []
+            for call in parsed.calls:  # a loop, not an async comprehension: no closure and frame per turn
+                outputs.append(await ctx.call_tool(call))
             if turn == ctx.limits.max_turns - 1:
                 return "max_turns"
             if not await ctx.append_tool_outputs_async(outputs):

@@ -15,7 +15,8 @@ import gc
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
+from functools import partial
+from typing import Any, AsyncIterator, Coroutine, Iterable, Mapping, Sequence
 
 from gym_bridge.core.agent_loop import AgentLoop, Limits, RolloutContext, ToolCallingLoop
 from gym_bridge.core.bounded.call import call_environment
@@ -92,6 +93,7 @@ class Engine:
         self._global: asyncio.Semaphore | None = None
         self._per_env: dict[str, asyncio.Semaphore] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._tools_by_class: dict[type[Environment], tuple[dict[str, Any], ...]] = {}
         self.journal: RunJournal | None = None
         """Where rollouts commit their turns, so a killed run resumes them mid-episode (`gym_bridge.core.journal`);
         None: nothing is journaled. `gym-bridge eval` sets it for the run."""
@@ -132,19 +134,20 @@ class Engine:
             async with env_slot:
                 return await self._rollout(task, repeat_index, env_class, sampling, journaled, journal_key)
 
-    async def _rollout(self, task: Task, repeat_index: int, env_class: type[Environment] | None,
-                       sampling: SamplingParams, journaled: bool = True, journal_key: RolloutKey | None = None) -> RolloutRecord:
+    def _rollout(self, task: Task, repeat_index: int, env_class: type[Environment] | None, sampling: SamplingParams,
+                 journaled: bool = True, journal_key: RolloutKey | None = None) -> Coroutine[Any, Any, RolloutRecord]:
+        """The rollout's coroutine: the attempt itself when nothing is journaled (no frame of its own per rollout)."""
         if env_class is None:
             env_class = resolve_tasks([task])[task.env_name]
         if self.journal is None or not journaled:
-            return await self._attempt(task, repeat_index, env_class, sampling, None)
-        return await resume_rollout(self.journal, journal_key or (task.index, repeat_index), env_class,
-                                    lambda plan: self._attempt(task, repeat_index, env_class, sampling, plan))
+            return self._attempt(task, repeat_index, env_class, sampling, None)
+        return resume_rollout(self.journal, journal_key or (task.index, repeat_index), env_class,
+                              partial(self._attempt, task, repeat_index, env_class, sampling))
 
     async def _attempt(self, task: Task, repeat_index: int, env_class: type[Environment], sampling: SamplingParams,
                        resume: RolloutResume | None) -> RolloutRecord:
         started = time.perf_counter()
-        tools = task.tools if task.tools is not None else tuple(spec.schema for spec in env_class.tool_specs().values())
+        tools = task.tools if task.tools is not None else self._env_tools(env_class)
         trajectory = Trajectory(prompt_ids=[])
         finish: RolloutFinish = "failed"
         failure: FailRollout | None = None
@@ -170,9 +173,8 @@ class Engine:
             if resume is not None:
                 resume.begin(env, trajectory)
             async with deadline.running():
-                if resume is not None and resume.restores:
-                    state, session = resume.snapshot, env
-                    await resume.restore(lambda: call_step(session, "restore", (task, state), step="setup", timeout_s=timeout_s))
+                if resume is not None and resume.restores:  # (a partial, not a lambda: no closure cells on every rollout)
+                    await resume.restore(partial(call_step, env, "restore", (task, resume.snapshot), step="setup", timeout_s=timeout_s))
                 elif _overrides(env, "setup"):
                     await call_step(env, "setup", (task,), step="setup", timeout_s=timeout_s)
                 finish = await loop.run(ctx)
@@ -190,6 +192,13 @@ class Engine:
         tokens = transcript.finish() if transcript is not None else trajectory.tokens()
         return self._record(task, repeat_index, env_class, trajectory, tokens, finish, failure, verify_result,
                             time.perf_counter() - started)
+
+    def _env_tools(self, env_class: type[Environment]) -> tuple[dict[str, Any], ...]:
+        """The schemas of `env_class`'s own tools (its `tool_specs`, derived once per class), as a tuple made once."""
+        tools = self._tools_by_class.get(env_class)
+        if tools is None:
+            tools = self._tools_by_class[env_class] = tuple(spec.schema for spec in env_class.tool_specs().values())
+        return tools
 
     def _record(self, task: Task, repeat_index: int, env_class: type[Environment], trajectory: Trajectory, tokens: TokenView, finish: RolloutFinish,
                 failure: FailRollout | None, verify_result: VerifyResult | None, latency_s: float) -> RolloutRecord:

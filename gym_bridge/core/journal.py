@@ -187,7 +187,9 @@ class RunJournal:
         self._states: dict[RolloutKey, RolloutState] = {}
         self._live: set[RolloutKey] = set()
         """Rollouts with committed frames in this segment and no `finish` yet."""
-        self._buffer = bytearray()
+        self._frames: list[bytes] = []
+        """Encoded frames not written yet (joined once per group: appending to one growing buffer copied it again and
+        again as it grew)."""
         self._waiters: list[asyncio.Future[None]] = []
         """The commits buffered now, woken together once their group is durable."""
         self._flusher: asyncio.Task[None] | None = None
@@ -293,8 +295,10 @@ class RunJournal:
                kind: str, snapshot: Any = None, snapshot_version: int | None = None) -> Awaitable[None]:
         """Append rollout `key`'s events after its first `at` committed ones, with its budgets (and its environment's
         snapshot). Returns what to await: done once they are durable, fsynced with the other commits of this moment."""
-        self._buffer += encode_frame({"k": "commit", "r": key, "a": attempt, "at": at, "ev": events, "b": budgets,
-                                      "kind": kind, "snap": snapshot, "sv": snapshot_version})
+        frame = {"k": "commit", "r": key, "a": attempt, "at": at, "ev": events, "b": budgets, "kind": kind}
+        if snapshot is not None or snapshot_version is not None:  # absent reads back as None
+            frame["snap"], frame["sv"] = snapshot, snapshot_version
+        self._frames.append(encode_frame(frame))
         self._live.add(key)
         self.commits += 1
         waiter = asyncio.get_running_loop().create_future()  # one each: a cancelled rollout cancels only its own
@@ -307,7 +311,7 @@ class RunJournal:
         self._states.pop(key, None)
         if key in self._live or self.shared:
             self._live.discard(key)
-            self._buffer += encode_frame({"k": "done", "r": list(key)})
+            self._frames.append(encode_frame({"k": "done", "r": list(key)}))
             self._schedule()
 
     @property
@@ -320,9 +324,9 @@ class RunJournal:
         `complete`: every rollout of the run has its record, so the segments of other processes (Ray workers) go too."""
         if self._flusher is not None:
             await asyncio.shield(self._flusher)
-        if self._buffer:
-            self._write(bytes(self._buffer))
-            self._buffer.clear()
+        if self._frames:
+            data, self._frames = b"".join(self._frames), []
+            self._write(data)
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -342,7 +346,7 @@ class RunJournal:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # `finish` called outside an event loop: write at once
-            data, self._buffer = bytes(self._buffer), bytearray()
+            data, self._frames = b"".join(self._frames), []
             self._write(data)
             return
         self._flusher = loop.create_task(self._flush())
@@ -350,9 +354,9 @@ class RunJournal:
     async def _flush(self) -> None:
         """Write and fsync what commits have buffered, then wake them; commits arriving meanwhile form the next group."""
         try:
-            while self._buffer:
-                data, waiters = bytes(self._buffer), self._waiters
-                self._buffer, self._waiters = bytearray(), []
+            while self._frames:
+                data, waiters = b"".join(self._frames), self._waiters
+                self._frames, self._waiters = [], []
                 try:
                     self._write(data, sync=False)
                     if self.fsync and self._fd is not None:

@@ -187,18 +187,20 @@ class RolloutResume:
         self.diverged = reason
         raise ReplayMismatch(reason)
 
-    async def _commit(self) -> None:
-        """The turn boundary: the events since the last commit, the budgets and the snapshot, made durable."""
+    def _commit(self) -> Awaitable[None]:
+        """The turn boundary: the events since the last commit, the budgets and the snapshot, written; what it
+        returns is done once they are durable (the journal's own awaitable: no coroutine of its own per commit)."""
         trajectory = self._trajectory
         assert trajectory is not None, "begin() comes first"
         budgets = {"turns": trajectory.model_calls, "tokens": trajectory.tokens_spent,
                    "seconds": self.spent_s + time.perf_counter() - self._started}
         snapshot = self._env.snapshot() if self.kind == "snapshot" and self._env is not None else None
         events, self._pending = self._pending, []
-        await self.journal.commit(self.key, attempt=self.attempt, at=self._committed, events=events, budgets=budgets,
-                                  kind=self.kind, snapshot=snapshot,
-                                  snapshot_version=self.snapshot_version if self.kind == "snapshot" else None)
-        self._committed += len(events)
+        durable = self.journal.commit(self.key, attempt=self.attempt, at=self._committed, events=events, budgets=budgets,
+                                      kind=self.kind, snapshot=snapshot,
+                                      snapshot_version=self.snapshot_version if self.kind == "snapshot" else None)
+        self._committed += len(events)  # a commit that fails fails the attempt: nothing commits after it
+        return durable
 
 
 async def resume_rollout(journal: RunJournal, key: RolloutKey, env_class: type[Environment],

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 
 from gym_bridge.core.errors import FailRollout
 from gym_bridge.core.policy import Generation, GenerationRequest, Policy
 
 __all__ = ["HeldPolicy", "RolloutDeadline", "parks_calls"]
+
+_UNCHANGED: AbstractAsyncContextManager[object] = nullcontext()
+"""What `model_call` is for a policy whose calls are never parked (reusable; no generator per call)."""
 
 
 def parks_calls(policy: object) -> bool:
@@ -46,9 +49,14 @@ class RolloutDeadline:
         self._held_at = 0.0
         self._left_s = 0.0
 
-    @asynccontextmanager
-    async def running(self) -> AsyncIterator[None]:
+    def running(self) -> AbstractAsyncContextManager[object]:
         """The rollout's body: raises TimeoutError when the deadline passes (as `asyncio.timeout` does)."""
+        if not self.parked:
+            return asyncio.timeout(self.deadline_s)  # nothing is ever held: no need to know the timeout
+        return self._running_held()
+
+    @asynccontextmanager
+    async def _running_held(self) -> AsyncIterator[None]:
         async with asyncio.timeout(self.deadline_s) as timeout:
             self._timeout = timeout
             try:
@@ -56,12 +64,12 @@ class RolloutDeadline:
             finally:
                 self._timeout = None
 
-    @asynccontextmanager
-    async def model_call(self) -> AsyncIterator[None]:
+    def model_call(self) -> AbstractAsyncContextManager[object]:
         """One model call. Raises FailRollout(`timeout`) when a parkable call runs past `generation_timeout_s`."""
-        if not self.parked:
-            yield
-            return
+        return self._held_call() if self.parked else _UNCHANGED
+
+    @asynccontextmanager
+    async def _held_call(self) -> AsyncIterator[None]:
         self._hold()
         try:
             async with asyncio.timeout(self.generation_timeout_s) as bound:

@@ -54,7 +54,10 @@ def task_template_messages(messages: Sequence[Message]) -> Sequence[Message] | l
 
     Raises ApiError 400 for tool call arguments that are not a JSON object.
     """
-    if not any("tool_calls" in message for message in messages):
+    for message in messages:  # a loop, not any() over a generator: this runs for every rollout's first prompt
+        if "tool_calls" in message:
+            break
+    else:
         return messages
     rendered: list[TemplateMessage] = []
     for message in messages:
