@@ -2,7 +2,7 @@
 on a tiny model) against the vLLM stand-in served from this test process, journaling and saving a checkpoint each
 step. The test polls the output folder until a checkpoint is saved (its worker state written last) and the journal
 holds committed turns of a group that checkpoint does not cover, kills the trainer there, and restarts it with
-`resume_from_checkpoint` set to the last complete checkpoint.
+`resume_from_checkpoint: true` (the latest whole checkpoint: a later one cut off mid-save is skipped).
 
 Checked, from the stand-in's log of every model call (each attributed to its group: group g runs task g, and the
 run stays under one pass over the 24 tasks), the records in `rollouts.jsonl` and the checkpoints' worker states:
@@ -151,7 +151,7 @@ def test_the_async_recipe_killed_mid_episode_resumes_each_group_once_from_its_la
         assert records_text.endswith("\n")  # no torn record
         first_lines = len(records_text.splitlines())
 
-        trainer = launch(output, url, tiny_model_dir, f"resume_from_checkpoint={resumed_from}")
+        trainer = launch(output, url, tiny_model_dir, "resume_from_checkpoint=true")  # the latest whole checkpoint
         assert trainer.wait(300) == 0, "the restarted trainer failed; see its log next to the output folder"
 
     restarted = saved.model_version + 1  # the restart's first weight sync
