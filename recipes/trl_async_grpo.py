@@ -18,8 +18,8 @@ The YAML config:
                version when it was consumed, to `<output_dir>/rollouts.jsonl`), journal (true: each finished
                turn of the rollouts in flight to `<output_dir>/rollout_journal/`, so a restarted run continues
                them from their last turn, keeping their turns' policy versions)
-  resume_from_checkpoint  a checkpoint folder, or true for the latest under output_dir: passed to
-               `trainer.train`. Each checkpoint also holds the worker's progress (which groups the trainer took,
+  resume_from_checkpoint  a checkpoint folder, or true for the latest whole one under output_dir (one a kill
+               cut off while it was being saved is skipped): passed to `trainer.train`. Each checkpoint also holds the worker's progress (which groups the trainer took,
                the policy version), so the restarted run goes on counting versions and groups from there; with
                `gym_bridge.journal`, the groups not yet covered by the checkpoint (in flight, or pushed or taken
                after it) continue from their last turn, keeping their turns' policy versions

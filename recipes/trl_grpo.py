@@ -26,7 +26,8 @@ The YAML config has these parts:
              training step it was generated at (`metrics.train_step`)
              `journal: true` commits each finished turn of the batch in flight to
              `grpo.output_dir/rollout_journal/`, so a run resumed from its checkpoint continues that batch's
-             episodes from their last turn (worth it with a checkpoint each step: `grpo.save_steps: 1`)
+             episodes from their last turn (worth it with a checkpoint each step: `grpo.save_steps: 1`);
+             a run that ends normally removes it
   peft       optional LoRA settings (peft.LoraConfig fields; needs `pip install peft`)
   save_model true: the trained weights (and tokenizer) are saved to grpo.output_dir at the end
   resume_from_checkpoint  a checkpoint folder, or true for the latest under grpo.output_dir (`trainer.train`'s)
@@ -322,7 +323,9 @@ def main() -> None:
         peft_config=peft_config,
     )
     use_compact_log(trainer)
-    rollout.prepare(trainer)  # backend, template and settings: fail now, not at the first batch
+    prepared = rollout.prepare(trainer)  # backend, template and settings: fail now, not at the first batch
+    if prepared.journal is not None:  # a run that ends normally leaves no journal behind
+        trainer.add_callback(prepared.journal.end_callback())
     tasks = rollout.check_dataset(trainer)
     if trainer.accelerator.is_main_process:
         print(f"gym_bridge: {len(train_dataset)} rows, {tasks} tasks from {[str(p) for p in paths]}", flush=True)

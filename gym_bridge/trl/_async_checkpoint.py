@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +92,7 @@ def rows_per_step(args: Any) -> int | None:
 
 def restore_async_worker(trainer: Any, worker: AsyncRolloutWorker, resume_from_checkpoint: str | bool | None) -> str | None:
     """Give a restarted trainer and its worker the progress saved in the checkpoint `trainer.train` will resume from
-    (`True`: the latest under `args.output_dir`, as `Trainer.train` reads it); returns the folder to pass to
+    (`True`: the latest complete one under `args.output_dir`, see `last_checkpoint`); returns the folder to pass to
     `trainer.train(resume_from_checkpoint=...)`, or None to start from scratch. The trainer's `model_version` and the
     worker's go on from the saved version; the worker skips the groups the checkpoint covers. A checkpoint without a
     worker state (saved without the callback) starts the worker from its first group, with a warning.
@@ -101,12 +102,7 @@ def restore_async_worker(trainer: Any, worker: AsyncRolloutWorker, resume_from_c
         return None
     folder = str(resume_from_checkpoint)
     if resume_from_checkpoint is True:
-        from transformers.trainer_utils import get_last_checkpoint
-
-        last = get_last_checkpoint(str(trainer.args.output_dir)) if Path(trainer.args.output_dir).is_dir() else None
-        if last is None:
-            raise ConfigError(f"resume_from_checkpoint: true, but {trainer.args.output_dir} holds no checkpoint-* folder")
-        folder = last
+        folder = str(last_checkpoint(trainer.args.output_dir))
     state = load_worker_state(folder)
     if state is None:
         logger.warning("gym_bridge: %s holds no %s; the rollout worker starts from its first group at version 0", folder, STATE_FILE)
@@ -114,3 +110,24 @@ def restore_async_worker(trainer: Any, worker: AsyncRolloutWorker, resume_from_c
     worker.restore_checkpoint_state(state)
     trainer.model_version = state.model_version
     return folder
+
+
+def last_checkpoint(output_dir: str | Path) -> Path:
+    """The checkpoint `resume_from_checkpoint: true` resumes from: the latest `checkpoint-N` folder holding the worker
+    state, which the callback writes after TRL's files, so the checkpoint is whole. A later folder without it was cut
+    off while being saved (the process killed; `Trainer` writes a checkpoint in place, and `get_last_checkpoint` would
+    pick it): skipped, with a warning. With no worker state in any folder (saved without the callback): the latest.
+
+    Raises ConfigError when `output_dir` holds no checkpoint folder."""
+    found = sorted((int(match.group(1)), path) for path in Path(output_dir).glob("checkpoint-*")
+                   if path.is_dir() and (match := re.fullmatch(r"checkpoint-(\d+)", path.name)))
+    if not found:
+        raise ConfigError(f"resume_from_checkpoint: true, but {output_dir} holds no checkpoint-* folder")
+    whole = [(step, path) for step, path in found if (path / STATE_FILE).exists()]
+    if not whole:
+        return found[-1][1]
+    last_step, last = whole[-1]
+    torn = [path.name for step, path in found if step > last_step]
+    if torn:
+        logger.warning("gym_bridge: %s hold no %s (cut off while being saved): resuming from %s", ", ".join(torn), STATE_FILE, last)
+    return last

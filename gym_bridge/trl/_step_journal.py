@@ -7,12 +7,14 @@ crashed run was generating, or training on, when the crash came right after chec
 the trainer step and its place in the rank's batch (its row and repeat as the sampler lays them out again; a row the
 dataset holds twice stays two rollouts), and continues only if its prompt matches too; a batch's journal is kept until the next batch starts (a crash during its
 optimizer step still finds it), and the journal of any other step is dropped, never continued under other weights.
+When training ends normally (`end_callback`), the last batch's journal is removed: nothing is left to continue.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from gym_bridge.core.engine import Engine
 from gym_bridge.core.journal import RolloutKey, RunFingerprint, RunJournal
@@ -25,6 +27,8 @@ class StepJournal:
         self.journal = journal
         self._kept: list[RolloutKey] = journal.pending()
         """The rollouts the journal holds that no later batch has dropped: the last batch's, or a killed run's."""
+        self.engine: Engine | None = None
+        """The engine committing to this journal (set by `open`), detached from it by `end`."""
 
     @classmethod
     def open(cls, journal_dir: str | Path, *, rank: int, engine: Engine) -> StepJournal:
@@ -32,7 +36,9 @@ class StepJournal:
         for a damaged journal or one of another run (another model or other rollout settings)."""
         journal = RunJournal.prepare(Path(journal_dir) / f"rank{rank}", RunFingerprint.of_engine(engine.config, []), resume=True)
         engine.journal = journal
-        return cls(journal)
+        step_journal = cls(journal)
+        step_journal.engine = engine
+        return step_journal
 
     @staticmethod
     def keys(step: int, rollouts: int) -> list[RolloutKey]:
@@ -46,3 +52,34 @@ class StepJournal:
             if key not in wanted:
                 self.journal.finish(key)
         self._kept = list(keys)
+
+    async def end(self) -> None:
+        """Training ended normally (on the engine's loop): drop every rollout the journal holds and remove its files
+        (the rank's folder, and `journal_dir` once no rank's folder is left in it). The engine journals no more."""
+        for key in self._kept:
+            self.journal.finish(key)
+        self._kept = []
+        if self.engine is not None and self.engine.journal is self.journal:
+            self.engine.journal = None
+        await self.journal.close(complete=True)
+        try:
+            self.journal.directory.parent.rmdir()
+        except OSError:
+            pass  # another rank's folder is still there (it removes the parent when it ends), or it is already gone
+
+    def end_callback(self) -> Any:
+        """A `TrainerCallback` for `trainer.add_callback` that calls `end` when training ends normally (a crash or a
+        kill never reaches `on_train_end`, so the journal stays for the restart)."""
+        from transformers import TrainerCallback
+
+        from gym_bridge.trl._backend import LOOP
+
+        step_journal = self
+
+        class EndStepJournal(TrainerCallback):
+            """Removes the rollout function's journal at the end of training."""
+
+            def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                LOOP.run(step_journal.end())
+
+        return EndStepJournal()

@@ -95,3 +95,30 @@ def test_a_checkpoint_covers_the_groups_whose_rows_were_all_taken_and_a_restart_
     assert [next(fresh) for _ in range(3)] == [2, 3, 4]
     with pytest.raises(ConfigError, match="checkpoint-9"):
         WorkerState.from_dict({"version": 1, "next_group": "x"}, source="checkpoint-9/state.json")
+
+
+def test_resume_true_skips_a_checkpoint_cut_off_while_being_saved(tmp_path, caplog):
+    """A trainer killed while saving leaves a `checkpoint-N` folder without its worker state (Trainer writes the folder
+    in place, the callback writes the state last): `resume_from_checkpoint: true` resumes from the latest whole one.
+    The trainer is a stand-in namespace (the function reads `args.output_dir` and sets `model_version`); the worker
+    is the real one, not started."""
+    import logging
+    from types import SimpleNamespace
+
+    from gym_bridge.trl._async_checkpoint import restore_async_worker, save_worker_state
+    from tests.support.async_trainer import worker_for
+
+    out = tmp_path / "out"
+    trainer = SimpleNamespace(args=SimpleNamespace(output_dir=str(out)), model_version=0)
+    worker = worker_for(tmp_path, "http://127.0.0.1:9")
+    with pytest.raises(ConfigError, match="holds no checkpoint"):
+        restore_async_worker(trainer, worker, True)
+    for step in (1, 2, 3):
+        (out / f"checkpoint-{step}").mkdir(parents=True)
+    (out / "checkpoint-3" / "config.json").write_text("{}")  # the kill came while checkpoint-3 was being written
+    assert restore_async_worker(trainer, worker, True) == str(out / "checkpoint-3")  # no worker state anywhere: the latest
+    save_worker_state(WorkerState(next_group=2, taken_after=(), model_version=3), out / "checkpoint-2")
+    with caplog.at_level(logging.WARNING, logger="gym_bridge.trl._async_checkpoint"):
+        assert restore_async_worker(trainer, worker, True) == str(out / "checkpoint-2")
+    assert "checkpoint-3" in caplog.text and "cut off" in caplog.text
+    assert trainer.model_version == 3 and worker.model_version == 3

@@ -42,8 +42,9 @@ class DiesAt(TurnPolicy):
         return await super().generate(request)
 
 
-def train(model_dir, output_dir, policy, journal_dir, *, resume=None, max_steps=2):
-    """Train with the rollout function journaling to `journal_dir`; returns the trainer and each batch's records."""
+def train(model_dir, output_dir, policy, journal_dir, *, resume=None, max_steps=2, end_journal=False, callbacks=()):
+    """Train with the rollout function journaling to `journal_dir`; returns the trainer and each batch's records.
+    `end_journal`: the journal's `end_callback` registered, as recipes/trl_grpo.py does."""
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
@@ -61,7 +62,9 @@ def train(model_dir, output_dir, policy, journal_dir, *, resume=None, max_steps=
                       num_generations=2, max_completion_length=512, max_steps=max_steps, learning_rate=1e-3, save_strategy="steps",
                       save_steps=1, logging_steps=1, shuffle_dataset=False, bf16=False, seed=0)
     trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir), reward_funcs=gym_bridge.trl.env_reward, args=args,
-                          train_dataset=dataset, processing_class=tokenizer, rollout_func=rollout)
+                          train_dataset=dataset, processing_class=tokenizer, rollout_func=rollout, callbacks=list(callbacks))
+    if end_journal:
+        trainer.add_callback(rollout.prepare(trainer).journal.end_callback())
     try:
         trainer.train(resume_from_checkpoint=resume)
     except Killed:
@@ -103,6 +106,23 @@ def crash_and_resume(model_dir, template, turns, journal, out) -> list[tuple]:
 
 def test_a_restarted_sync_trainer_continues_the_batch_in_flight_from_its_last_turns(tiny_model_dir, smol_template, smol_tokenizer, tmp_path):
     crash_and_resume(tiny_model_dir, smol_template, script(smol_tokenizer), tmp_path / "journal", tmp_path / "out")
+
+
+def test_a_sync_run_that_ends_normally_removes_its_last_batch_journal(tiny_model_dir, smol_template, smol_tokenizer, tmp_path):
+    from transformers import TrainerCallback
+
+    journal = tmp_path / "journal"
+    held = []
+
+    class Probe(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            held.append(sorted(path.name for path in journal.rglob("*.log")))
+
+    policy = TurnPolicy(smol_template, script(smol_tokenizer))
+    trainer, batches = train(tiny_model_dir, tmp_path / "out", policy, journal, max_steps=2, end_journal=True, callbacks=[Probe()])
+    assert trainer.state.global_step == 2 and len(batches) == 2
+    assert len(held) == 2 and all(held)  # each step's batch journaled, kept past its step (a crash there resumes it)
+    assert not journal.exists()  # training ended: nothing left to continue, the journal is gone
 
 
 @pytest.mark.slow  # about a minute: four trainers; by default: the crash and the resume (test above)
@@ -164,9 +184,10 @@ def test_the_sync_recipe_journals_its_batch_and_resumes_from_its_checkpoint(scri
         return len(model.requests) - before
 
     assert run("grpo.max_steps=1") == ROLLOUTS * len(CALLS)
-    assert (tmp_path / "rollout_journal" / "rank0").is_dir() and (tmp_path / "checkpoint-1").is_dir()
-    # started again over the same output (its step-0 batch kept in the journal): only each rollout's answer again
-    assert run("grpo.max_steps=1", "grpo.save_strategy='no'") == ROLLOUTS
+    # the run ended normally: its last batch's journal is removed, so a run started again over the same output
+    # generates its batch whole (before the journal's end callback it continued that batch: only the answers again)
+    assert not (tmp_path / "rollout_journal").exists() and (tmp_path / "checkpoint-1").is_dir()
+    assert run("grpo.max_steps=1", "grpo.save_strategy='no'") == ROLLOUTS * len(CALLS)
     # resumed from checkpoint-1: step 2 only, a batch of another step than the journal's, so generated whole
     assert run("grpo.max_steps=2", "resume_from_checkpoint=true") == ROLLOUTS * len(CALLS)
     assert (tmp_path / "checkpoint-2").is_dir()
