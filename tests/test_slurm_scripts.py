@@ -307,8 +307,11 @@ exit "$highest"
 """)
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
+    venv = tmp_path / "venv"  # an empty venv: the checkout's own .venv (when it has one) would put the real accelerate first
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "activate").write_text("")
     return {"PATH": f"{bin_dir}{os.pathsep}{VENV_PATH}", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_JOB_ID": "42",
-            "GPUS_PER_NODE": "0", "GYM_BRIDGE_DIR": str(ROOT), "GYM_BRIDGE_VENV": "", "HEALTH_TIMEOUT_S": "10"}
+            "GPUS_PER_NODE": "0", "GYM_BRIDGE_DIR": str(ROOT), "GYM_BRIDGE_VENV": str(venv), "HEALTH_TIMEOUT_S": "10"}
 
 
 @pytest.mark.parametrize("fail_rank, code, expected", [(1, 7, 7), (None, 0, 0)])
