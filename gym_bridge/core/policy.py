@@ -13,7 +13,7 @@ out) and are for evaluation only; training code calls `require_token_policy` to 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, Sequence, TypeGuard, runtime_checkable
+from typing import Any, Literal, Mapping, Protocol, Sequence, TypeGuard, TypeVar, runtime_checkable
 
 from gym_bridge.core.conversation import FinishReason as FinishReason
 from gym_bridge.core.conversation import Message
@@ -165,6 +165,24 @@ def require_token_policy(policy: object) -> Policy:
     )
 
 
+_Step = TypeVar("_Step")
+
+
+def next_scripted(script: Mapping[str, Sequence[_Step]], cursor: dict[str, int], session_id: str, *, owner: str,
+                  unit: str) -> _Step:
+    """The next step of `session_id` in a scripted policy's `script` (its own list, else the fallback key ""),
+    its `cursor` advanced; a session with no script, or past its last step, raises BackendAnswerError."""
+    key = session_id if session_id in script else ""
+    if key not in script:
+        raise BackendAnswerError(f"{owner} has no script for session {session_id!r}")
+    position = cursor.get(session_id, 0)
+    steps = script[key]
+    if position >= len(steps):
+        raise BackendAnswerError(f"{owner} ran out of {unit} for session {session_id!r}")
+    cursor[session_id] = position + 1
+    return steps[position]
+
+
 @dataclass
 class ScriptedPolicy:
     """A policy for tests: replays canned generations in order, per session or globally.
@@ -180,17 +198,9 @@ class ScriptedPolicy:
     _cursor: dict[str, int] = field(default_factory=dict)
 
     async def generate(self, request: GenerationRequest) -> Generation:
-        key = request.session_id if request.session_id in self.script else ""
-        if key not in self.script:
-            raise BackendAnswerError(f"ScriptedPolicy has no script for session {request.session_id!r}")
-        position = self._cursor.get(request.session_id, 0)
-        steps = self.script[key]
-        if position >= len(steps):
-            raise BackendAnswerError(f"ScriptedPolicy ran out of steps for session {request.session_id!r}")
-        self._cursor[request.session_id] = position + 1
+        step = next_scripted(self.script, self._cursor, request.session_id, owner="ScriptedPolicy", unit="steps")
         if self.record_calls:
             self.calls.append(request)
-        step = steps[position]
         if isinstance(step, BaseException):
             raise step
         return step
@@ -216,17 +226,9 @@ class ScriptedChatPolicy:
     _cursor: dict[str, int] = field(default_factory=dict)
 
     async def chat(self, request: ChatRequest) -> ChatTurn:
-        key = request.session_id if request.session_id in self.script else ""
-        if key not in self.script:
-            raise BackendAnswerError(f"ScriptedChatPolicy has no script for session {request.session_id!r}")
-        position = self._cursor.get(request.session_id, 0)
-        steps = self.script[key]
-        if position >= len(steps):
-            raise BackendAnswerError(f"ScriptedChatPolicy ran out of turns for session {request.session_id!r}")
-        self._cursor[request.session_id] = position + 1
+        step = next_scripted(self.script, self._cursor, request.session_id, owner="ScriptedChatPolicy", unit="turns")
         if self.record_calls:
             self.requests.append(request)
-        step = steps[position]
         if isinstance(step, BaseException):
             raise step
         return ChatTurn(text=step) if isinstance(step, str) else step

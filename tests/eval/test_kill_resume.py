@@ -23,6 +23,7 @@ from gym_bridge.core.journal import journal_dir_for
 from gym_bridge.core.policy import Generation, GenerationRequest
 from gym_bridge.core.rollout_file import read_records
 from tests.support.scripted_model import ScriptedModel
+from tests.support.scripted_model import finished_turns
 
 REPO = Path(__file__).resolve().parents[2]
 CONCURRENCY = 6
@@ -50,10 +51,7 @@ def model_server(smol_tokenizer):
     from gym_bridge.serve.model_server import build_app
     from tests.support.http_server import app_in_thread
 
-    turns = []
-    for text in CALLS:
-        ids = smol_tokenizer.encode(text, add_special_tokens=False) + [smol_tokenizer.eos_token_id]
-        turns.append(Generation(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop"))
+    turns = finished_turns(smol_tokenizer, CALLS)
 
     def answer(prompt_text: str, request: GenerationRequest) -> Generation:
         return turns[min(prompt_text.count("<|im_start|>assistant") - 1, len(turns) - 1)]
@@ -148,10 +146,7 @@ def test_run_eval_journals_only_when_asked_and_a_resume_uses_the_journal_left(tm
     from tests.support.resume_kit import Killed, TurnPolicy
 
     tasks = select_tasks(env_names=["multi_step"], limit=2)
-    script = []
-    for text in CALLS:
-        ids = smol_tokenizer.encode(text, add_special_tokens=False) + [smol_tokenizer.eos_token_id]
-        script.append(Generation(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop"))
+    script = finished_turns(smol_tokenizer, CALLS)
 
     def killed_run(output: Path, **options) -> None:
         engine = Engine(TurnPolicy(smol_template, script, kill_at=6), smol_template, EngineConfig())

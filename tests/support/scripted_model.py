@@ -38,3 +38,12 @@ def by_turn(*generations: Generation, marker: str = "<|im_start|>tool") -> Calla
         return generations[min(prompt_text.count(marker), len(generations) - 1)]
 
     return answer
+
+
+def finished_turns(tokenizer, texts) -> list[Generation]:
+    """Each of `texts` as a finished model turn: its ids, the end-of-turn token, a log-prob of -0.5 per token."""
+    turns = []
+    for text in texts:
+        ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+        turns.append(Generation(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop"))
+    return turns

@@ -16,9 +16,9 @@ pytest.importorskip("trl.experimental.async_grpo", reason="needs TRL >= 1.16")
 
 from gym_bridge.trl._async import AsyncRolloutWorker, AsyncWorkerSettings  # noqa: E402
 from gym_bridge.core.agent_loop import Limits  # noqa: E402
-from gym_bridge.core.policy import Generation  # noqa: E402
 from gym_bridge.core.task import load_tasks, parse_task  # noqa: E402
 from tests.support.resume_kit import TurnPolicy  # noqa: E402
+from tests.support.scripted_model import finished_turns
 
 ROOT = __import__("pathlib").Path(__file__).parents[2]
 TEXTS = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
@@ -61,10 +61,7 @@ def take(worker: AsyncRolloutWorker, count: int) -> list:  # type: ignore[type-a
 
 
 def test_a_restarted_worker_continues_the_groups_in_flight_keeping_their_turns_policy_versions(smol_template, smol_tokenizer, tmp_path):
-    turns = []
-    for text in TEXTS:
-        ids = smol_tokenizer.encode(text, add_special_tokens=False) + [smol_tokenizer.eos_token_id]
-        turns.append(Generation(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop"))
+    turns = finished_turns(smol_tokenizer, TEXTS)
 
     clean = worker(TurnPolicy(smol_template, turns), smol_template, tmp_path, "clean", journal=False)
     clean.update_model_version(1)

@@ -30,6 +30,7 @@ pytest.importorskip("trl.experimental.async_grpo", reason="needs TRL >= 1.16")
 from gym_bridge.core.policy import Generation, GenerationRequest  # noqa: E402
 from tests.support import async_trainer  # noqa: E402
 from tests.support.scripted_model import ScriptedModel  # noqa: E402
+from tests.support.scripted_model import finished_turns
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 8
@@ -58,10 +59,7 @@ def model_server(smol_tokenizer):
     from gym_bridge.serve.model_server import build_app
     from tests.support.http_server import app_in_thread
 
-    turns = []
-    for text in CALLS:
-        ids = smol_tokenizer.encode(text, add_special_tokens=False) + [smol_tokenizer.eos_token_id]
-        turns.append(Generation(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop"))
+    turns = finished_turns(smol_tokenizer, CALLS)
 
     def answer(prompt_text: str, request: GenerationRequest) -> Generation:
         model.tasks.append(int(re.findall(r"\(request (\d+)\)", prompt_text)[0]))

@@ -19,6 +19,7 @@ pytest.importorskip("trl", reason="needs TRL")
 
 from gym_bridge.core.policy import Generation, GenerationRequest  # noqa: E402
 from tests.support.resume_kit import Killed, TurnPolicy  # noqa: E402
+from tests.support.scripted_model import finished_turns
 
 CALLS = [
     '<tool_call>\n{"name": "get_synonym_value", "arguments": {"synonym": "Warm"}}\n</tool_call>',
@@ -77,10 +78,7 @@ def same(record: dict) -> tuple:
 
 
 def script(tokenizer) -> list[Generation]:
-    turns = []
-    for text in CALLS:
-        ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
-        turns.append(Generation(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop"))
+    turns = finished_turns(tokenizer, CALLS)
     return turns
 
 
