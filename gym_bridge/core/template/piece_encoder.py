@@ -6,6 +6,7 @@ whole text (checked on probe texts when the encoder is built)."""
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -30,6 +31,7 @@ class PieceEncoder:
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
+        self._lock = threading.Lock()
         self._vocab_size = -1
         self._refresh()
 
@@ -64,9 +66,7 @@ class PieceEncoder:
                      for part, ids in zip(parts, known_parts) if ids is None and part}
         encoded = iter(self._encode_pieces([piece for pieces in new_parts.values() for piece in pieces], per_piece=True))
         fresh = {part: [token for _ in pieces for token in next(encoded)] for part, pieces in new_parts.items()}
-        if len(part_ids) + len(fresh) > MAX_CACHED_PARTS:
-            part_ids.clear()
-        part_ids.update((part, ids) for part, ids in fresh.items() if len(part) <= MAX_CACHED_PART_CHARS)
+        self._keep(part_ids, MAX_CACHED_PARTS, MAX_CACHED_PART_CHARS, fresh)
         ids: list[int] = []
         for part, known in zip(parts, known_parts):
             if known is not None:
@@ -79,22 +79,30 @@ class PieceEncoder:
         """The ids of `pieces` joined (or, `per_piece`, a list of each piece's ids), new pieces encoded
         in one GIL-releasing batch call when they are long, and kept when short."""
         cache = self._piece_ids
-        new = [piece for piece in dict.fromkeys(pieces) if piece not in cache]
-        fresh: dict[str, list[int]] = {}
+        found = {piece: ids for piece in dict.fromkeys(pieces) if (ids := cache.get(piece)) is not None}
+        new = [piece for piece in dict.fromkeys(pieces) if piece not in found]
         if new:
             if sum(map(len, new)) >= GIL_FREE_CHARS:
                 encoded = [encoding.ids for encoding in self.backend.encode_batch(new, add_special_tokens=False)]
             else:
                 encoded = [self.backend.encode(piece, add_special_tokens=False).ids for piece in new]
-            fresh = dict(zip(new, encoded))
-            if len(cache) + len(new) > MAX_CACHED_PIECES:
-                cache.clear()
-            cache.update((piece, ids) for piece, ids in fresh.items() if len(piece) <= MAX_CACHED_PIECE_CHARS)
-        each = [fresh[piece] if piece in fresh else cache[piece] for piece in pieces]
+            found.update(zip(new, encoded))
+            self._keep(cache, MAX_CACHED_PIECES, MAX_CACHED_PIECE_CHARS, found)
+        each = [found[piece] for piece in pieces]
         if per_piece:
             return each
         return [token for ids in each for token in ids]
 
+    def _keep(self, cache: dict[str, list[int]], max_entries: int, max_chars: int, used: dict[str, list[int]]) -> None:
+        """Add the texts one call `used` to `cache`; a cache that would pass `max_entries` is emptied
+        first and keeps only those (for pieces, the markup every call shares among them). The call has
+        read every text it needs by then, so emptying never loses one; the lock keeps threads that share
+        the encoder from emptying the cache in the middle of each other's update."""
+        keep = [(text, ids) for text, ids in used.items() if len(text) <= max_chars]
+        with self._lock:
+            if len(cache) + len(keep) > max_entries:
+                cache.clear()
+            cache.update(keep[:max_entries])
 
 @dataclass(frozen=True)
 class _Splitter:
