@@ -169,6 +169,17 @@ def get_environment(name: str) -> type[Environment]:
     raise UnknownEnvironmentError(f"unknown environment {name!r}; known environments: {known}")
 
 
+def routing_names(env_class: type[Environment]) -> frozenset[str]:
+    """Every name that routes to `env_class` now without importing anything: its name, the aliases registered
+    for it and the module paths (`package.module:Class`) it was loaded by; empty when it is not registered."""
+    _load_entry_points()
+    name = env_class.name
+    if _registry.get(name) is not env_class:
+        return frozenset()
+    aliases = {alias for alias, target in _aliases.items() if target == name}
+    return frozenset({name, *aliases, *(path for path, target in _paths.items() if target == name)})
+
+
 def configure(name: str, **settings: Any) -> type[Environment]:
     """Change settings of a registered environment for this process; returns the configured class.
 

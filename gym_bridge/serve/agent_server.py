@@ -28,12 +28,12 @@ from gym_bridge.capture.environment import HarnessEnvironment, row_command
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import Environment
-from gym_bridge.core.errors import BackendAnswerError, ConfigError, DataError, MissingExtraError, UnknownEnvironmentError, UserError
+from gym_bridge.core.errors import BackendAnswerError, ConfigError, DataError, MissingExtraError, UserError
 from gym_bridge.core.items import TOKEN_FIELDS
 from gym_bridge.core.journal import RunFingerprint, RunJournal
 from gym_bridge.core.policy import ChatPolicy, ChatRequest, ChatTurn, SamplingParams
 from gym_bridge.core.record import RolloutRecord
-from gym_bridge.core.registry import get_environment, resolve_tasks
+from gym_bridge.core.registry import get_environment, resolve_tasks, routing_names
 from gym_bridge.core.rollout_file import dump_line
 from gym_bridge.core.task import MAX_ROW_DEPTH, Task, parse_task
 from gym_bridge.policies.router import ReplicaRouter
@@ -152,6 +152,10 @@ class AgentServer:
         self.env_classes: dict[str, type[Environment]] = {}
         for name in settings.envs:
             self.env_classes[name] = get_environment(name)  # raises UnknownEnvironmentError listing the known ones
+        self.routes = {route: env_class for name, env_class in self.env_classes.items()
+                       for route in (name, *routing_names(env_class))}
+        """The routing names a `/run` row may give (served names, their aliases and module paths), fixed at start:
+        a row is routed only among these, so no body makes the server import a module."""
         ensure_ready(self.env_classes.values())  # a missing sandbox stops the server at start, not each /run
         self.policy: Any = policy if policy is not None else ModelServers(settings)
         self.engine = Engine(self.policy, None, EngineConfig(
@@ -175,11 +179,8 @@ class AgentServer:
             task = parse_task(row, index=next(self._counter), source="/run")
         except DataError as error:
             raise RowError(str(error).removeprefix("/run: ").removeprefix(f"{error.field}: "), field=error.field) from None
-        try:
-            env_class = get_environment(task.env_name)
-        except UnknownEnvironmentError:
-            env_class = None
-        if env_class is None or env_class not in self.env_classes.values():
+        env_class = self.routes.get(task.env_name)
+        if env_class is None:
             raise RowError(f"environment {task.env_name!r} is not served here; this server serves {sorted(set(self.settings.envs))}",
                            field="agent_ref.name")
         try:
