@@ -14,6 +14,7 @@ endpoint's sessions hold them too, one per segment (`ServedTranscript` for a tok
 from __future__ import annotations
 
 import json
+from itertools import chain, islice
 from dataclasses import InitVar, dataclass, field, replace
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
@@ -240,7 +241,7 @@ class ServedTranscript(TokenTranscript):
                     session_id: str, max_tokens: int, numbering: ItemIds, output: list[Item]) -> ServedTranscript:
         """A conversation rendered whole from `messages` (in a worker thread when long), its items going to `output`.
         Raises what the chat template raises, TimeoutError when tokenizing outlasts `TOKENIZE_TIMEOUT_S`."""
-        prompt_ids = await _tokenized(lambda: template.prompt_ids(messages, list(tools) or None), messages)
+        prompt_ids = await _tokenized(lambda: template.prompt_ids(messages, list(tools) or None), messages, tools)
         return cls(policy, template, messages=messages, tools=tools, trajectory=Trajectory(prompt_ids=prompt_ids, output=output),
                    session_id=session_id, max_tokens=max_tokens, numbering=numbering)
 
@@ -413,14 +414,33 @@ def _answered_id(item_id: str, call: ParsedCall) -> str:
     return call.call_id or ""
 
 
-async def _tokenized(render: Callable[[], list[int]], messages: Sequence[Mapping[str, Any]]) -> list[int]:
-    """`render()`, in a worker thread when `messages` hold `OFF_LOOP_TOKENIZE_CHARS` characters or more
-    (as the engine tokenizes long tool outputs): a megabyte stalled every rollout's calls for seconds."""
-    size = sum(len(content) for message in messages if isinstance(content := message.get("content"), str))
-    if size < OFF_LOOP_TOKENIZE_CHARS:
+async def _tokenized(render: Callable[[], list[int]], *rendered: Sequence[Mapping[str, Any]]) -> list[int]:
+    """`render()`, in a worker thread when what it renders (`rendered`: messages, tool schemas) holds
+    `OFF_LOOP_TOKENIZE_CHARS` characters or more (as the engine tokenizes long tool outputs): a megabyte
+    of messages or of tools stalled every rollout's calls for seconds."""
+    if not _at_least_chars(rendered, OFF_LOOP_TOKENIZE_CHARS):
         return render()
     ids: list[int] = await call_bounded(render, timeout_s=TOKENIZE_TIMEOUT_S, owner="tokenizer")
     return ids
+
+
+def _at_least_chars(value: Any, limit: int) -> bool:
+    """Whether the strings of `value` (keys included; nested dicts and lists, every other leaf counted as one
+    character) add up to `limit` or more. Stops once they do, so a big value costs about `limit` steps."""
+    total, stack = 0, [value]
+    while stack and total < limit:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += max(len(item), 1)
+        elif isinstance(item, Mapping):
+            total += 1
+            stack.extend(islice(chain.from_iterable(item.items()), limit - total))
+        elif isinstance(item, (list, tuple)):
+            total += 1
+            stack.extend(islice(item, limit - total))
+        else:
+            total += 1
+    return total >= limit
 
 
 def _carry_tokens(message: AssistantMessage, last_item: Item, tokens: CallTokens) -> None:
