@@ -140,13 +140,14 @@ async def run_command(argv: Sequence[str], *, env: Mapping[str, str], stdin: byt
 
 
 def limit_hit(exit_code: int | None, cpu_s: float | None, stderr_tail: str, limits: HarnessLimits) -> LimitKind | None:
-    """Which limit a command's exit shows it hit, or None: `cpu` for SIGXCPU (also as a shell's status 128+24 for a
-    child), or SIGKILL after using the CPU limit; `memory` for a failed exit whose stderr names a failed allocation
-    (`OUT_OF_MEMORY`; RLIMIT_DATA kills nothing, the allocation fails)."""
+    """Which limit a command's exit shows it hit, or None: `cpu` for SIGXCPU, or SIGKILL after using the CPU limit
+    (what the hard limit sends a process that ignores SIGXCPU), each also as a shell's status 128 + the signal for
+    a child it ran (`cpu_s` counts the children it waited for); `memory` for a failed exit whose stderr names a
+    failed allocation (`OUT_OF_MEMORY`; RLIMIT_DATA kills nothing, the allocation fails)."""
     if exit_code in (None, 0):
         return None
     if limits.cpu_s is not None and (exit_code in (-signal.SIGXCPU, 128 + signal.SIGXCPU) or (
-            exit_code == -signal.SIGKILL and cpu_s is not None and cpu_s >= limits.cpu_s)):
+            exit_code in (-signal.SIGKILL, 128 + signal.SIGKILL) and cpu_s is not None and cpu_s >= limits.cpu_s)):
         return "cpu"
     if limits.memory_mb is not None and OUT_OF_MEMORY.search(stderr_tail):
         return "memory"

@@ -68,10 +68,18 @@ def test_a_harness_that_spins_past_its_cpu_limit_fails_as_env_naming_the_limit(s
     assert record["failure_reason"].startswith("the harness hit its CPU limit of 1 s per process (RLIMIT_CPU, harness_cpu_limit_s); ")
     assert "exited with status -24" in record["failure_reason"]  # SIGXCPU
 
+    # a shell whose child ignores SIGXCPU: the hard limit's SIGKILL, so the shell exits 137 (issue 36)
+    ignoring = shell_env(f'"$0" -c "{IGNORE_SIGXCPU}\n{SPIN}"; exit $?', harness_cpu_limit_s=1)
+    record = rollout(engine(smol_template, {"": []}), ignoring)
+    assert record["failure_kind"] == "env" and "exited with status 137" in record["failure_reason"]
+    assert record["failure_reason"].startswith("the harness hit its CPU limit of 1 s per process (RLIMIT_CPU, harness_cpu_limit_s); ")
+
 
 @pytest.mark.parametrize(("argv", "status"), [
     (python(IGNORE_SIGXCPU, SPIN), -9),  # ignores SIGXCPU: SIGKILL at the hard limit, one second later
     (["sh", "-c", f'"$0" -c "{SPIN}"; exit $?', sys.executable], 128 + 24),  # a grandchild: its shell says 128 + SIGXCPU
+    # a grandchild that ignores SIGXCPU: SIGKILL at the hard limit, so its shell says 128 + SIGKILL (named since issue 36)
+    (["sh", "-c", '"$0" -c "$1"; exit $?', sys.executable, f"{IGNORE_SIGXCPU}\n{SPIN}"], 128 + 9),
 ])
 def test_the_cpu_limit_is_named_for_a_process_that_ignores_sigxcpu_and_for_a_child(argv, status) -> None:
     outcome = asyncio.run(run_command(argv, env={"PATH": "/usr/bin:/bin"}, stdin=b"", timeout_s=30, stop=asyncio.Event(),
