@@ -315,14 +315,16 @@ class HarnessEnvironment(Environment):
         return replace(result, metrics={**result.metrics, **self.capture_metrics()})
 
     def capture_metrics(self) -> dict[str, Any]:
-        """Calls, segments, rewrites, token-in calls, endpoint errors and the output tails of this rollout."""
+        """Calls, segments, rewrites, token-in calls, endpoint errors (the first and latest kept, the others counted:
+        see `gym_bridge.capture.session.MAX_KEPT_ERRORS`) and the output tails of this rollout."""
         session, outcome = self.session, self.outcome
         if session is None:
             return {}
         assembly = assemble(session.calls)
         metrics: dict[str, Any] = {"model_calls": len(session.calls), "segments": len(assembly.segments),
                                    "rewrites": assembly.rewrites, "token_in_calls": session.token_in_calls,
-                                   "endpoint_errors": [f"{e.status}: {e.message}" for e in session.errors]}
+                                   "endpoint_errors": [f"{e.status}: {e.message}" for e in session.errors],
+                                   "endpoint_errors_dropped": session.errors_dropped}
         if outcome is not None:
             metrics.update(harness_exit_code=outcome.exit_code, stdout_tail=outcome.stdout_tail, stderr_tail=outcome.stderr_tail)
         return metrics

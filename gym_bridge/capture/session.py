@@ -54,9 +54,16 @@ class SessionStop:
     reason: str
 
 
+MAX_KEPT_ERRORS = 32
+"""Error answers a session keeps for its record: the first half and the most recent half (the cause and the end of
+a harness that retries a bad request thousands of times); the others are only counted (`errors_dropped`)."""
+MAX_ERROR_MESSAGE_CHARS = 500
+"""Characters kept of one error answer's message (one can quote what the request sent, a model name of megabytes)."""
+
+
 @dataclass(frozen=True)
 class EndpointError:
-    """A call the session answered with an error status, as the harness saw it."""
+    """A call the session answered with an error status, as the harness saw it (its message cut to `MAX_ERROR_MESSAGE_CHARS`)."""
 
     status: int
     message: str
@@ -72,6 +79,7 @@ class SessionState(Protocol):
     calls: list[CapturedCall]
     output: list[Item]
     errors: list[EndpointError]
+    errors_dropped: int
     stop: SessionStop | None
     stopped: asyncio.Event
     last_finish_reason: str
@@ -110,6 +118,9 @@ class _Session:
     output: list[Item] = field(default_factory=list)
     """Responses items of every call (tool outputs it was sent, reasoning, message, calls)."""
     errors: list[EndpointError] = field(default_factory=list)
+    """The error answers kept (at most `MAX_KEPT_ERRORS`: the first and the latest)."""
+    errors_dropped: int = 0
+    """Error answers not kept (between the first and the latest)."""
     stop: SessionStop | None = None
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
     last_finish_reason: str = ""
@@ -145,8 +156,17 @@ class _Session:
 
     def fail(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None) -> ApiError:
         """Record an error answer and return it to raise."""
-        self.errors.append(EndpointError(status=status, message=message))
+        self._log_error(status, message)
         return ApiError(status, message, kind, code=code)
+
+    def _log_error(self, status: int, message: str) -> None:
+        """Keep an error answer for the record, within `MAX_KEPT_ERRORS` and `MAX_ERROR_MESSAGE_CHARS`."""
+        if len(message) > MAX_ERROR_MESSAGE_CHARS:
+            message = f"{message[:MAX_ERROR_MESSAGE_CHARS]}... ({len(message) - MAX_ERROR_MESSAGE_CHARS} more characters)"
+        self.errors.append(EndpointError(status=status, message=message))
+        if len(self.errors) > MAX_KEPT_ERRORS:
+            del self.errors[MAX_KEPT_ERRORS // 2]  # the oldest of the latest half
+            self.errors_dropped += 1
 
     def _set_stop(self, kind: StopKind, reason: str) -> None:
         """Record why the session stops (the first reason wins); `stopped` (which ends the harness)
@@ -233,7 +253,7 @@ class _Session:
         if isinstance(error, ContextOverflowError):
             return self._stop("context_overflow", f"This model's maximum context length is exceeded: {error}")
         self._set_stop("infra", f"generation backend: {error}")
-        self.errors.append(EndpointError(status=500, message=str(error)))
+        self._log_error(500, str(error))
         return ApiError(500, f"generation backend failed: {error}", "server_error")
 
     def _request_tools(self, body: ChatBody) -> list[dict[str, Any]] | None:
