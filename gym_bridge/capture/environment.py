@@ -7,7 +7,8 @@ flat `tokens` view is the last segment, and when the harness rewrote its history
 is kept under `tokens.segments`. The environment's `score(task, answer)` grades the agent's final
 answer (what a callable returned, else the content of its last model answer); `verify` adds the
 capture's metrics (calls, segments, rewrites, endpoint errors, output tails). A command gets a
-minimal environment (`harness_environment`); a row names its own only where `allow_row_commands` says.
+minimal environment (`harness_environment`) and only the row fields `harness_row_fields` names (the
+verifier's stay out of the agent's reach); a row names its own command only where `allow_row_commands` says.
 """
 
 from __future__ import annotations
@@ -35,11 +36,14 @@ from gym_bridge.core.journal import ResumeKind
 from gym_bridge.core.items import Item
 from gym_bridge.core.policy import ChatPolicy, is_token_policy
 from gym_bridge.core.registry import module_paths_limited
-from gym_bridge.core.task import Task
+from gym_bridge.core.task import ROUTING_KEYS, Task
 from gym_bridge.core.dialects.chat import to_chat_tool
 
 REASON_TAIL_CHARS = 800
 """Characters of stdout and stderr quoted in a failure reason."""
+DEFAULT_HARNESS_ROW_FIELDS = ("responses_create_params", "messages", "prompt", *ROUTING_KEYS)
+"""The row fields a harness gets by default: its input (and tools) and its routing, not the verifier's fields
+(`expected_answer`, `ground_truth`, ...), which an agent the model drives (a shell tool) could read and copy."""
 
 
 class HarnessLoop:
@@ -56,7 +60,7 @@ class HarnessLoop:
             raise FailRollout("env", f"HarnessLoop needs a HarnessEnvironment, got {type(env).__name__}")
         session = _session(ctx, type(env).model_name, type(env).max_parallel_calls)
         payload = {"messages": list(ctx.task.messages), "tools": [to_chat_tool(schema) for schema in ctx.tools],
-                   "model": session.model_name, "row": ctx.task.row}
+                   "model": session.model_name, "row": type(env).harness_row(ctx.task.row)}
         try:
             async with capture_server().session(session) as base_url:
                 outcome = await self._run_agent(env, ctx.task, session, base_url, payload)
@@ -203,6 +207,9 @@ class HarnessEnvironment(Environment):
     harness_env_vars: ClassVar[tuple[str, ...]] = ()
     """Names of the trainer's environment variables a command also gets, beside `BASE_ENV_VARS` and its
     session's (`OPENAI_BASE_URL`, `OPENAI_API_KEY`, `OPENAI_MODEL`, `GYM_BRIDGE_TASK_FILE`)."""
+    harness_row_fields: ClassVar[tuple[str, ...] | None] = DEFAULT_HARNESS_ROW_FIELDS
+    """The fields of its row a harness gets (the task's `row`); the verifier's stay with `score`. Add the fields
+    an agent needs (`("responses_create_params", "my_field")`); None gives it the whole row."""
     agent: ClassVar[AgentCallable | None] = None
     """Or an async callable `agent(client, task)`; it wins over `command`."""
     harness_timeout_s: ClassVar[float] = 300.0
@@ -222,7 +229,7 @@ class HarnessEnvironment(Environment):
     agent that fans out sub-agents (it then puts up to this many generations per rollout on the policy)."""
     agent_loop: ClassVar[HarnessLoop] = HarnessLoop()
     settings: ClassVar[tuple[str, ...]] = ("harness_timeout_s", "tail_chars", "max_parallel_calls", "allow_row_commands", "harness_env_vars",
-                                           "harness_memory_limit_mb", "harness_cpu_limit_s")
+                                           "harness_memory_limit_mb", "harness_cpu_limit_s", "harness_row_fields")
     tools_from_row = True  # the agent runs its own tools; a row's tool schemas are passed to it as they are
     resume: ClassVar[ResumeKind] = "restart"
     """An agent program's run cannot be picked up mid-way (its own loop and tools live in its process): a rollout in
@@ -280,6 +287,12 @@ class HarnessEnvironment(Environment):
         return problems
 
     @classmethod
+    def harness_row(cls, row: Mapping[str, Any]) -> dict[str, Any]:
+        """The part of `row` its harness gets: the fields `harness_row_fields` names (all of them when None)."""
+        fields = cls.harness_row_fields
+        return dict(row) if fields is None else {name: row[name] for name in fields if name in row}
+
+    @classmethod
     def harness_limits(cls) -> HarnessLimits:
         """The resource limits of this environment's commands."""
         return HarnessLimits(memory_mb=cls.harness_memory_limit_mb, cpu_s=cls.harness_cpu_limit_s)
@@ -294,6 +307,11 @@ class HarnessEnvironment(Environment):
         if isinstance(names, str) or not isinstance(names, (list, tuple)) or not all(
                 isinstance(name, str) and name and "=" not in name for name in names):
             raise ConfigError(f"{cls.name}.harness_env_vars must be a list of variable names, e.g. [\"MY_TOKEN\"], got {names!r}")
+        fields = cls.harness_row_fields
+        if fields is not None and (isinstance(fields, str) or not isinstance(fields, (list, tuple)) or not all(
+                isinstance(name, str) and name for name in fields)):
+            raise ConfigError(f"{cls.name}.harness_row_fields must be a list of row field names, e.g. "
+                              f"[\"responses_create_params\", \"my_field\"], or null for the whole row, got {fields!r}")
         for key, unit in (("harness_memory_limit_mb", "MiB"), ("harness_cpu_limit_s", "seconds")):
             value = getattr(cls, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
