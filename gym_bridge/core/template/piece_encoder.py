@@ -66,7 +66,7 @@ class PieceEncoder:
                      for part, ids in zip(parts, known_parts) if ids is None and part}
         encoded = iter(self._encode_pieces([piece for pieces in new_parts.values() for piece in pieces], per_piece=True))
         fresh = {part: [token for _ in pieces for token in next(encoded)] for part, pieces in new_parts.items()}
-        self._keep(part_ids, MAX_CACHED_PARTS, MAX_CACHED_PART_CHARS, fresh)
+        self._keep(part_ids, MAX_CACHED_PARTS, MAX_CACHED_PART_CHARS, fresh, refill={})
         ids: list[int] = []
         for part, known in zip(parts, known_parts):
             if known is not None:
@@ -79,30 +79,35 @@ class PieceEncoder:
         """The ids of `pieces` joined (or, `per_piece`, a list of each piece's ids), new pieces encoded
         in one GIL-releasing batch call when they are long, and kept when short."""
         cache = self._piece_ids
-        found = {piece: ids for piece in dict.fromkeys(pieces) if (ids := cache.get(piece)) is not None}
-        new = [piece for piece in dict.fromkeys(pieces) if piece not in found]
+        unique = dict.fromkeys(pieces)
+        found = {piece: ids for piece in unique if (ids := cache.get(piece)) is not None}
+        new = [piece for piece in unique if piece not in found]
         if new:
             if sum(map(len, new)) >= GIL_FREE_CHARS:
                 encoded = [encoding.ids for encoding in self.backend.encode_batch(new, add_special_tokens=False)]
             else:
                 encoded = [self.backend.encode(piece, add_special_tokens=False).ids for piece in new]
-            found.update(zip(new, encoded))
-            self._keep(cache, MAX_CACHED_PIECES, MAX_CACHED_PIECE_CHARS, found)
+            fresh = dict(zip(new, encoded))
+            self._keep(cache, MAX_CACHED_PIECES, MAX_CACHED_PIECE_CHARS, fresh, refill=found)
+            found.update(fresh)
         each = [found[piece] for piece in pieces]
         if per_piece:
             return each
         return [token for ids in each for token in ids]
 
-    def _keep(self, cache: dict[str, list[int]], max_entries: int, max_chars: int, used: dict[str, list[int]]) -> None:
-        """Add the texts one call `used` to `cache`; a cache that would pass `max_entries` is emptied
-        first and keeps only those (for pieces, the markup every call shares among them). The call has
-        read every text it needs by then, so emptying never loses one; the lock keeps threads that share
-        the encoder from emptying the cache in the middle of each other's update."""
-        keep = [(text, ids) for text, ids in used.items() if len(text) <= max_chars]
+    def _keep(self, cache: dict[str, list[int]], max_entries: int, max_chars: int, fresh: dict[str, list[int]],
+              refill: dict[str, list[int]]) -> None:
+        """Add the `fresh` texts of one call to `cache`. A cache that would pass `max_entries` is emptied first
+        and then holds this call's texts, `refill` (those it found in the cache: the markup every call shares)
+        and `fresh`. The call has read every text it needs by then, so emptying never loses one; the lock keeps
+        threads that share the encoder from emptying the cache in the middle of each other's update."""
         with self._lock:
-            if len(cache) + len(keep) > max_entries:
+            if len(cache) + len(fresh) > max_entries:
                 cache.clear()
-            cache.update(keep[:max_entries])
+                cache.update(refill)
+            cache.update((text, ids) for text, ids in fresh.items() if len(text) <= max_chars)
+            while len(cache) > max_entries:  # one call with more texts than the cache holds
+                del cache[next(iter(cache))]
 
 @dataclass(frozen=True)
 class _Splitter:

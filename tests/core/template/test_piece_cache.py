@@ -36,6 +36,15 @@ def test_a_call_that_fills_the_cache_still_reads_its_markup(smol_tokenizer):
     assert len(template.codec.pieces._piece_ids) <= piece_encoder.MAX_CACHED_PIECES
 
 
+def test_one_call_with_more_new_pieces_than_the_cache_holds(smol_tokenizer, monkeypatch):
+    monkeypatch.setattr(piece_encoder, "MAX_CACHED_PIECES", 50)
+    template = ChatTemplate(smol_tokenizer)
+    text = template.delta_text(template.tool_messages([tool_output(0)]), closing_sampled="")  # 200 new lines
+    for _ in range(2):
+        assert template.encode(text) == smol_tokenizer.encode(text, add_special_tokens=False)
+        assert len(template.codec.pieces._piece_ids) == 50
+
+
 def test_threads_sharing_one_encoder_get_exact_ids(smol_tokenizer, monkeypatch):
     monkeypatch.setattr(piece_encoder, "MAX_CACHED_PIECES", 300)  # the cache fills and is trimmed every few calls
     template = ChatTemplate(smol_tokenizer)
