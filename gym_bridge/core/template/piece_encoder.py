@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import threading
+from itertools import islice
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -105,9 +106,9 @@ class PieceEncoder:
             if len(cache) + len(fresh) > max_entries:
                 cache.clear()
                 cache.update(refill)
-            cache.update((text, ids) for text, ids in fresh.items() if len(text) <= max_chars)
-            while len(cache) > max_entries:  # one call with more texts than the cache holds
-                del cache[next(iter(cache))]
+            kept = ((text, ids) for text, ids in fresh.items() if len(text) <= max_chars)
+            cache.update(islice(kept, max(0, max_entries - len(cache))))  # never past the cap, however many a call brings
+
 
 @dataclass(frozen=True)
 class _Splitter:
