@@ -403,7 +403,9 @@ def _apply(states: dict[RolloutKey, RolloutState], key: RolloutKey, frame: Mappi
         raise JournalError(f"{path}: rollout {key} continues at event {at}, but only {len(state.events)} are committed")
     state.events[at:] = list(frame["ev"])
     state.attempt, state.budgets, state.kind = int(frame["a"]), dict(frame["b"]), str(frame["kind"])
-    state.snapshot, state.snapshot_version = frame.get("snap"), frame.get("sv")
+    if frame.get("snap") is not None:  # none: the state did not change since the rollout's last commit
+        state.snapshot = frame["snap"]
+    state.snapshot_version = frame.get("sv")
 
 
 def _fsync_dir(directory: Path) -> None:
