@@ -30,6 +30,8 @@ from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.trajectory import Trajectory
 
 _GENERATION_FIELDS = frozenset(f.name for f in dataclasses.fields(Generation))
+_SNAPSHOT_JSON = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+"""What a journal frame accepts (`encode_frame`), keys sorted so an unchanged state encodes the same."""
 
 
 class ReplayMismatch(RolloutError):
@@ -219,7 +221,7 @@ class RolloutResume:
         except Exception as error:
             raise classify(error, step="tool", what="snapshot()", timeout_s=env_class.tool_timeout_s) from None
         try:
-            encoded = orjson.dumps(state, option=orjson.OPT_SORT_KEYS)
+            encoded = orjson.dumps(state, option=_SNAPSHOT_JSON)
         except TypeError as error:
             raise FailRollout("env", f"snapshot() returned {type(state).__name__}, which is not JSON data ({error}): "
                                      "return dicts, lists, strings and numbers") from None
