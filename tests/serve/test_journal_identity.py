@@ -97,3 +97,20 @@ def test_serve_journals_by_default_under_its_port_and_no_journal_opts_out(model_
     finally:
         process.terminate()
         process.communicate(timeout=30)
+
+
+def test_a_server_nemo_gym_starts_journals_by_default_unless_its_entry_says_null(tmp_path, monkeypatch):
+    import yaml
+
+    from gym_bridge.serve.agent_server import from_nemo_gym_environ
+
+    monkeypatch.setenv("GYM_BRIDGE_CACHE", str(tmp_path))
+    entry = {"entrypoint": "app.py", "host": "10.0.0.1", "port": 5123, "envs": ["math"]}
+
+    def launched(**extra):
+        config = {"policy_base_url": ["http://10.0.0.1:41000/v1"], "weather": {"responses_api_agents": {"gym_bridge": {**entry, **extra}}}}
+        return from_nemo_gym_environ({"NEMO_GYM_CONFIG_DICT": yaml.safe_dump(config), "NEMO_GYM_CONFIG_PATH": "weather"}).settings
+
+    assert launched().journal_dir == str(tmp_path / "serve_journal" / "port-5123")
+    assert launched(journal_dir=None).journal_dir is None
+    assert launched(journal_dir=str(tmp_path / "j")).journal_dir == str(tmp_path / "j")
