@@ -24,7 +24,7 @@ from gym_bridge.core.health import HealthSettings, ToolCallAlarm, tool_call_heal
 from gym_bridge.core.metrics import summarize
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import TaskSet, get_environment, remote_url, resolve_tasks
-from gym_bridge.core.rollout_file import RolloutWriter, input_row, locked_output, read_records, resume_records
+from gym_bridge.core.rollout_file import RolloutWriter, input_row, keep_only, locked_output, read_records, resume_records
 from gym_bridge.core.task import Task, iter_jsonl, parse_task, routing_name
 
 
@@ -183,6 +183,8 @@ async def run_eval_locked(
         check_repeats(kept, num_repeats=num_repeats, output=output)
     run_journal = (_prepare_journal(engine, tasks, output, resume=resume, finished=skip, repeats=num_repeats)
                    if journal else None)
+    if resume and output.exists():  # checked: now the failed records go, to be run again
+        keep_only(output, kept.values())
     started, cpu_started = time.perf_counter(), time.process_time()
     this_run: list[dict[str, Any]] = []
     alarm = ToolCallAlarm(health or HealthSettings())

@@ -91,11 +91,15 @@ def test_a_resume_with_another_num_repeats_is_refused_naming_both_values(tmp_pat
     assert sorted(r["repeat_index"] for r in read_records(output)) == [0, 1] and policy.calls < 8
 
 
-def test_a_resume_over_records_of_more_repeats_is_refused(tmp_path, smol_template, script):
+def test_a_resume_over_records_of_more_repeats_is_refused_and_writes_nothing(tmp_path, smol_template, script):
+    # before: the run went on with 1 repeat; and a refused resume had already dropped the failed records from the file
     tasks, output = select_ready_tasks(env_names=["multi_step"], limit=1), tmp_path / "out.jsonl"
-    evaluate(TurnPolicy(smol_template, script), smol_template, tasks, output, num_repeats=3, journal=False)
+    evaluate(FailingAt(smol_template, script, fail_at=2), smol_template, tasks, output, num_repeats=3, journal=False)
+    assert [r["failure_kind"] for r in read_records(output)].count("infra") == 1
+    before = output.read_bytes()
     with pytest.raises(GymBridgeError, match="holds repeat 2 of a task.*--num-repeats 3 or more.*--num-repeats 1"):
         evaluate(TurnPolicy(smol_template, script), smol_template, tasks, output, resume=True, num_repeats=1, journal=False)
+    assert output.read_bytes() == before
 
 
 def test_a_resume_with_another_env_setting_is_refused_naming_both_values(tmp_path, smol_template, script):
