@@ -15,9 +15,9 @@ The YAML config:
   async_grpo   AsyncGRPOConfig fields (num_generations, max_staleness, weight_sync_steps, token_budget: 0, ...)
   gym_bridge   worker settings: max_turns, max_completion_tokens (all turns), max_concurrency, deadline_s,
                records (true: every rollout's record, with its per-call policy versions and the trainer's
-               version when it was consumed, to `<output_dir>/rollouts.jsonl`), journal (true: each finished
-               turn of the rollouts in flight to `<output_dir>/rollout_journal/`, so a restarted run continues
-               them from their last turn, keeping their turns' policy versions)
+               version when it was consumed, to `<output_dir>/rollouts.jsonl`), journal (true, the default: each
+               finished turn of the rollouts in flight to `<output_dir>/rollout_journal/`, so a restarted run
+               continues them from their last turn, keeping their turns' policy versions; false: off)
   resume_from_checkpoint  a checkpoint folder, or true for the latest whole one under output_dir (one a kill
                cut off while it was being saved is skipped): passed to `trainer.train`. Each checkpoint also holds the worker's progress (which groups the trainer took,
                the policy version), so the restarted run goes on counting versions and groups from there; with
@@ -139,12 +139,12 @@ def run(config: dict[str, Any], config_dir: Path) -> tuple[Any, Any]:
     try:
         options = dict(config.get("gym_bridge") or {})
         records = options.pop("records", True)
-        journal = options.pop("journal", False)
+        journal = options.pop("journal", True)
         worker = gym_bridge.trl.AsyncRolloutWorker.for_trainer(
             grpo_args, tasks=tasks, tokenizer=tokenizer, served_model=str(server.get("served_model", "policy")),
             num_processes=int(os.environ.get("WORLD_SIZE", "1")),
             records_path=output_dir / "rollouts.jsonl" if records else None,
-            journal_dir=output_dir / "rollout_journal" if journal else None, **options)
+            journal_dir=output_dir / "rollout_journal" if journal else False, **options)
         transfer = FileWeightTransfer(url) if config.get("weights", "file") == "file" else None
         build = cpu_async_grpo_trainer if config.get("cpu") else seams.trainer
         # the worker brings its own rows; the trainer's dataset only sizes its epoch bookkeeping (max_steps rules)

@@ -138,13 +138,13 @@ def _remote_tokenizer_path(path: str | None, model: str, entry: dict[str, Any]) 
     return path, f"the tokenizer in {path}"
 
 
-TOKENIZER_PROBE = " Hello, world! 123 4567.89\n\t<tool_call>{\"a\": [1, 2]}</tool_call>  \u00e9\u00e8 \u4f60\u597d  end "
 
 
 async def _matching_tokenizer(base_url: str, path: str, *, model: str, api_key: str | None, source: str, server_up: bool) -> Any:
     """The tokenizer in `path`, checked against the server's `/tokenize` on a probe text (skipped when the
     server has none). It is loaded without transformers (fast start) unless that one disagrees with the
     server, or cannot be checked and its class is one transformers rebuilds in code."""
+    from gym_bridge.policies.discovery import TOKENIZER_PROBE
     from gym_bridge.policies.remote import load_tokenizer, served_token_ids
     from gym_bridge.policies.tokenizer import GENERIC_TOKENIZER_CLASSES
 

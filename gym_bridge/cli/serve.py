@@ -99,9 +99,14 @@ def _agent_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
                    help="rollouts in flight at once (default 1024); past it a /run gets a 503 with Retry-After (/health is always answered)")
     p.add_argument("--max-request-bytes", type=int, default=None, help="larger /run bodies get a 413 (default 16 MiB)")
     p.add_argument("--request-timeout-s", type=float, default=None, help="timeout of one model call (default 600)")
-    p.add_argument("--journal", default=None, metavar="DIR",
-                   help="commit each finished turn of the rows that name their rollout (_ng_task_index, _ng_rollout_index) "
-                        "to DIR, so the same rollout sent again (a retry, a restarted server) continues from its last turn")
+    journal = p.add_mutually_exclusive_group()
+    journal.add_argument("--journal", default=None, metavar="DIR",
+                         help="commit each finished turn of the rows that name their rollout (_ng_task_index, _ng_rollout_index) "
+                              "to DIR, so the same rollout sent again (a retry, a restarted server) continues from its last turn; "
+                              "a restart against another model (its name, root and tokenizer, as the model servers report "
+                              "them at start) or other settings is refused. Default: on, in ~/.cache/gym_bridge/serve_journal/"
+                              "port-PORT (off with --port 0)")
+    journal.add_argument("--no-journal", action="store_true", help="journal nothing (a rollout sent again starts from turn 0)")
     p.add_argument("--api-key-env", default=None, metavar="VAR", help="environment variable holding the model server's API key")
 
 
@@ -111,7 +116,7 @@ def _agent_serve(args: argparse.Namespace) -> int:
         import uvicorn  # noqa: F401
     except ImportError:
         raise MissingExtraError("gym-bridge serve needs FastAPI and uvicorn: pip install 'gym-bridge[serve]'") from None
-    from gym_bridge.serve.agent_server import serve, settings_from_args
+    from gym_bridge.serve.agent_server import default_journal_dir, serve, settings_from_args
 
     urls = [url.strip() for entry in args.model_base_url for url in entry.split(",") if url.strip()]
     check_urls(urls, flag="--model-base-url")
@@ -120,7 +125,8 @@ def _agent_serve(args: argparse.Namespace) -> int:
         args.env, args.model_base_url, model=args.model, max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
         max_completion_tokens=args.max_completion_tokens, deadline_s=args.deadline_s, max_concurrency=args.max_concurrency,
         max_request_bytes=args.max_request_bytes, request_timeout_s=args.request_timeout_s,
-        api_key=os.environ.get(args.api_key_env) if args.api_key_env else None, journal_dir=args.journal,
+        api_key=os.environ.get(args.api_key_env) if args.api_key_env else None,
+        journal_dir=None if args.no_journal else args.journal or default_journal_dir(args.port),
     )
     serve(settings, host=args.host, port=args.port, on_ready=lambda url: print(f"serving {', '.join(settings.envs)} at {url}", flush=True))
     return 0

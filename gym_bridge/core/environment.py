@@ -280,6 +280,9 @@ class Environment:
     tools), `restart` (from turn 0; the default)."""
     snapshot_version: ClassVar[int] = 1
     """Version of what `snapshot` returns; a journal saved under another version restarts its rollouts from turn 0."""
+    max_snapshot_bytes: ClassVar[int] = 8 * 1024 * 1024
+    """Largest `snapshot()` state, as JSON, a commit journals (a changed state is journaled whole, an unchanged one not
+    again); a larger one fails the rollout as `env`, naming `snapshot()`."""
 
     _tool_specs: ClassVar[dict[str, ToolSpec] | None] = None
 
@@ -359,7 +362,8 @@ class Environment:
         """Release the session's resources (may be async). Called even when the rollout failed."""
 
     def snapshot(self) -> Any:
-        """The session's state as JSON-able data, taken at a turn boundary (only with `resume = "snapshot"`)."""
+        """The session's state as JSON-able data, taken at a turn boundary (only with `resume = "snapshot"`; runs in a
+        worker thread under `tool_timeout_s`)."""
         raise NotImplementedError(f"environment {self.name!r} declares no snapshot")
 
     def restore(self, task: Task, state: Any) -> Any:

@@ -17,7 +17,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Iterator, Literal, Mapping, Sequence
+from typing import Any, Awaitable, Iterable, Iterator, Literal, Mapping, Sequence
 
 import orjson
 
@@ -30,11 +30,6 @@ calls are run again in a fresh session and each output checked), `restart` (from
 RolloutKey = tuple[int, int]
 """(task index, repeat index)."""
 JOURNAL_VERSION = 1
-JOURNAL_BY_DEFAULT = False
-"""Whether `gym-bridge eval` journals a run that does not say (`--journal` / `--no-journal`): off, because on the
-engine-overhead benchmark (five tool calls, an instant scripted model in process) it costs 12.7% more CPU, above the
-5% goal; over HTTP at concurrency 128 its cost is within the noise (+0.8% CPU, README "Resuming"). A `--resume` of a
-run that left a journal uses it either way."""
 _MAGIC = b"GBJ1"
 _HEADER = struct.Struct("<4sII")
 """Magic, payload length, CRC-32 of the payload."""
@@ -62,11 +57,16 @@ class RunFingerprint:
         return cls(model=model, tasks=f"{len(tasks)} tasks, sha256 {digest.hexdigest()[:16]}", settings=_flat(settings))
 
     @classmethod
-    def of_engine(cls, config: Any, tasks: Sequence[Task]) -> RunFingerprint:
+    def of_engine(cls, config: Any, tasks: Sequence[Task], *, repeats: int | None = None,
+                  env_classes: Iterable[type[Any]] = ()) -> RunFingerprint:
         """The fingerprint of a run of `config` (an `EngineConfig`) over `tasks`: every setting but the concurrency
-        bounds, which do not change a rollout (a run may resume with another `--concurrency`)."""
+        bounds, which do not change a rollout (a run may resume with another `--concurrency`), plus `repeats` (rollouts
+        per task: a resume with fewer would leave groups uneven) and the settings of `env_classes` (`environment_settings`)."""
         settings = {key: value for key, value in dataclasses.asdict(config).items()
                     if key not in ("max_concurrency", "per_env_concurrency", "model_name")}
+        if repeats is not None:
+            settings["num_repeats"] = repeats
+        settings.update(environment_settings(env_classes))
         return cls.of_run(model=config.model_name, tasks=tasks, settings=settings)
 
     def to_dict(self) -> dict[str, Any]:
@@ -85,6 +85,25 @@ class RunFingerprint:
             if _canonical(mine) != _canonical(theirs):
                 found.append(f"setting {key} (journal: {mine!r}, this run: {theirs!r})")
         return found
+
+
+def environment_settings(env_classes: Iterable[type[Any]]) -> dict[str, Any]:
+    """`env.<name>.<key> -> value` of what `--env-setting` may change on each environment class (its `settings` and
+    timeouts): a `snapshot` environment restored under other settings would go on in a session they did not make. A
+    value that is not JSON data stands as its type's name (an object's repr would differ from run to run)."""
+    found: dict[str, Any] = {}
+    for env_class in sorted(set(env_classes), key=lambda env_class: str(env_class.name)):
+        for key in (*env_class.settings, "tool_timeout_s", "verify_timeout_s"):
+            found[f"env.{env_class.name}.{key}"] = _json_or_type(getattr(env_class, key, None))
+    return found
+
+
+def _json_or_type(value: Any) -> Any:
+    try:
+        _canonical(value)
+    except TypeError:
+        return f"<{type(value).__qualname__}>"
+    return value
 
 
 def _canonical(value: Any) -> bytes:
@@ -403,7 +422,9 @@ def _apply(states: dict[RolloutKey, RolloutState], key: RolloutKey, frame: Mappi
         raise JournalError(f"{path}: rollout {key} continues at event {at}, but only {len(state.events)} are committed")
     state.events[at:] = list(frame["ev"])
     state.attempt, state.budgets, state.kind = int(frame["a"]), dict(frame["b"]), str(frame["kind"])
-    state.snapshot, state.snapshot_version = frame.get("snap"), frame.get("sv")
+    if frame.get("snap") is not None:  # none: the state did not change since the rollout's last commit
+        state.snapshot = frame["snap"]
+    state.snapshot_version = frame.get("sv")
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -3,7 +3,9 @@
 Each replayed call's prompt must equal the journal's, token for token, so transcript, budgets and record come out as an
 uninterrupted run's. The environment comes back as it declares (`Environment.resume`): `snapshot` restores the saved
 state and takes committed tool outputs from the journal; `replay` reruns the logged calls in a fresh session, checking
-each output (a difference restarts from turn 0, saying why); `restart` journals nothing. Turn k commits before call k+1.
+each output (a difference restarts from turn 0, saying why); `restart` journals nothing. Turn k commits before call k+1;
+`snapshot()` runs there off the event loop under the tool timeout, and a state equal to the last one committed is not
+written again.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from typing import Any, Awaitable, Callable, Coroutine
 
 import orjson
 
+from gym_bridge.core.bounded.call import call_environment
 from gym_bridge.core.environment import Environment
-from gym_bridge.core.errors import RolloutError
+from gym_bridge.core.errors import FailRollout, RolloutError, classify
 from gym_bridge.core.journal import ResumeKind, RolloutKey, RunJournal
 from gym_bridge.core.template.parsers.call import ParsedCall
 from gym_bridge.core.policy import (
@@ -27,6 +30,8 @@ from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.trajectory import Trajectory
 
 _GENERATION_FIELDS = frozenset(f.name for f in dataclasses.fields(Generation))
+_SNAPSHOT_JSON = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+"""What a journal frame accepts (`encode_frame`), keys sorted so an unchanged state encodes the same."""
 
 
 class ReplayMismatch(RolloutError):
@@ -60,6 +65,8 @@ class RolloutResume:
     _started: float = 0.0
     _env: Environment | None = None
     _trajectory: Trajectory | None = None
+    _snapshot_json: bytes | None = None
+    """The last snapshot committed, encoded (an unchanged state is not journaled again)."""
 
     @property
     def resumed_from_turn(self) -> int:
@@ -187,20 +194,45 @@ class RolloutResume:
         self.diverged = reason
         raise ReplayMismatch(reason)
 
-    def _commit(self) -> Awaitable[None]:
-        """The turn boundary: the events since the last commit, the budgets and the snapshot, written; what it
-        returns is done once they are durable (the journal's own awaitable: no coroutine of its own per commit)."""
+    async def _commit(self) -> None:
+        """The turn boundary: the events since the last commit, the budgets and the snapshot, written; done once they
+        are durable. Raises FailRollout(`env`) naming `snapshot()` when it raises, hangs past the tool timeout,
+        returns what is not JSON data, or more than the environment's `max_snapshot_bytes`."""
         trajectory = self._trajectory
         assert trajectory is not None, "begin() comes first"
+        snapshot = await self._snapshot() if self.kind == "snapshot" else None
         budgets = {"turns": trajectory.model_calls, "tokens": trajectory.tokens_spent,
                    "seconds": self.spent_s + time.perf_counter() - self._started}
-        snapshot = self._env.snapshot() if self.kind == "snapshot" and self._env is not None else None
         events, self._pending = self._pending, []
         durable = self.journal.commit(self.key, attempt=self.attempt, at=self._committed, events=events, budgets=budgets,
                                       kind=self.kind, snapshot=snapshot,
                                       snapshot_version=self.snapshot_version if self.kind == "snapshot" else None)
         self._committed += len(events)  # a commit that fails fails the attempt: nothing commits after it
-        return durable
+        await durable
+
+    async def _snapshot(self) -> Any:
+        """The environment's state to commit (`snapshot()` in a worker thread, bounded like a tool call); None when it
+        equals the last one committed."""
+        env = self._env
+        assert env is not None, "begin() comes first"
+        env_class = type(env)
+        try:
+            state = await call_environment(env, "snapshot", timeout_s=env_class.tool_timeout_s)
+        except Exception as error:
+            raise classify(error, step="tool", what="snapshot()", timeout_s=env_class.tool_timeout_s) from None
+        try:
+            encoded = orjson.dumps(state, option=_SNAPSHOT_JSON)
+        except TypeError as error:
+            raise FailRollout("env", f"snapshot() returned {type(state).__name__}, which is not JSON data ({error}): "
+                                     "return dicts, lists, strings and numbers") from None
+        if len(encoded) > env_class.max_snapshot_bytes:
+            raise FailRollout("env", f"snapshot() returned {len(encoded):,} bytes of JSON, above {env_class.__name__}."
+                                     f"max_snapshot_bytes ({env_class.max_snapshot_bytes:,}): every changed state is "
+                                     "journaled whole; keep the state smaller, raise the cap, or declare resume = 'replay'")
+        if encoded == self._snapshot_json:
+            return None
+        self._snapshot_json = encoded
+        return state
 
 
 async def resume_rollout(journal: RunJournal, key: RolloutKey, env_class: type[Environment],

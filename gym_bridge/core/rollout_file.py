@@ -99,12 +99,16 @@ def prepare_resume(path: str | Path, tasks: Sequence[Task]) -> set[tuple[int, in
     A rollout written twice keeps its last record, with a warning. Raises DataError when the file
     holds rollouts of other tasks than `tasks`.
     """
-    return set(resume_records(path, tasks))
+    kept = resume_records(path, tasks)
+    if Path(path).exists():
+        keep_only(path, kept.values())
+    return set(kept)
 
 
 def resume_records(path: str | Path, tasks: Sequence[Task]) -> dict[tuple[int, int], dict[str, Any]]:
-    """`prepare_resume`, returning the records kept (in file order) by (task_index, repeat_index): a
-    resumed run's summary adds them to its own records instead of reading the file back."""
+    """The records `prepare_resume` keeps (in file order) by (task_index, repeat_index), without writing: a resumed
+    run checks its settings against them, then writes them back (`keep_only`) and adds them to its summary instead of
+    reading the file back."""
     path = Path(path)
     if not path.exists():
         return {}
@@ -130,8 +134,12 @@ def resume_records(path: str | Path, tasks: Sequence[Task]) -> dict[tuple[int, i
     if duplicates:
         warnings.warn(f"{path}: {len(duplicates)} rollouts appear more than once (first: task {duplicates[0][0]}, repeat "
                       f"{duplicates[0][1]}); resuming keeps the last record of each", stacklevel=2)
-    _write_atomic(path, kept.values())
     return kept
+
+
+def keep_only(path: str | Path, records: Iterable[dict[str, Any]]) -> None:
+    """Replace `path` with `records`, atomically: what a resumed run appends to."""
+    _write_atomic(Path(path), records)
 
 
 def _rollout_key(record: dict[str, Any]) -> tuple[int, int] | None:

@@ -19,12 +19,12 @@ from gym_bridge.core.bounded.call import call_environment, describe_error
 from gym_bridge.core.engine import Engine, call_step, ensure_ready, ready_tasks, verify_output
 from gym_bridge.core.environment import Environment
 from gym_bridge.core.errors import ConfigError, DataError, UnknownEnvironmentError, classify
-from gym_bridge.core.journal import JOURNAL_BY_DEFAULT, RunFingerprint, RunJournal, journal_dir_for
+from gym_bridge.core.journal import RunFingerprint, RunJournal, journal_dir_for
 from gym_bridge.core.health import HealthSettings, ToolCallAlarm, tool_call_health
 from gym_bridge.core.metrics import summarize
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import TaskSet, get_environment, remote_url, resolve_tasks
-from gym_bridge.core.rollout_file import RolloutWriter, input_row, locked_output, read_records, resume_records
+from gym_bridge.core.rollout_file import RolloutWriter, input_row, keep_only, locked_output, read_records, resume_records
 from gym_bridge.core.task import Task, iter_jsonl, parse_task, routing_name
 
 
@@ -103,6 +103,13 @@ class EvalResult:
     metrics_path: Path
 
 
+RESUMABLE_FAILURES = frozenset({"infra"})
+"""Failure kinds whose committed turns stay in the journal, so `--resume` (which runs failed rollouts again) continues
+them from their last turn: a model server or the network that failed for a while (the common loss in long agentic
+evals) says nothing against the turns before it. Other kinds start over: the environment, the verifier or the deadline
+failed the episode itself."""
+
+
 def metrics_path_for(output: str | Path) -> Path:
     output = Path(output)
     return output.with_name(output.stem + ".metrics.json")
@@ -139,7 +146,7 @@ async def run_eval(
 
     With `journal` (a local `Engine`, or Ray workers: `RayRollouts`), rollouts commit each finished turn to `<output>.journal/`, and a run with
     `resume` continues the episodes a killed run left in flight from their last finished turn (`gym_bridge.core.resume`).
-    None: `JOURNAL_BY_DEFAULT`, or on when resuming a run that left a journal.
+    None: on only when resuming a run that left a journal (`gym-bridge eval` turns it on where a server generates).
 
     Tool-call health is watched as records arrive (`health`: when to warn, see `ToolCallAlarm`);
     the summary holds it under `tool_call_health` and the warnings raised under `alarms`.
@@ -171,25 +178,32 @@ async def run_eval_locked(
     kept = resume_records(output, tasks.tasks) if resume else {}
     skip = set(kept)
     if journal is None:
-        journal = JOURNAL_BY_DEFAULT or (resume and journal_dir_for(output).exists())
-    run_journal = (_prepare_journal(engine, tasks.tasks, output, resume=resume, finished=skip, repeats=num_repeats)
+        journal = resume and journal_dir_for(output).exists()
+    if resume:
+        check_repeats(kept, num_repeats=num_repeats, output=output)
+    run_journal = (_prepare_journal(engine, tasks, output, resume=resume, finished=skip, repeats=num_repeats)
                    if journal else None)
+    if resume and output.exists():  # checked: now the failed records go, to be run again
+        keep_only(output, kept.values())
     started, cpu_started = time.perf_counter(), time.process_time()
     this_run: list[dict[str, Any]] = []
     alarm = ToolCallAlarm(health or HealthSettings())
-    complete = False
+    complete, kept_in_journal = False, 0
     try:
         with RolloutWriter(output, append=resume) as writer:
             async for record in engine.stream(tasks, repeats=num_repeats, skip=skip):
                 row = record.to_dict()
                 writer.write(row)
                 if run_journal is not None:
-                    run_journal.finish((record.task_index, record.repeat_index))
+                    if record.failure_kind in RESUMABLE_FAILURES:
+                        kept_in_journal += 1
+                    else:
+                        run_journal.finish((record.task_index, record.repeat_index))
                 this_run.append(row)
                 alarm.observe(row)
                 if on_record is not None:
                     on_record(row)
-        complete = True
+        complete = not kept_in_journal
     finally:
         if run_journal is not None:
             await run_journal.close(complete=complete)
@@ -205,14 +219,24 @@ async def run_eval_locked(
     return EvalResult(summary=summary, output=output, metrics_path=metrics_path)
 
 
-def _prepare_journal(engine: Engine | RolloutSource, tasks: Sequence[Task], output: Path, *, resume: bool,
+def check_repeats(kept: Iterable[tuple[int, int]], *, num_repeats: int, output: Path) -> None:
+    """Raise ConfigError when `output` holds repeats this run's `num_repeats` would not run (a resume that forgot
+    `--num-repeats` left some tasks with fewer repeats than others, and dropped the episodes in flight)."""
+    highest = max((repeat for _, repeat in kept), default=-1)
+    if highest >= num_repeats:
+        raise ConfigError(f"--num-repeats changed: {output} holds repeat {highest} of a task, so its run had --num-repeats "
+                          f"{highest + 1} or more, and this run has --num-repeats {num_repeats}; resume with the same "
+                          "--num-repeats, or choose a new --output")
+
+
+def _prepare_journal(engine: Engine | RolloutSource, tasks: TaskSet, output: Path, *, resume: bool,
                      finished: set[tuple[int, int]], repeats: int) -> RunJournal:
     """The run's journal beside `output`, set on `engine` (for Ray, the workers commit to it: `attach_journal`)."""
     fingerprint_of, attach = getattr(engine, "journal_fingerprint", None), getattr(engine, "attach_journal", None)
     if isinstance(engine, Engine):
-        fingerprint = RunFingerprint.of_engine(engine.config, tasks)
+        fingerprint = RunFingerprint.of_engine(engine.config, tasks.tasks, repeats=repeats, env_classes=tasks.env_classes.values())
     elif callable(fingerprint_of) and callable(attach):
-        fingerprint = fingerprint_of(tasks, group_size=repeats)
+        fingerprint = fingerprint_of(tasks.tasks, group_size=repeats)
     else:
         raise ConfigError(f"--journal: {type(engine).__name__} runs rollouts that cannot be journaled; run without --journal")
     journal = RunJournal.prepare(journal_dir_for(output), fingerprint, resume=resume, finished=finished)

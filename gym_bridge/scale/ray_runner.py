@@ -203,7 +203,8 @@ class RayRollouts:
         """The fingerprint of a run of the workers' engine over `tasks` (starting the workers first when needed)."""
         if not self._pools or any(task.env_name not in self._pool_of_env for task in tasks):
             self.start(tasks, group_size=group_size)
-        return RunFingerprint.of_engine(self.engine_config, tasks)
+        env_classes = resolve_tasks(tasks).values()
+        return RunFingerprint.of_engine(self.engine_config, tasks, repeats=group_size, env_classes=env_classes)
 
     def attach_journal(self, journal: RunJournal | None) -> None:
         """Have the workers journal their rollouts into `journal`'s directory (None: stop). Raises GymBridgeError when a
@@ -216,8 +217,8 @@ class RayRollouts:
                                  for pool in self._pools.values() for worker in pool if not worker.lost])
         problems = sorted({answer for answer in answers if answer})
         if problems:
-            raise SetupError(f"--journal with --ray: {'; '.join(problems)}. Put --output on a file system every node "
-                                 "mounts at the same path, or run without --journal")
+            raise SetupError(f"the journal with --ray (on by default): {'; '.join(problems)}. Put --output on a file system "
+                             "every node mounts at the same path, or pass --no-journal")
 
     def _journal_spec(self, group: _Group) -> JournalSpec | None:
         journal = self.journal

@@ -6,8 +6,9 @@ them (`ChatAPIPolicy(token_ids=True)`). A malformed row answers 422 naming the f
 rollout answers 200 with `mask_sample: true` (see `to_run_result` for what NeMo RL reads), its
 failure kind in NeMo Gym's shared vocabulary (`nemo_gym_failure_kind`). After collecting, NeMo Gym
 0.7.0's rollout collection POSTs the stripped results to `/aggregate_metrics` (`aggregate_metrics`).
-A client that disconnects from `/run` cancels its rollout; with a journal (`journal_dir`), a row that
-names its rollout (`_ng_task_index`, `_ng_rollout_index`) and is sent again continues from its last turn.
+A client that disconnects from `/run` cancels its rollout; with a journal (`journal_dir`; `serve` keeps one by
+default), a row that names its rollout (`_ng_task_index`, `_ng_rollout_index`) and is sent again continues from its
+last turn, unless the model behind the server changed (its fingerprint: `served_model_identity`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import json
 import math
 import os
 import re
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -30,7 +31,7 @@ from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import Environment
 from gym_bridge.core.errors import BackendAnswerError, ConfigError, DataError, MissingExtraError, UserError
 from gym_bridge.core.items import TOKEN_FIELDS
-from gym_bridge.core.journal import RunFingerprint, RunJournal
+from gym_bridge.core.journal import RunFingerprint, RunJournal, environment_settings
 from gym_bridge.core.policy import ChatPolicy, ChatRequest, ChatTurn, SamplingParams
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import get_environment, resolve_tasks, routing_names
@@ -145,7 +146,10 @@ class RowError(UserError):
 class AgentServer:
     """Turns `/run` rows into core rollouts and their records into NeMo Gym results."""
 
-    def __init__(self, settings: AgentServerSettings, policy: ChatPolicy | None = None) -> None:
+    def __init__(self, settings: AgentServerSettings, policy: ChatPolicy | None = None, *,
+                 model_identity: str | None = None) -> None:
+        """`model_identity`: what generates, for the journal's fingerprint (`served_model_identity`; default the
+        `model` setting)."""
         if not settings.envs:
             raise ConfigError("serve at least one environment (--env NAME)")
         self.settings = settings
@@ -164,7 +168,7 @@ class AgentServer:
         ))
         """The one engine of every `/run`: its concurrency bound holds across them; each row brings its own sampling."""
         self._counter = itertools.count()
-        self.journal = open_journal(settings) if settings.journal_dir else None
+        self.journal = open_journal(settings, self.env_classes.values(), model_identity=model_identity) if settings.journal_dir else None
         self.engine.journal = self.journal
         self._tried: set[tuple[int, int]] = set()
         """Rollout ids this process started and has not finished: one sent again reads its committed turns."""
@@ -278,14 +282,26 @@ def rollout_id(row: Any) -> tuple[int, int] | None:
     return checked[0], checked[1]
 
 
-def open_journal(settings: AgentServerSettings) -> RunJournal:
+def open_journal(settings: AgentServerSettings, env_classes: Iterable[type[Environment]], *,
+                 model_identity: str | None = None) -> RunJournal:
     """The server's journal in `settings.journal_dir`, continuing what a killed server left there. Raises JournalError
-    when it was written by a server with other settings (model, environments, limits)."""
+    when it was written by a server with other settings (environments and their settings, limits) or another model
+    (`model_identity`, else the `model` setting)."""
     assert settings.journal_dir is not None
-    fingerprint = RunFingerprint(model=settings.model or "", tasks="rows of /run", settings={
+    fingerprint = RunFingerprint(model=model_identity or settings.model or "", tasks="rows of /run", settings={
         "envs": sorted(settings.envs), "max_turns": settings.max_turns, "max_completion_tokens": settings.max_completion_tokens,
-        "max_new_tokens": settings.max_new_tokens, "deadline_s": settings.deadline_s})
+        "max_new_tokens": settings.max_new_tokens, "deadline_s": settings.deadline_s, **environment_settings(env_classes)})
     return RunJournal.prepare(settings.journal_dir, fingerprint, resume=True)
+
+
+def default_journal_dir(port: int) -> str | None:
+    """Where `serve` journals when not told: `<cache>/serve_journal/port-<port>` (a server restarted on its port finds
+    it; `$GYM_BRIDGE_CACHE`, else `~/.cache/gym_bridge`); None for port 0, a new port at every start."""
+    if port == 0:
+        return None
+    from gym_bridge.policies.embedded import cache_root
+
+    return str(cache_root() / "serve_journal" / f"port-{port}")
 
 
 NEMO_GYM_FAILURE_KINDS = {"timeout": "agent_timeout", "verifier": "verifier_error"}
@@ -421,13 +437,13 @@ def _number_stats(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     return stats
 
 
-def build_app(settings: AgentServerSettings, *, policy: ChatPolicy | None = None) -> Any:
+def build_app(settings: AgentServerSettings, *, policy: ChatPolicy | None = None, model_identity: str | None = None) -> Any:
     """The FastAPI app: `POST /run`, `POST /aggregate_metrics`, `GET /health`. `policy` replaces the
-    model servers (tests)."""
+    model servers (tests); `model_identity` is what the journal fingerprints (`AgentServer`)."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response
 
-    server = AgentServer(settings, policy)
+    server = AgentServer(settings, policy, model_identity=model_identity)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -493,7 +509,8 @@ def serve(settings: AgentServerSettings, *, host: str = "127.0.0.1", port: int =
           on_ready: Callable[[str], None] | None = None) -> None:
     """Serve until interrupted; `on_ready` gets `http://host:port` once bound. Past `max_concurrency`
     `/run`s in flight, a new one gets a 503 with `Retry-After` (NeMo Gym's client retries); `/health`
-    and `/aggregate_metrics` are always answered, however busy the server is."""
+    and `/aggregate_metrics` are always answered, however busy the server is. With a journal, the model servers are
+    asked first what they serve (`served_model_identity`): a journal of another model is refused (JournalError)."""
     try:
         import uvicorn
     except ImportError:
@@ -501,8 +518,18 @@ def serve(settings: AgentServerSettings, *, host: str = "127.0.0.1", port: int =
     from gym_bridge.serve.request_limit import RequestLimit
     from gym_bridge.serve.model_server import bind_socket
 
-    app = RequestLimit(build_app(settings), limit=settings.max_concurrency, limited=lambda path: path == "/run", refusal=_busy)
-    sock = bind_socket(host, port)
+    sock = bind_socket(host, port)  # a busy port fails first, before the model servers are asked
+    try:
+        identity = None
+        if settings.journal_dir:
+            from gym_bridge.policies.discovery import served_model_identity
+
+            identity = asyncio.run(served_model_identity(settings.model_base_urls, model=settings.model, api_key=settings.api_key))
+        app = RequestLimit(build_app(settings, model_identity=identity), limit=settings.max_concurrency,
+                           limited=lambda path: path == "/run", refusal=_busy)
+    except BaseException:
+        sock.close()
+        raise
     bound_host, bound_port = sock.getsockname()[:2]
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=120)
     if on_ready is not None:
@@ -557,8 +584,10 @@ def from_nemo_gym_environ(environ: Mapping[str, str] | None = None) -> NemoGymLa
         raise ConfigError(f"the server entry {name} has no host and port")
     envs = entry.get("envs") or [name]
     numbers = {key: cast(entry[key]) for key, cast in _SETTING_KEYS.items() if entry.get(key) is not None}
+    journal = entry.get("journal_dir", default_journal_dir(int(entry["port"])))  # null in the entry: no journal
     settings = AgentServerSettings(envs=tuple(envs), model_base_urls=tuple(str(url) for url in urls),
-                                   model=config.get("policy_model_name"), api_key=config.get("policy_api_key"), **numbers)
+                                   model=config.get("policy_model_name"), api_key=config.get("policy_api_key"),
+                                   journal_dir=None if journal is None else str(journal), **numbers)
     return NemoGymLaunch(settings=settings, host=str(entry["host"]), port=int(entry["port"]))
 
 

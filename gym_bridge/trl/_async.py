@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from gym_bridge.trl._async_api import async_seams
 from gym_bridge.trl._async_ledger import GroupLedger, WorkerState
@@ -114,6 +114,14 @@ def rows_per_version(args: Any, *, num_processes: int = 1) -> int:
     as fit, at least one per rank, which is the count used (safe, but it admits less: prefer `token_budget=0`)."""
     per_micro_batch = int(args.per_device_train_batch_size) if args.token_budget is not None and args.token_budget <= 0 else 1
     return per_micro_batch * num_processes * int(args.gradient_accumulation_steps) * int(args.weight_sync_steps)
+
+
+def _journal_dir(given: str | Path | Literal[False] | None, args: Any, *, over_server: bool) -> str | None:
+    """`for_trainer`'s journal: as given (False: none), else on where a server generates (a commit costs about 1%
+    there), in `<output_dir>/rollout_journal` beside the trainer's checkpoints."""
+    if given is None and over_server and getattr(args, "output_dir", None):
+        return str(Path(args.output_dir) / "rollout_journal")
+    return str(given) if given else None
 
 
 def group_advantages(records: Sequence[RolloutRecord]) -> tuple[dict[int, float], float, float]:
@@ -285,11 +293,13 @@ class AsyncRolloutWorker:
     def for_trainer(cls, args: Any, *, tasks: Sequence[Task], tokenizer: Any, served_model: str, num_processes: int = 1,
                     max_turns: int = 8, max_completion_tokens: int | None = None, policy: Policy | None = None,
                     records_path: str | Path | None = None, max_concurrency: int = 64, deadline_s: float = 600.0,
-                    journal_dir: str | Path | None = None) -> AsyncRolloutWorker:
+                    journal_dir: str | Path | Literal[False] | None = None) -> AsyncRolloutWorker:
         """A worker set from an `AsyncGRPOConfig`: `num_generations`, `max_staleness`, the batch that fixes
         `rows_per_version`, sampling (`temperature`, `top_p`, `top_k`, `max_completion_length` per model call) and
         `vllm_server_base_url` (a `RemotePolicy` on `served_model`, unless `policy` is given).
-        `max_completion_tokens` bounds all turns of a rollout (default: `max_turns` model calls' worth)."""
+        `max_completion_tokens` bounds all turns of a rollout (default: `max_turns` model calls' worth).
+        `journal_dir` (`AsyncWorkerSettings.journal_dir`): None (the default) journals to `<output_dir>/rollout_journal`
+        when the worker generates on the trainer's vLLM server (no `policy` given), else not; False: never."""
         from gym_bridge.policies.remote import RemotePolicy
 
         per_call = int(args.max_completion_length)
@@ -301,7 +311,7 @@ class AsyncRolloutWorker:
             limits=Limits(max_turns=max_turns, max_completion_tokens=max_completion_tokens or per_call * max_turns),
             max_concurrency=max_concurrency, deadline_s=deadline_s, model_name=served_model,
             records_path=None if records_path is None else str(records_path),
-            journal_dir=None if journal_dir is None else str(journal_dir),
+            journal_dir=_journal_dir(journal_dir, args, over_server=policy is None),
         )
         if policy is None:
             policy = RemotePolicy(f"{str(args.vllm_server_base_url).rstrip('/')}/v1", model=served_model,

@@ -61,13 +61,14 @@ def model_server(smol_tokenizer):
         yield model, f"{url}/v1"
 
 
-def eval_command(url: str, output: Path, *, repeats: int, resume: bool, journal: bool = True) -> list[str]:
+def eval_command(url: str, output: Path, *, repeats: int, resume: bool, journal: bool | None = True) -> list[str]:
+    """The eval command line; `journal=None` passes neither --journal nor --no-journal (the default: on, over a server)."""
     from gym_bridge.policies.embedded import embedded_model_path
 
     command = [sys.executable, "-m", "gym_bridge", "eval", "--env", "multi_step", "--base-url", url, "--model", "scripted",
                "--tokenizer", str(embedded_model_path()), "--num-repeats", str(repeats), "--concurrency", str(CONCURRENCY),
                "--temperature", "0", "--no-progress", "--output", str(output)]
-    return command + (["--resume"] if resume else []) + (["--journal"] if journal else ["--no-journal"])
+    return command + (["--resume"] if resume else []) + {True: ["--journal"], False: ["--no-journal"], None: []}[journal]
 
 
 def environment() -> dict[str, str]:
@@ -138,6 +139,38 @@ def test_eval_killed_many_times_under_load(model_server, tmp_path):
     result = kill_and_resume(model_server, tmp_path, kills=20, repeats=6, seed=7)
     assert result["killed"] >= 15
     check(result, repeats=6)
+
+
+def test_eval_over_a_server_journals_by_default_so_resume_continues_with_no_flag_and_refuses_other_repeats(model_server, tmp_path):
+    # before: without --journal nothing was journaled (every episode in flight started over), and a --resume that
+    # forgot --num-repeats exited 0, dropped the journal's repeats and left the groups uneven (issue 36 item 12)
+    model, url = model_server
+    output = tmp_path / "out.jsonl"
+    launched = len(model.requests)
+    process = subprocess.Popen(eval_command(url, output, repeats=2, resume=False, journal=None), env=environment(), cwd=REPO,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while len(model.requests) < launched + 2 * CONCURRENCY and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert process.poll() is None, "the run ended before it was killed"
+    process.send_signal(signal.SIGKILL)
+    process.wait(30)
+    assert journal_dir_for(output).exists()
+
+    refused = subprocess.run(eval_command(url, output, repeats=1, resume=True, journal=None), env=environment(), cwd=REPO,
+                             capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert ("setting num_repeats (journal: 2, this run: 1)" in refused.stderr
+            or "--num-repeats 2 or more, and this run has --num-repeats 1" in refused.stderr), refused.stderr[-3000:]
+    assert journal_dir_for(output).exists()
+
+    final = subprocess.run(eval_command(url, output, repeats=2, resume=True, journal=None), env=environment(), cwd=REPO,
+                           capture_output=True, text=True, timeout=300)
+    assert final.returncode == 0, final.stderr[-3000:]
+    records = read_records(output)
+    assert sorted((r["task_index"], r["repeat_index"]) for r in records) == [(task, repeat) for task in range(8) for repeat in range(2)]
+    assert any(r["metrics"].get("resumed_from_turn") for r in records), "no episode continued mid-way"
+    assert not journal_dir_for(output).exists()
 
 
 def test_run_eval_journals_only_when_asked_and_a_resume_uses_the_journal_left(tmp_path, smol_template, smol_tokenizer):
