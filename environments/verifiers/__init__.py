@@ -1,0 +1,89 @@
+"""verifiers: a verifiers v1 environment (`Env` over a `Taskset`, played by a `Harness`) as a gym_bridge rollout.
+
+verifiers pins openai<3 and mcp==2.0.0, so its side runs in its own virtualenv (`make verifiers-venv` makes
+`.venv-verifiers`): `worker.py` loads the v1 env a row names, points its model client at the rollout's capture
+endpoint (so every token is gym_bridge's) and runs one episode; the reward is the episode's own scoring (the
+trainable trace's `trace.rewards`), read back from the worker's last stdout line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from gym_bridge import FailRollout, HarnessEnvironment, MissingExtraError, RowProblem, Task, VerifyResult
+
+HERE = Path(__file__).parent
+VENV = HERE.parent.parent / ".venv-verifiers"
+"""The verifiers virtualenv `make verifiers-venv` creates at the repository root."""
+INSTALL_HINT = f"the verifiers environment needs verifiers 0.4.0 in its own virtualenv {VENV}: run `make verifiers-venv`"
+RESULT_MARKER = "GYM_BRIDGE_VERIFIERS_RESULT"
+"""Starts the worker's result line (worker.py's constant of the same name)."""
+
+
+def venv_python() -> Path:
+    return VENV / "bin" / "python"
+
+
+def worker_result(stdout: str) -> dict[str, Any] | None:
+    """The worker's result (its last `RESULT_MARKER` line), or None when it printed none."""
+    lines = [line for line in stdout.splitlines() if line.startswith(RESULT_MARKER + " ")]
+    return json.loads(lines[-1][len(RESULT_MARKER) + 1:]) if lines else None
+
+
+def episode_result(result: dict[str, Any]) -> VerifyResult:
+    """gym_bridge's verify result from a v1 episode: the reward of its trainable trace (a user simulator's is
+    not), with each named v1 reward (score times weight) as a component. Raises FailRollout (`env`) when the
+    episode failed (v1's `episode.ok` is false: a hook or the harness raised, a deadline passed)."""
+    if not result["ok"]:
+        errors = [*result["errors"], *(error for trace in result["traces"] for error in trace["errors"])]
+        raise FailRollout("env", f"the verifiers episode {result['env_id']} failed: {'; '.join(errors[-3:]) or 'no error recorded'}")
+    trained = [trace for trace in result["traces"] if trace["trainable"]]
+    if len(trained) != 1:
+        raise FailRollout("env", f"the verifiers episode {result['env_id']} has {len(trained)} trainable traces; gym_bridge trains one")
+    trace = trained[0]
+    components = {name: r["score"] * r["weight"] for name, r in trace["rewards"].items() if r is not None}
+    metrics = {"verifiers_env": result["env_id"], "verifiers_task": result["task_name"], "verifiers_turns": trace["turns"],
+               **{f"verifiers_metric_{name}": value for name, value in trace["metrics"].items()}}
+    return VerifyResult(reward=float(trace["reward"]), reward_components=components, metrics=metrics)
+
+
+class VerifiersEnvironment(HarnessEnvironment):
+    name = "verifiers"
+    description = ("A verifiers v1 environment (load_environment / Env, its harness) run against the capture endpoint, "
+                   "scored by its own rewards" + ("" if venv_python().exists() else f" (not installed: {INSTALL_HINT})"))
+    example_data = HERE / "data" / "example.jsonl"
+    command = (str(venv_python()), str(HERE / "worker.py"))
+    harness_timeout_s = 300.0
+    resume = "restart"  # the v1 episode's own loop cannot be picked up mid-run (HarnessEnvironment's kind)
+
+    @classmethod
+    def check_ready(cls) -> None:
+        super().check_ready()
+        if not venv_python().exists():
+            raise MissingExtraError(INSTALL_HINT)
+
+    @classmethod
+    def validate_row(cls, row: dict[str, Any]) -> list[RowProblem]:
+        problems = super().validate_row(row)
+        spec = row.get("verifiers")
+        if not isinstance(spec, dict) or not isinstance(spec.get("env"), dict):
+            return [*problems, RowProblem("verifiers", "must be an object {\"env\": {verifiers EnvConfig data}, \"task_idx\": N}")]
+        taskset = spec["env"].get("taskset")
+        if not isinstance(taskset, dict) or not taskset.get("id"):
+            problems.append(RowProblem("verifiers.env.taskset.id", "names the v1 taskset, e.g. \"gb_arithmetic\""))
+        index = spec.get("task_idx", 0)
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            problems.append(RowProblem("verifiers.task_idx", f"must be a task's position in the taskset (0 or more), got {index!r}"))
+        return problems
+
+    def score(self, task: Task, answer: str) -> VerifyResult:
+        outcome = self.outcome
+        result = worker_result(outcome.stdout_tail if outcome is not None else "")
+        if result is None:
+            raise FailRollout("env", "the verifiers worker printed no result")
+        return episode_result(result)
+
+
+__all__ = ["VerifiersEnvironment", "episode_result", "worker_result"]
