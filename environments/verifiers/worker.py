@@ -93,4 +93,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # the episode and everything it started are closed; tearing down verifiers' modules takes seconds

@@ -1,4 +1,5 @@
-"""verifiers v1 through the capture endpoint: a scripted right and wrong answer scored by the v1 taskset's own reward."""
+"""verifiers v1 through the capture endpoint: scripted plays scored as verifiers' own runner scores them, failures
+of a v1 env as failure kinds that leave their siblings alone, and the pure parts (row checks, result reading)."""
 
 from __future__ import annotations
 
@@ -6,25 +7,88 @@ import asyncio
 
 import pytest
 
-from environments.verifiers import VerifiersEnvironment, venv_python
-from gym_bridge.core.agent_loop import Limits
-from gym_bridge.core.engine import Engine, EngineConfig
-from gym_bridge.core.policy import SamplingParams, ScriptedPolicy
-from gym_bridge.core.task import load_tasks
+from environments.verifiers import VerifiersEnvironment, episode_result, venv_python, worker_result
+from environments.verifiers.tests.conformance import episode_reward, gym_bridge_rollout, own_runner, task
+from gym_bridge import FailRollout, MissingExtraError
 
-TASKS = load_tasks(VerifiersEnvironment.example_data)  # type: ignore[arg-type]
 needs_venv = pytest.mark.skipif(not venv_python().exists(), reason="no .venv-verifiers: run `make verifiers-venv`")
 
 
-def rollout(template, policy, task):
-    engine = Engine(policy, template, EngineConfig(sampling=SamplingParams(max_new_tokens=64), limits=Limits(), template_check="off"))
-    return asyncio.run(engine.rollout(task, env_class=VerifiersEnvironment)).to_dict()
+@needs_venv
+def test_a_winning_and_a_losing_play_score_what_vf_eval_scores(smol_template, turn, tmp_path) -> None:
+    # gb_arithmetic task 0 is "What is 12 + 30?" (reward `correct`: 1.0 when the last number is 42), task 1 "What is 7 * 6?"
+    win, lose = [turn("12 + 30 = 42")], [turn("7 * 6 = 41")]
+
+    async def both() -> list:
+        return await asyncio.gather(gym_bridge_rollout(smol_template, win, task("gb_arithmetic", 0)),
+                                    gym_bridge_rollout(smol_template, lose, task("gb_arithmetic", 1)),
+                                    own_runner(smol_template, win + lose, "gb_arithmetic", range(0, 2), tmp_path))
+
+    won, lost, (own_win, own_loss) = asyncio.run(both())
+    for record in (won, lost):
+        assert record["failure_kind"] is None, record["failure_reason"]
+    assert (won["reward"], lost["reward"]) == (episode_reward(own_win), episode_reward(own_loss)) == (1.0, 0.0)
+    assert won["reward_components"] == {"correct": 1.0}
+    # the tokens are gym_bridge's: the one answer, sampled by the policy, is what `tokens` trains
+    assert won["tokens"]["completion_ids"] == win[0].token_ids and set(won["tokens"]["completion_mask"]) == {1}
+    assert won["metrics"]["verify"]["verifiers_task"] == "arithmetic#0"
+
+
+class QuickTimeout(VerifiersEnvironment):
+    name = "verifiers_quick_timeout"
+    harness_timeout_s = 60.0
+
+
+def batch(template, script, rows, env_class=VerifiersEnvironment) -> list:
+    async def all_rows() -> list:
+        return await asyncio.gather(*(gym_bridge_rollout(template, script, row, env_class) for row in rows))
+
+    return asyncio.run(all_rows())
 
 
 @needs_venv
-def test_right_and_wrong_answers_score_as_the_taskset_says(smol_template, turn) -> None:
-    policy = ScriptedPolicy({"": [turn("12 + 30 = 42")]})
-    record = rollout(smol_template, policy, TASKS[0])
-    print(record["metrics"], record["failure_reason"])
-    assert record["failure_kind"] is None, record["failure_reason"]
-    assert record["reward"] == 1.0
+def test_bad_v1_envs_fail_their_own_rollout_only(smol_template, turn) -> None:
+    rows = [task("gb_faults", 0, index=0), task("gb_faults", 1, index=1), task("no_such_taskset", 0, index=2),
+            task("gb_arithmetic", 99, index=3)]
+    fine, raised, unknown, past_end = batch(smol_template, [turn("42")], rows)
+    assert fine["failure_kind"] is None and fine["reward"] == 1.0, fine["failure_reason"]
+    assert raised["failure_kind"] == "env" and "RuntimeError: gb_faults: the env raised on purpose" in raised["failure_reason"]
+    assert unknown["failure_kind"] == "env" and "no_such_taskset" in unknown["failure_reason"] and "not found" in unknown["failure_reason"]
+    assert past_end["failure_kind"] == "env" and "no task at index 99" in past_end["failure_reason"]
+    for record in (raised, unknown, past_end):
+        assert record["mask_sample"] is True
+
+
+@pytest.mark.slow
+@needs_venv
+def test_a_hanging_v1_env_times_out_beside_a_sibling_that_scores(smol_template, turn) -> None:
+    fine, hung = batch(smol_template, [turn("42")], [task("gb_faults", 0, index=0), task("gb_faults", 2, index=1)], QuickTimeout)
+    assert fine["failure_kind"] is None and fine["reward"] == 1.0, fine["failure_reason"]
+    assert hung["failure_kind"] == "timeout" and "60 s" in hung["failure_reason"] and hung["mask_sample"] is True
+
+
+def test_a_missing_virtualenv_is_refused_before_any_rollout_with_the_make_target(monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr("environments.verifiers.VENV", tmp_path / "absent")
+    with pytest.raises(MissingExtraError, match="make verifiers-venv"):
+        VerifiersEnvironment.check_ready()
+
+
+def test_rows_must_name_a_v1_taskset_and_a_task_position() -> None:
+    assert VerifiersEnvironment.validate_row(task("gb_arithmetic", 0).row) == []
+    problems = {p.field for p in VerifiersEnvironment.validate_row({"verifiers": {"env": {"taskset": {}}, "task_idx": -1}})}
+    assert problems == {"verifiers.env.taskset.id", "verifiers.task_idx"}
+    assert [p.field for p in VerifiersEnvironment.validate_row({"verifiers": "gsm8k"})] == ["verifiers"]
+
+
+def test_the_result_line_becomes_the_trainable_traces_reward() -> None:
+    line = ('GYM_BRIDGE_VERIFIERS_RESULT {"env_id": "user-sim+t", "task_name": "t#0", "ok": true, "errors": [], "traces": ['
+            '{"agent": "user", "trainable": false, "reward": 0.0, "rewards": {}, "metrics": {}, "errors": [], "turns": 2},'
+            '{"agent": "assistant", "trainable": true, "reward": 0.75, "rewards": {"a": {"score": 1.0, "weight": 0.5},'
+            ' "b": {"score": 0.5, "weight": 0.5}}, "metrics": {"user_turns": 2.0}, "errors": [], "turns": 1}]}')
+    result = worker_result("log line\n" + line + "\n")
+    assert result is not None and worker_result("no result here") is None
+    verdict = episode_result(result)
+    assert verdict.reward == 0.75 and verdict.reward_components == {"a": 0.5, "b": 0.25}  # 1.0 * 0.5 + 0.5 * 0.5
+    assert verdict.metrics["verifiers_metric_user_turns"] == 2.0
+    with pytest.raises(FailRollout, match="failed: HarnessError: boom"):
+        episode_result({**result, "ok": False, "errors": ["HarnessError: boom"]})
