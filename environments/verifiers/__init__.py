@@ -34,7 +34,8 @@ def worker_result(stdout: str) -> dict[str, Any] | None:
 
 def episode_result(result: dict[str, Any]) -> VerifyResult:
     """gym_bridge's verify result from a v1 episode: the reward of its trainable trace (a user simulator's is
-    not), with each named v1 reward (score times weight) as a component. Raises FailRollout (`env`) when the
+    not), with each named v1 reward (score times weight) as a component; masked from training when more than one
+    seat called the model. Raises FailRollout (`env`) when the
     episode failed (v1's `episode.ok` is false: a hook or the harness raised, a deadline passed)."""
     if not result["ok"]:
         errors = [*result["errors"], *(error for trace in result["traces"] for error in trace["errors"])]
@@ -44,9 +45,12 @@ def episode_result(result: dict[str, Any]) -> VerifyResult:
         raise FailRollout("env", f"the verifiers episode {result['env_id']} has {len(trained)} trainable traces; gym_bridge trains one")
     trace = trained[0]
     components = {name: r["score"] * r["weight"] for name, r in trace["rewards"].items() if r is not None}
+    seats = sum(1 for other in result["traces"] if other["turns"])
     metrics = {"verifiers_env": result["env_id"], "verifiers_task": result["task_name"], "verifiers_turns": trace["turns"],
-               **{f"verifiers_metric_{name}": value for name, value in trace["metrics"].items()}}
-    return VerifyResult(reward=float(trace["reward"]), reward_components=components, metrics=metrics)
+               "verifiers_seats_calling_the_model": seats, **{f"verifiers_metric_{name}": value for name, value in trace["metrics"].items()}}
+    # Several seats (user-sim's simulated user) share the rollout's capture session, whose calls interleave: the segment
+    # gym_bridge would train may be another seat's, so such an episode is scored but kept out of the loss.
+    return VerifyResult(reward=float(trace["reward"]), reward_components=components, metrics=metrics, mask_sample=seats > 1)
 
 
 class VerifiersEnvironment(HarnessEnvironment):

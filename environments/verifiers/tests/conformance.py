@@ -29,13 +29,17 @@ base_url = "{url}"
 api_key_var = "OPENAI_API_KEY"
 [select.include]
 idx = ["{idx}:{end}"]
+[env]
+id = "{env_id}"
 [env.taskset]
 id = "{taskset}"
-[env.agent.harness]
+[env.{seat}.harness]
 id = "null"
-[env.agent.runtime]
+[env.{seat}.runtime]
 type = "subprocess"
 """
+SEATS = {"": ("agent",), "user-sim": ("assistant", "user")}
+"""The seats of the v1 envs the tests run (each on the null harness and the subprocess runtime)."""
 
 
 def task(taskset: str, task_idx: int, *, env_id: str = "", index: int = 0) -> Task:
@@ -54,7 +58,8 @@ async def gym_bridge_rollout(template: ChatTemplate, script: list[Generation], r
     return (await engine.rollout(row, env_class=env_class)).to_dict()
 
 
-async def own_runner(template: ChatTemplate, script: list[Generation], taskset: str, tasks: range, folder: Path) -> list[dict[str, Any]]:
+async def own_runner(template: ChatTemplate, script: list[Generation], taskset: str, tasks: range, folder: Path, *,
+                     env_id: str = "") -> list[dict[str, Any]]:
     """The episodes verifiers' own `vf-eval` records for `tasks` of `taskset` (in task order), played one at a time, its
     model answering with `script` in that order."""
     session = CaptureSession(policy=ScriptedPolicy({"": list(script)}), template=template, sampling=SamplingParams(max_new_tokens=64),
@@ -62,7 +67,9 @@ async def own_runner(template: ChatTemplate, script: list[Generation], taskset: 
     async with capture_server().session(session) as url:
         folder.mkdir(parents=True, exist_ok=True)
         config = folder / "eval.toml"
-        config.write_text(EVAL_TOML.format(model=MODEL, out=folder / "out", url=url, idx=tasks.start, end=tasks.stop, taskset=taskset))
+        head, _, seat_block = EVAL_TOML.partition("[env.{seat}.harness]")
+        text = head + "".join(("[env.{seat}.harness]" + seat_block).replace("{seat}", seat) for seat in SEATS[env_id])
+        config.write_text(text.format(model=MODEL, out=folder / "out", url=url, idx=tasks.start, end=tasks.stop, taskset=taskset, env_id=env_id))
         variables = {**os.environ, "OPENAI_API_KEY": session.token, "PYTHONPATH": str(HERE / "v1_tasksets"),
                      "PATH": f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}", "UV_NATIVE_TLS": "1"}
         process = await asyncio.create_subprocess_exec(str(VENV / "bin" / "vf-eval"), "@", str(config), env=variables, cwd=folder,

@@ -90,5 +90,24 @@ def test_the_result_line_becomes_the_trainable_traces_reward() -> None:
     verdict = episode_result(result)
     assert verdict.reward == 0.75 and verdict.reward_components == {"a": 0.5, "b": 0.25}  # 1.0 * 0.5 + 0.5 * 0.5
     assert verdict.metrics["verifiers_metric_user_turns"] == 2.0
+    assert verdict.mask_sample is True  # two seats called the model: the trained segment might be the user's
+    assert episode_result({**result, "traces": result["traces"][1:]}).mask_sample is False
     with pytest.raises(FailRollout, match="failed: HarnessError: boom"):
         episode_result({**result, "ok": False, "errors": ["HarnessError: boom"]})
+
+
+@pytest.mark.slow
+@needs_venv
+def test_user_sim_scores_the_assistant_as_vf_eval_does(smol_template, turn, tmp_path) -> None:
+    # verifiers' user-sim env: the simulated user (same model, untrainable) asks, the assistant answers, the user ends
+    script = [turn("What is 12 + 30?"), turn("It is 42"), turn("###DONE###")]
+
+    async def both() -> list:
+        return await asyncio.gather(gym_bridge_rollout(smol_template, script, task("gb_arithmetic", 0, env_id="user-sim")),
+                                    own_runner(smol_template, script, "gb_arithmetic", range(0, 1), tmp_path, env_id="user-sim"))
+
+    record, (own,) = asyncio.run(both())
+    assert record["failure_kind"] is None, record["failure_reason"]
+    assert record["reward"] == episode_reward(own) == 1.0
+    verify = record["metrics"]["verify"]
+    assert verify["model_calls"] == 3 and verify["verifiers_seats_calling_the_model"] == 2 and record["mask_sample"] is True
