@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from gym_bridge import FailRollout, HarnessEnvironment, MissingExtraError, RowProblem, Task, VerifyResult
 
@@ -53,14 +53,29 @@ def episode_result(result: dict[str, Any]) -> VerifyResult:
     return VerifyResult(reward=float(trace["reward"]), reward_components=components, metrics=metrics, mask_sample=seats > 1)
 
 
+def describe(python: Path) -> str:
+    """The environment's one-line description, with the install command when `python` (the venv's) is missing."""
+    text = "A verifiers v1 environment (load_environment / Env, its harness) run against the capture endpoint, scored by its own rewards"
+    return text if python.exists() else f"{text} (not installed: {INSTALL_HINT})"
+
+
+def pinned_harnesses(env: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(seat, harness id) for every seat of a row's EnvConfig data that pins a harness."""
+    return [(seat, value["harness"].get("id") if isinstance(value["harness"], dict) else value["harness"])
+            for seat, value in env.items() if isinstance(value, dict) and "harness" in value]
+
+
 class VerifiersEnvironment(HarnessEnvironment):
     name = "verifiers"
-    description = ("A verifiers v1 environment (load_environment / Env, its harness) run against the capture endpoint, "
-                   "scored by its own rewards" + ("" if venv_python().exists() else f" (not installed: {INSTALL_HINT})"))
+    description = describe(venv_python())
     example_data = HERE / "data" / "example.jsonl"
     command = (str(venv_python()), str(HERE / "worker.py"))
     harness_timeout_s = 300.0
     resume = "restart"  # the v1 episode's own loop cannot be picked up mid-run (HarnessEnvironment's kind)
+    allowed_harnesses: ClassVar[tuple[str, ...]] = ("null",)
+    """v1 harness ids a row may pin. The seats run on the local `subprocess` runtime, and harnesses such as `bash`
+    give the model a shell on this machine: allow them only for data you trust."""
+    settings = (*HarnessEnvironment.settings, "allowed_harnesses")
 
     @classmethod
     def check_ready(cls) -> None:
@@ -77,6 +92,11 @@ class VerifiersEnvironment(HarnessEnvironment):
         taskset = spec["env"].get("taskset")
         if not isinstance(taskset, dict) or not taskset.get("id"):
             problems.append(RowProblem("verifiers.env.taskset.id", "names the v1 taskset, e.g. \"gb_arithmetic\""))
+        for seat, harness in pinned_harnesses(spec["env"]):
+            if harness not in cls.allowed_harnesses:
+                problems.append(RowProblem(f"verifiers.env.{seat}.harness", (
+                    f"harness {harness!r} is not allowed (allowed: {list(cls.allowed_harnesses)}); it runs on this machine: "
+                    f"--env-setting {cls.name}.allowed_harnesses='[\"null\", \"{harness}\"]' for data you trust")))
         index = spec.get("task_idx", 0)
         if isinstance(index, bool) or not isinstance(index, int) or index < 0:
             problems.append(RowProblem("verifiers.task_idx", f"must be a task's position in the taskset (0 or more), got {index!r}"))
@@ -90,4 +110,4 @@ class VerifiersEnvironment(HarnessEnvironment):
         return episode_result(result)
 
 
-__all__ = ["VerifiersEnvironment", "episode_result", "worker_result"]
+__all__ = ["VerifiersEnvironment", "describe", "episode_result", "worker_result"]

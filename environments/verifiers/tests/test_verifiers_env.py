@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from environments.verifiers import VerifiersEnvironment, episode_result, venv_python, worker_result
+from environments.verifiers import VerifiersEnvironment, describe, episode_result, venv_python, worker_result
 from environments.verifiers.tests.conformance import episode_reward, gym_bridge_rollout, own_runner, task
 from gym_bridge import FailRollout, MissingExtraError
 
@@ -71,6 +71,21 @@ def test_a_missing_virtualenv_is_refused_before_any_rollout_with_the_make_target
     monkeypatch.setattr("environments.verifiers.VENV", tmp_path / "absent")
     with pytest.raises(MissingExtraError, match="make verifiers-venv"):
         VerifiersEnvironment.check_ready()
+
+
+def test_gym_bridge_envs_shows_the_install_command_when_the_venv_is_missing(tmp_path) -> None:
+    assert "make verifiers-venv" in describe(tmp_path / "absent" / "python")
+    (tmp_path / "python").touch()
+    assert "make verifiers-venv" not in describe(tmp_path / "python")
+
+
+def test_rows_may_pin_only_allowed_harnesses(monkeypatch) -> None:
+    row = task("gb_arithmetic", 0).row
+    row["verifiers"]["env"]["agent"] = {"harness": {"id": "bash"}}
+    (problem,) = VerifiersEnvironment.validate_row(row)
+    assert problem.field == "verifiers.env.agent.harness" and "allowed_harnesses" in problem.message
+    monkeypatch.setattr(VerifiersEnvironment, "allowed_harnesses", ("null", "bash"))
+    assert VerifiersEnvironment.validate_row(row) == []
 
 
 def test_rows_must_name_a_v1_taskset_and_a_task_position() -> None:
