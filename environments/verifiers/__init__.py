@@ -35,11 +35,13 @@ def worker_result(stdout: str) -> dict[str, Any] | None:
 def episode_result(result: dict[str, Any]) -> VerifyResult:
     """gym_bridge's verify result from a v1 episode: the reward of its trainable trace (a user simulator's is
     not), with each named v1 reward (score times weight) as a component; masked from training when more than one
-    seat called the model. Raises FailRollout (`env`) when the
-    episode failed (v1's `episode.ok` is false: a hook or the harness raised, a deadline passed)."""
+    seat called the model. Raises FailRollout when the episode failed (v1's `episode.ok` is false): `timeout` when
+    one of verifiers' own deadlines passed, else `env` (a hook or the harness raised)."""
     if not result["ok"]:
         errors = [*result["errors"], *(error for trace in result["traces"] for error in trace["errors"])]
-        raise FailRollout("env", f"the verifiers episode {result['env_id']} failed: {'; '.join(errors[-3:]) or 'no error recorded'}")
+        timed_out = result["is_timeout"] or any(trace["is_timeout"] for trace in result["traces"])
+        raise FailRollout("timeout" if timed_out else "env",
+                          f"the verifiers episode {result['env_id']} failed: {'; '.join(errors[-3:]) or 'no error recorded'}")
     trained = [trace for trace in result["traces"] if trace["trainable"]]
     if len(trained) != 1:
         raise FailRollout("env", f"the verifiers episode {result['env_id']} has {len(trained)} trainable traces; gym_bridge trains one")
@@ -71,6 +73,7 @@ class VerifiersEnvironment(HarnessEnvironment):
     example_data = HERE / "data" / "example.jsonl"
     command = (str(venv_python()), str(HERE / "worker.py"))
     harness_timeout_s = 300.0
+    tail_chars = 16000  # the worker's result line is the last of its stdout
     resume = "restart"  # the v1 episode's own loop cannot be picked up mid-run (HarnessEnvironment's kind)
     allowed_harnesses: ClassVar[tuple[str, ...]] = ("null",)
     """v1 harness ids a row may pin. The seats run on the local `subprocess` runtime, and harnesses such as `bash`

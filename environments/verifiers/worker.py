@@ -21,6 +21,8 @@ from typing import Any
 RESULT_MARKER = "GYM_BRIDGE_VERIFIERS_RESULT"
 TASKSETS_DIR = Path(__file__).with_name("v1_tasksets")
 LOCAL_RUNTIME = {"type": "subprocess"}
+ERROR_CHARS = 600
+"""Characters kept of each error verifiers recorded."""
 
 
 def read_task() -> dict[str, Any]:
@@ -51,10 +53,15 @@ def nth_task(taskset: Any, index: int) -> Any:
     return task
 
 
+def error_texts(errors: Any) -> list[str]:
+    """verifiers' recorded errors as short lines (the result line must stay inside the stdout gym_bridge keeps)."""
+    return [f"{error.type}: {error.message}"[:ERROR_CHARS] for error in errors]
+
+
 def trace_result(trace: Any) -> dict[str, Any]:
     return {"agent": trace.agent.name, "trainable": trace.agent.trainable, "reward": trace.reward, "ok": trace.ok,
             "rewards": {name: (None if r is None else {"score": r.score, "weight": r.weight}) for name, r in trace.rewards.items()},
-            "metrics": trace.metrics, "errors": [f"{e.type}: {e.message}" for e in trace.errors], "turns": trace.num_turns,
+            "metrics": trace.metrics, "errors": error_texts(trace.errors), "turns": trace.num_turns,
             "stop_condition": trace.stop_condition, "is_timeout": trace.is_timeout}
 
 
@@ -70,7 +77,7 @@ async def run_episode(spec: dict[str, Any]) -> dict[str, Any]:
         episode = await env.run_episode(task, ctx)
     traces = [trace_result(trace) for trace in episode.traces]
     return {"env_id": config.env_id, "task_name": task.data.name, "ok": episode.ok, "is_timeout": episode.is_timeout,
-            "errors": [f"{e.type}: {e.message}" for e in episode.errors], "traces": traces}
+            "errors": error_texts(episode.errors), "traces": traces}
 
 
 def main() -> int:

@@ -96,10 +96,10 @@ def test_rows_must_name_a_v1_taskset_and_a_task_position() -> None:
 
 
 def test_the_result_line_becomes_the_trainable_traces_reward() -> None:
-    line = ('GYM_BRIDGE_VERIFIERS_RESULT {"env_id": "user-sim+t", "task_name": "t#0", "ok": true, "errors": [], "traces": ['
-            '{"agent": "user", "trainable": false, "reward": 0.0, "rewards": {}, "metrics": {}, "errors": [], "turns": 2},'
-            '{"agent": "assistant", "trainable": true, "reward": 0.75, "rewards": {"a": {"score": 1.0, "weight": 0.5},'
-            ' "b": {"score": 0.5, "weight": 0.5}}, "metrics": {"user_turns": 2.0}, "errors": [], "turns": 1}]}')
+    line = ('GYM_BRIDGE_VERIFIERS_RESULT {"env_id": "user-sim+t", "task_name": "t#0", "ok": true, "is_timeout": false, "errors": [],'
+            ' "traces": [{"agent": "user", "trainable": false, "reward": 0.0, "rewards": {}, "metrics": {}, "errors": [], "turns": 2,'
+            ' "is_timeout": false}, {"agent": "assistant", "trainable": true, "reward": 0.75, "rewards": {"a": {"score": 1.0, "weight": 0.5},'
+            ' "b": {"score": 0.5, "weight": 0.5}}, "metrics": {"user_turns": 2.0}, "errors": [], "turns": 1, "is_timeout": false}]}')
     result = worker_result("log line\n" + line + "\n")
     assert result is not None and worker_result("no result here") is None
     verdict = episode_result(result)
@@ -107,8 +107,14 @@ def test_the_result_line_becomes_the_trainable_traces_reward() -> None:
     assert verdict.metrics["verifiers_metric_user_turns"] == 2.0
     assert verdict.mask_sample is True  # two seats called the model: the trained segment might be the user's
     assert episode_result({**result, "traces": result["traces"][1:]}).mask_sample is False
-    with pytest.raises(FailRollout, match="failed: HarnessError: boom"):
+    with pytest.raises(FailRollout, match="failed: HarnessError: boom") as failed:
         episode_result({**result, "ok": False, "errors": ["HarnessError: boom"]})
+    assert failed.value.kind == "env"
+    with pytest.raises(FailRollout) as deadline:
+        episode_result({**result, "ok": False, "is_timeout": True, "errors": ["TimeoutError: run() exceeded its 5s deadline"]})
+    assert deadline.value.kind == "timeout"
+    with pytest.raises(FailRollout, match="2 trainable traces"):  # best-of-n: n attempts, each trainable
+        episode_result({**result, "traces": [result["traces"][1]] * 2})
 
 
 @pytest.mark.slow
