@@ -23,6 +23,7 @@ EVAL_TOML = """model = "{model}"
 push = false
 output_dir = "{out}"
 max_concurrent = 1
+num_rollouts = {repeats}
 [client]
 type = "eval"
 base_url = "{url}"
@@ -38,8 +39,9 @@ id = "null"
 [env.{seat}.runtime]
 type = "subprocess"
 """
-SEATS = {"": ("agent",), "user-sim": ("assistant", "user")}
-"""The seats of the v1 envs the tests run (each on the null harness and the subprocess runtime)."""
+SEATS = {"user-sim": ("assistant", "user"), "gb_guess": ("player",)}
+"""The seats of the v1 envs (by env id, else taskset id) the tests run, where not the single `agent`; each seat runs on
+the null harness and the subprocess runtime."""
 
 
 def task(taskset: str, task_idx: int, *, env_id: str = "", index: int = 0) -> Task:
@@ -59,17 +61,18 @@ async def gym_bridge_rollout(template: ChatTemplate, script: list[Generation], r
 
 
 async def own_runner(template: ChatTemplate, script: list[Generation], taskset: str, tasks: range, folder: Path, *,
-                     env_id: str = "") -> list[dict[str, Any]]:
-    """The episodes verifiers' own `vf-eval` records for `tasks` of `taskset` (in task order), played one at a time, its
-    model answering with `script` in that order."""
+                     env_id: str = "", repeats: int = 1) -> list[dict[str, Any]]:
+    """The episodes verifiers' own `vf-eval` records for `tasks` of `taskset` (`repeats` each, in task order), played one
+    at a time, its model answering with `script` in that order."""
     session = CaptureSession(policy=ScriptedPolicy({"": list(script)}), template=template, sampling=SamplingParams(max_new_tokens=64),
                              limits=Limits(), model_name=MODEL, label="vf-eval")
     async with capture_server().session(session) as url:
         folder.mkdir(parents=True, exist_ok=True)
         config = folder / "eval.toml"
         head, _, seat_block = EVAL_TOML.partition("[env.{seat}.harness]")
-        text = head + "".join(("[env.{seat}.harness]" + seat_block).replace("{seat}", seat) for seat in SEATS[env_id])
-        config.write_text(text.format(model=MODEL, out=folder / "out", url=url, idx=tasks.start, end=tasks.stop, taskset=taskset, env_id=env_id))
+        text = head + "".join(("[env.{seat}.harness]" + seat_block).replace("{seat}", seat) for seat in SEATS.get(env_id or taskset, ("agent",)))
+        config.write_text(text.format(model=MODEL, out=folder / "out", url=url, idx=tasks.start, end=tasks.stop, taskset=taskset, env_id=env_id,
+                                     repeats=repeats))
         variables = {**os.environ, "OPENAI_API_KEY": session.token, "PYTHONPATH": str(HERE / "v1_tasksets"),
                      "PATH": f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}", "UV_NATIVE_TLS": "1"}
         process = await asyncio.create_subprocess_exec(str(VENV / "bin" / "vf-eval"), "@", str(config), env=variables, cwd=folder,

@@ -132,3 +132,25 @@ def test_user_sim_scores_the_assistant_as_vf_eval_does(smol_template, turn, tmp_
     assert record["reward"] == episode_reward(own) == 1.0
     verify = record["metrics"]["verify"]
     assert verify["model_calls"] == 3 and verify["verifiers_seats_calling_the_model"] == 2 and record["mask_sample"] is True
+
+
+@pytest.mark.slow
+@needs_venv
+def test_a_multi_turn_game_is_one_token_in_segment_and_scores_as_vf_eval_does(smol_template, turn, tmp_path) -> None:
+    # gb_guess task 0 hides 42: [50] -> "lower", [25] -> "higher", [42] wins; a reply without brackets is an invalid move
+    win, invalid = [turn("[50]"), turn("[25]"), turn("[42]")], [turn("[50]"), turn("forty-two")]
+
+    async def plays() -> list:
+        return await asyncio.gather(gym_bridge_rollout(smol_template, win, task("gb_guess", 0)),
+                                    gym_bridge_rollout(smol_template, invalid, task("gb_guess", 0)),
+                                    own_runner(smol_template, win + invalid, "gb_guess", range(0, 1), tmp_path / "a", repeats=2))
+
+    won, lost, own = asyncio.run(plays())
+    assert [won["failure_kind"], lost["failure_kind"]] == [None, None], (won["failure_reason"], lost["failure_reason"])
+    assert (won["reward"], lost["reward"]) == tuple(sorted(map(episode_reward, own), reverse=True)) == (1.0, 0.0)
+    verify = won["metrics"]["verify"]
+    assert verify["model_calls"] == 3 and verify["segments"] == 1 and verify["token_in_calls"] == 2
+    # the three answers are trained (mask 1), the env's "lower" / "higher" turns between them are not (mask 0)
+    tokens = won["tokens"]
+    trained = [token for token, mask in zip(tokens["completion_ids"], tokens["completion_mask"]) if mask]
+    assert trained == win[0].token_ids + win[1].token_ids + win[2].token_ids and 0 in tokens["completion_mask"]
