@@ -15,15 +15,20 @@ from typing import Any, ClassVar
 from gym_bridge import FailRollout, HarnessEnvironment, MissingExtraError, RowProblem, Task, VerifyResult
 
 HERE = Path(__file__).parent
+WORKER = HERE / "worker.py"
 VENV = HERE.parent.parent / ".venv-verifiers"
-"""The verifiers virtualenv `make verifiers-venv` creates at the repository root."""
-INSTALL_HINT = f"the verifiers environment needs verifiers 0.4.0 in its own virtualenv {VENV}: run `make verifiers-venv`"
+"""The verifiers virtualenv `make verifiers-venv` creates at the repository root (the `venv_dir` setting's default)."""
+
+
+def install_hint(venv: Path) -> str:
+    return (f"the verifiers environment needs verifiers 0.4.0 in its own virtualenv {venv}: run `make verifiers-venv` "
+            f"(or point --env-setting verifiers.venv_dir=PATH at one with verifiers==0.4.0 and uv)")
 RESULT_MARKER = "GYM_BRIDGE_VERIFIERS_RESULT"
 """Starts the worker's result line (worker.py's constant of the same name)."""
 
 
-def venv_python() -> Path:
-    return VENV / "bin" / "python"
+def venv_python(venv: Path | None = None) -> Path:
+    return (VENV if venv is None else venv) / "bin" / "python"
 
 
 def worker_result(stdout: str) -> dict[str, Any] | None:
@@ -58,7 +63,7 @@ def episode_result(result: dict[str, Any]) -> VerifyResult:
 def describe(python: Path) -> str:
     """The environment's one-line description, with the install command when `python` (the venv's) is missing."""
     text = "A verifiers v1 environment (load_environment / Env, its harness) run against the capture endpoint, scored by its own rewards"
-    return text if python.exists() else f"{text} (not installed: {INSTALL_HINT})"
+    return text if python.exists() else f"{text} (not installed: {install_hint(python.parent.parent)})"
 
 
 def pinned_harnesses(env: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -71,20 +76,29 @@ class VerifiersEnvironment(HarnessEnvironment):
     name = "verifiers"
     description = describe(venv_python())
     example_data = HERE / "data" / "example.jsonl"
-    command = (str(venv_python()), str(HERE / "worker.py"))
+    venv_dir: ClassVar[str | None] = None
+    """The virtualenv with verifiers 0.4.0 and uv (None: the repository's `.venv-verifiers`)."""
     harness_timeout_s = 300.0
     tail_chars = 16000  # the worker's result line is the last of its stdout
     resume = "restart"  # the v1 episode's own loop cannot be picked up mid-run (HarnessEnvironment's kind)
     allowed_harnesses: ClassVar[tuple[str, ...]] = ("null",)
     """v1 harness ids a row may pin. The seats run on the local `subprocess` runtime, and harnesses such as `bash`
     give the model a shell on this machine: allow them only for data you trust."""
-    settings = (*HarnessEnvironment.settings, "allowed_harnesses")
+    settings = (*HarnessEnvironment.settings, "allowed_harnesses", "venv_dir")
+
+    @classmethod
+    def venv(cls) -> Path:
+        return VENV if cls.venv_dir is None else Path(cls.venv_dir)
 
     @classmethod
     def check_ready(cls) -> None:
         super().check_ready()
-        if not venv_python().exists():
-            raise MissingExtraError(INSTALL_HINT)
+        if not venv_python(cls.venv()).exists():
+            raise MissingExtraError(install_hint(cls.venv()))
+
+    def harness_command(self, task: Task) -> tuple[str, ...]:
+        """The worker, run by the virtualenv's python (rows may not name their own command)."""
+        return (str(venv_python(type(self).venv())), str(WORKER))
 
     @classmethod
     def validate_row(cls, row: dict[str, Any]) -> list[RowProblem]:

@@ -68,9 +68,10 @@ def test_a_hanging_v1_env_times_out_beside_a_sibling_that_scores(smol_template, 
 
 
 def test_a_missing_virtualenv_is_refused_before_any_rollout_with_the_make_target(monkeypatch, tmp_path) -> None:
-    monkeypatch.setattr("environments.verifiers.VENV", tmp_path / "absent")
+    monkeypatch.setattr(VerifiersEnvironment, "venv_dir", str(tmp_path / "absent"))
     with pytest.raises(MissingExtraError, match="make verifiers-venv"):
         VerifiersEnvironment.check_ready()
+    assert VerifiersEnvironment().harness_command(task("gb_arithmetic", 0))[0] == str(tmp_path / "absent" / "bin" / "python")
 
 
 def test_gym_bridge_envs_shows_the_install_command_when_the_venv_is_missing(tmp_path) -> None:
