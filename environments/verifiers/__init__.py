@@ -85,6 +85,9 @@ class VerifiersEnvironment(HarnessEnvironment):
     """v1 harness ids a row may pin. The seats run on the local `subprocess` runtime, and harnesses such as `bash`
     give the model a shell on this machine: allow them only for data you trust."""
     settings = (*HarnessEnvironment.settings, "allowed_harnesses", "venv_dir")
+    harness_row_fields = (*(HarnessEnvironment.harness_row_fields or ()), "verifiers")
+    """The worker reads the row's `verifiers` spec (the v1 env and task index) beside the default fields; verifier
+    fields of the row stay out of the harness's reach."""
 
     @classmethod
     def venv(cls) -> Path:
