@@ -21,10 +21,15 @@ from starlette.routing import Mount, Route
 from openenv.core.env_server import Action, CallToolAction, CallToolObservation, Environment, MCPEnvironment, Observation, State, create_app
 
 
+OPEN_SESSIONS = {"calc": 0, "faulty": 0}
+"""Environment instances made and not yet closed, per environment (`GET /open_sessions`)."""
+
+
 class CalcEnvironment(MCPEnvironment):
     SUPPORTS_CONCURRENT_SESSIONS = True
 
     def __init__(self) -> None:
+        OPEN_SESSIONS["calc"] += 1
         mcp = FastMCP("calc")
 
         @mcp.tool()
@@ -64,6 +69,10 @@ class CalcEnvironment(MCPEnvironment):
     def _step_impl(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
         return Observation(metadata={"error": f"unknown action {type(action).__name__}"})
 
+    def close(self) -> None:
+        OPEN_SESSIONS["calc"] -= 1
+        super().close()
+
     @property
     def state(self) -> State:
         return self._state
@@ -82,7 +91,11 @@ class FaultyEnvironment(Environment[CommandAction, CommandObservation, State]):
 
     def __init__(self) -> None:
         super().__init__()
+        OPEN_SESSIONS["faulty"] += 1
         self._state = State(step_count=0)
+
+    def close(self) -> None:
+        OPEN_SESSIONS["faulty"] -= 1
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> CommandObservation:
         self._state = State(episode_id=episode_id, step_count=0)
@@ -115,7 +128,10 @@ def _all_apps() -> Starlette:
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({"status": "healthy"})
 
-    return Starlette(routes=[Route("/health", health), Mount("/guess", guess_app), Mount("/calc", calc_app), Mount("/faulty", faulty_app)])
+    async def open_sessions(request: Request) -> JSONResponse:
+        return JSONResponse(OPEN_SESSIONS)
+
+    return Starlette(routes=[Route("/health", health), Route("/open_sessions", open_sessions), Mount("/guess", guess_app), Mount("/calc", calc_app), Mount("/faulty", faulty_app)])
 
 
 app = _all_apps()

@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import time
 from pathlib import Path
+
+import httpx
 
 import pytest
 from fastapi import FastAPI, WebSocket
@@ -70,6 +73,17 @@ def run(env_class, rows_and_turns: list[tuple[dict, list]], smol_template, *, ma
     return asyncio.run(go())
 
 
+def open_sessions(url: str, *, settle_s: float = 5.0) -> dict[str, int]:
+    """The test server's environment instances not yet closed, once they stop changing (closing is asynchronous there)."""
+    deadline, last = time.monotonic() + settle_s, None
+    while True:
+        now = httpx.get(url + "/open_sessions", timeout=5).json()
+        if now == last or time.monotonic() > deadline:
+            return now
+        last = now
+        time.sleep(0.3)
+
+
 def reference_rewards(plays: list[tuple[str, str, list]]) -> list[float]:
     """The rewards OpenEnv's own client loop gives the same plays ((url, mode, tool calls), reset with seed 3)."""
     specs = [{"url": url, "mode": mode, "reset": {"seed": 3}, "turns": [list(step) for step in play]} for url, mode, play in plays]
@@ -109,6 +123,7 @@ def test_scripted_plays_score_what_openenvs_own_loop_scores(url, smol_template, 
     assert calc[0]["observation"] == {"result": 30} and calc[2]["done"] is True
     unknown = [item["output"] for item in records[3].output if item["type"] == "function_call_output"][0]
     assert "unknown tool 'divide'" in unknown                    # not a tool of the row: never sent
+    assert open_sessions(url)["calc"] == 0                       # each rollout's session, and the reference's, closed
 
 
 def test_an_invalid_action_is_shown_to_the_model_and_scored(url, smol_template, turn) -> None:
@@ -129,6 +144,8 @@ def test_a_crash_and_a_hang_fail_only_their_own_rollouts(url, smol_template, tur
     assert crash.failure_kind == "env" and "the environment crashed on purpose" in crash.failure_reason
     assert hang.failure_kind == "env" and "no answer to 'step' within 2 s" in hang.failure_reason
     assert (ok.failure_kind, ok.reward, finish.failure_kind, finish.reward) == (None, 0.5, None, 1.0)
+    # every session was closed but the hung one, whose step thread never returns (so the server cannot close it)
+    assert open_sessions(url)["faulty"] == 1
 
 
 def test_a_server_that_is_down_or_answers_garbage_fails_as_env(smol_template, turn) -> None:

@@ -12,7 +12,7 @@ import asyncio
 import pytest
 
 from environments.textarena import TextArenaEnvironment, TextArenaRow, check_game, offline_games
-from gym_bridge import ConfigError, Engine, EngineConfig, SamplingParams, ScriptedPolicy
+from gym_bridge import ConfigError, Engine, EngineConfig, SamplingParams, ScriptedChatPolicy, ScriptedPolicy, TextModel
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.task import parse_task
 from tests.support.invariants import assert_token_invariants
@@ -40,14 +40,14 @@ def textarena_loop(game: str, seed: int, model_moves: list[str], opponent_moves:
     return float(rewards[0])
 
 
-def run(cases: list[tuple[TextArenaRow, list[str]]], smol_template, turn) -> list:
+def run(cases: list[tuple[TextArenaRow, list[str]]], smol_template, turn, env_class=TextArenaEnvironment) -> list:
     rows = [TextArenaEnvironment._row(row) for row, _ in cases]
     policy = ScriptedPolicy({f"{i}-0": [turn(move) for move in moves] for i, (_, moves) in enumerate(cases)})
     engine = Engine(policy, smol_template, EngineConfig(sampling=SamplingParams(max_new_tokens=32), limits=Limits(max_turns=12)))
     tasks = [parse_task(row, index=i) for i, row in enumerate(rows)]
 
     async def go() -> list:
-        return await asyncio.gather(*(engine.rollout(task, 0, env_class=TextArenaEnvironment) for task in tasks))
+        return await asyncio.gather(*(engine.rollout(task, 0, env_class=env_class) for task in tasks))
 
     return asyncio.run(go())
 
@@ -100,3 +100,14 @@ def test_unknown_and_offline_refused_games_are_clear_errors() -> None:
     assert problems and problems[0].field == "textarena.game" and "nltk" in problems[0].message
     table = offline_games()
     assert table["TicTacToe-v0"] == {"offline": True, "players": 2} and table["GuessTheNumber-v0"]["players"] == 1
+
+
+def test_a_model_opponent_gets_its_observation_and_its_reply_is_its_move(smol_template, turn) -> None:
+    opponent = ScriptedChatPolicy({"": ["I take the centre: [4]", "[8]"]})
+    env_class = type("WithOpponent", (TextArenaEnvironment,), {"opponent": TextModel(policy=opponent), "__module__": __name__})
+    row = TextArenaRow(game="TicTacToe-v0", opponent="model")
+    [record] = run([(row, ["[0]", "[1]", "[2]"])], smol_template, turn, env_class=env_class)
+    assert (record.failure_kind, record.reward) == (None, 1.0)
+    assert record.reward == textarena_loop("TicTacToe-v0", 0, ["[0]", "[1]", "[2]"], ["I take the centre: [4]", "[8]"], 2)
+    seen = opponent.requests[0].messages[-1]["content"]
+    assert "You are Player 1" in seen and "[Player 0] [0]" in seen     # TextArena's observation for the opponent's player
