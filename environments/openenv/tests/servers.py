@@ -3,11 +3,13 @@
 `calc_app`: an MCP environment (FastMCP tools `add`, `multiply`, `submit_answer`) whose question comes from the
 reset seed (a = seed + 2, b = seed + 3: "what is a * b + a?"); `submit_answer` ends the episode with reward 1.0
 when right, else 0.0. `faulty_app`: a simulation environment whose `command` action `ok` gives reward 0.5,
-`finish` ends with 1.0, `crash` raises in the environment and `hang` never returns. `app` serves them all, with the example server, in one process.
+`finish` ends with 1.0, `crash` raises in the environment and `hang` never returns. `app` serves them all, with the example server, in one process, and `POST /reference` runs OpenEnv's own client
+loop on plays it is sent (`openenv_reference.py`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from pathlib import Path
@@ -131,7 +133,15 @@ def _all_apps() -> Starlette:
     async def open_sessions(request: Request) -> JSONResponse:
         return JSONResponse(OPEN_SESSIONS)
 
-    return Starlette(routes=[Route("/health", health), Route("/open_sessions", open_sessions), Mount("/guess", guess_app), Mount("/calc", calc_app), Mount("/faulty", faulty_app)])
+    async def reference(request: Request) -> JSONResponse:
+        """OpenEnv's own client loop on the posted plays (`openenv_reference.py`), run here to spare the tests a second
+        start of OpenEnv's venv; its clients talk to this server over loopback like any other client."""
+        from openenv_reference import main as play
+
+        plays = await request.json()
+        return JSONResponse({"rewards": await asyncio.to_thread(lambda: [play(spec) for spec in plays])})
+
+    return Starlette(routes=[Route("/health", health), Route("/open_sessions", open_sessions), Route("/reference", reference, methods=["POST"]), Mount("/guess", guess_app), Mount("/calc", calc_app), Mount("/faulty", faulty_app)])
 
 
 app = _all_apps()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import time
 from pathlib import Path
 
@@ -84,12 +83,13 @@ def open_sessions(url: str, *, settle_s: float = 5.0) -> dict[str, int]:
         time.sleep(0.3)
 
 
-def reference_rewards(plays: list[tuple[str, str, list]]) -> list[float]:
-    """The rewards OpenEnv's own client loop gives the same plays ((url, mode, tool calls), reset with seed 3)."""
+def reference_rewards(server: str, plays: list[tuple[str, str, list]]) -> list[float]:
+    """The rewards OpenEnv's own client loop gives the same plays ((url, mode, tool calls), reset with seed 3), run by
+    the test server in OpenEnv's venv (`POST /reference`, `openenv_reference.py`)."""
     specs = [{"url": url, "mode": mode, "reset": {"seed": 3}, "turns": [list(step) for step in play]} for url, mode, play in plays]
-    out = subprocess.run([str(DEFAULT_PYTHON), str(HERE / "openenv_reference.py"), json.dumps(specs)], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return [float(reward) for reward in json.loads(out.stdout.strip().splitlines()[-1])["rewards"]]
+    answer = httpx.post(server + "/reference", json=specs, timeout=120)
+    assert answer.status_code == 200, answer.text[-2000:]
+    return [float(reward) for reward in answer.json()["rewards"]]
 
 
 # (path, mode, seed 3, the play: tool calls, one per turn) -> the reward gym_bridge must give
@@ -109,7 +109,7 @@ def test_scripted_plays_score_what_openenvs_own_loop_scores(url, smol_template, 
         tools = calc_tools() if mode == "mcp" else None
         cases.append((row(url + path, mode=mode, tools=tools), [turn(call(name, args)) for name, args in play] + [turn("Done.")]))
     records = run(env_for(None), cases, smol_template)
-    references = reference_rewards([(url + path, mode, play) for path, mode, play, _ in PLAYS.values()])
+    references = reference_rewards(url, [(url + path, mode, play) for path, mode, play, _ in PLAYS.values()])
     for (name, (path, mode, play, expected)), record, reference in zip(PLAYS.items(), records, references):
         assert record.failure_kind is None, (name, record.failure_reason)
         assert record.reward == expected == reference, name
