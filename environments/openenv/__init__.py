@@ -11,6 +11,7 @@ its reward is OpenEnv's: the last reward a step reported (what OpenEnv's own har
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import subprocess
 from pathlib import Path
@@ -30,6 +31,16 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_PYTHON = HERE.parents[1] / ".venv-openenv" / "bin" / "python"
 INSTALL = ("make openenv-venv (in a gym_bridge checkout; it runs: python3 -m venv .venv-openenv && "
            ".venv-openenv/bin/pip install openenv==0.10.0), or set openenv.server_python to a python that has openenv")
+
+
+@functools.lru_cache(maxsize=None)
+def has_openenv(python: str) -> bool:
+    """Whether `python` exists and can import openenv (asked once per interpreter path)."""
+    probe = [python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('openenv') is None)"]
+    try:
+        return Path(python).exists() and subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 class OpenEnvRow(pydantic.BaseModel):
@@ -106,12 +117,7 @@ class OpenEnvEnvironment(Environment):
     def server_spec(cls) -> ServerSpec:
         """What runs the server gym_bridge starts; raises MissingExtraError when that python lacks openenv."""
         python = cls.server_python or str(DEFAULT_PYTHON)
-        probe = [python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('openenv') is None)"]
-        try:
-            found = Path(python).exists() and subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
-        except (OSError, subprocess.TimeoutExpired):
-            found = False
-        if not found:
+        if not has_openenv(python):
             raise MissingExtraError(f"the openenv environment starts its OpenEnv server with {python}, which has no openenv: {INSTALL}")
         return ServerSpec(python=python, app=cls.server_app, app_dir=cls.server_app_dir)
 
