@@ -19,6 +19,7 @@ from fastapi import FastAPI, WebSocket
 
 from environments.openenv import DEFAULT_PYTHON, OpenEnvEnvironment
 from environments.openenv.server import ServerSpec, server_url, stop_servers
+from environments.openenv.session import OpenEnvError
 from gym_bridge import Engine, EngineConfig, MissingExtraError, SamplingParams, ScriptedPolicy
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.task import load_tasks, parse_task
@@ -171,3 +172,9 @@ def test_a_server_it_starts_needs_openenvs_venv() -> None:
     with pytest.raises(MissingExtraError, match="make openenv-venv"):
         missing.check_ready()
     env_for("http://127.0.0.1:9", server_python="/nonexistent/python").check_ready()   # a URL needs no venv
+
+
+def test_a_server_that_fails_to_start_is_reported_with_its_log() -> None:
+    spec = ServerSpec(python=str(DEFAULT_PYTHON), app="no_such_module:app", app_dir=str(HERE))
+    with pytest.raises(OpenEnvError, match=r"no_such_module:app exited \(3\) while starting: .*Could not import module \"no_such_module\""):
+        asyncio.run(server_url(spec, start_timeout_s=60))
