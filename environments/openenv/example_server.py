@@ -18,6 +18,8 @@ MAX_GUESSES = 4
 
 
 class GuessAction(Action):
+    """Guess the hidden number."""
+
     guess: int = Field(..., ge=1, le=16, description="Your guess, a whole number from 1 to 16.")
 
 

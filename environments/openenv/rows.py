@@ -14,8 +14,8 @@ import httpx
 
 from environments.openenv.session import OpenEnvError, OpenEnvSession
 
-INSTRUCTIONS = ("You are acting in an environment. Act by calling the tools; each result shows the new observation, the reward "
-                "and whether the episode is done. When it is done, answer briefly without a tool call.")
+INSTRUCTIONS = ("You are acting in an environment. Take each action by calling a tool; its result shows the new observation, "
+                "the reward and whether the episode is done. Keep acting until it is done.")
 
 
 def _strip_titles(schema: Any) -> Any:
