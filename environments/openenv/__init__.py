@@ -97,7 +97,7 @@ class OpenEnvEnvironment(Environment):
     base_url: ClassVar[str | None] = None
     """The server for rows without `openenv.url`; when None, gym_bridge starts `server_app`."""
     server_app: ClassVar[str] = "example_server:app"
-    """`module:attribute` of the OpenEnv server's ASGI app (what `create_app` returned), run with uvicorn."""
+    """`module:attribute` of the OpenEnv server's ASGI app (what `create_app` returned), run with uvicorn; "": none."""
     server_app_dir: ClassVar[str] = str(HERE)
     """The folder `server_app`'s module is imported from."""
     server_python: ClassVar[str | None] = None
@@ -110,7 +110,8 @@ class OpenEnvEnvironment(Environment):
 
     @classmethod
     def check_ready(cls) -> None:
-        if cls.base_url is None:
+        """A server to start needs OpenEnv's venv (rows that all name their `openenv.url`: set `server_app` to "")."""
+        if cls.base_url is None and cls.server_app:
             cls.server_spec()
 
     @classmethod
@@ -137,6 +138,8 @@ class OpenEnvEnvironment(Environment):
     async def _url(self) -> str:
         if self.row.url or self.base_url:
             return str(self.row.url or self.base_url)
+        if not self.server_app:
+            raise OpenEnvError("no server for this row: give it openenv.url, or set openenv.base_url or openenv.server_app")
         return await server_url(type(self).server_spec(), start_timeout_s=self.start_timeout_s)
 
     async def _start(self, task: Task) -> None:

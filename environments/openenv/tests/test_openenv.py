@@ -172,6 +172,7 @@ def test_a_server_it_starts_needs_openenvs_venv() -> None:
     with pytest.raises(MissingExtraError, match="make openenv-venv"):
         missing.check_ready()
     env_for("http://127.0.0.1:9", server_python="/nonexistent/python").check_ready()   # a URL needs no venv
+    env_for(None, server_app="", server_python="/nonexistent/python").check_ready()    # nor rows that each name theirs
 
 
 def test_a_server_that_fails_to_start_is_reported_with_its_log() -> None:
