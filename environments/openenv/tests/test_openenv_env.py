@@ -27,7 +27,8 @@ from tests.support.http_server import app_in_thread
 from tests.support.invariants import assert_token_invariants
 
 HERE = Path(__file__).resolve().parent
-pytestmark = pytest.mark.skipif(not DEFAULT_PYTHON.exists(), reason="OpenEnv's venv is missing: make openenv-venv")
+pytestmark = [pytest.mark.integration,  # one OpenEnv server process, started in 10-40 s on 2 busy cores
+              pytest.mark.skipif(not DEFAULT_PYTHON.exists(), reason="OpenEnv's venv is missing: make openenv-venv")]
 GUESS_ROWS = [task.row for task in load_tasks(OpenEnvEnvironment.example_data)]
 
 
