@@ -69,6 +69,11 @@ class OpenEnvSession:
             raise OpenEnvError(f"no OpenEnv server at {base_url}: {type(error).__name__}: {error or 'no answer'}") from None
         return cls(http, socket, url, timeout_s)
 
+    @property
+    def closed(self) -> bool:
+        """Whether the WebSocket and its HTTP session are closed."""
+        return self._socket.closed and self._http.closed
+
     async def reset(self, **kwargs: Any) -> StepResult:
         """Start the episode (`seed`, `episode_id` and the environment's own reset arguments)."""
         return to_step_result(await self._request("reset", kwargs, expect="observation"))

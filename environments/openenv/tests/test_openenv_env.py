@@ -142,12 +142,28 @@ def test_a_crash_and_a_hang_fail_only_their_own_rollouts(url, smol_template, tur
     tools = [{"type": "function", "name": "act", "description": "", "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}]
     cases = [(row(url + "/faulty", tools=tools), [turn(call("act", {"command": command})), turn("Done.")])
              for command in ("crash", "hang", "ok", "finish")]
+    before = open_sessions(url)["faulty"]
     crash, hang, ok, finish = run(env_class, cases, smol_template)
     assert crash.failure_kind == "env" and "the environment crashed on purpose" in crash.failure_reason
     assert hang.failure_kind == "env" and "no answer to 'step' within 2 s" in hang.failure_reason
     assert (ok.failure_kind, ok.reward, finish.failure_kind, finish.reward) == (None, 0.5, None, 1.0)
     # every session was closed but the hung one, whose step thread never returns (so the server cannot close it)
-    assert open_sessions(url)["faulty"] == 1
+    assert open_sessions(url)["faulty"] - before == 1
+
+
+def test_a_rollout_cut_by_its_deadline_closes_its_session(url, smol_template, turn) -> None:
+    closed = []
+
+    class Watched(env_for(None, tool_timeout_s=30.0, request_timeout_s=25.0)):
+        async def close(self) -> None:
+            await super().close()
+            closed.append(self.session.closed)
+
+    tools = [{"type": "function", "name": "act", "description": "", "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}]
+    engine = Engine(ScriptedPolicy({"0-0": [turn(call("act", {"command": "hang"}))]}), smol_template,
+                    EngineConfig(sampling=SamplingParams(max_new_tokens=64), deadline_s=2.0))
+    record = asyncio.run(engine.rollout(parse_task(row(url + "/faulty", tools=tools), index=0, default_env="openenv"), 0, env_class=Watched))
+    assert record.failure_kind == "timeout" and closed == [True]   # cancelled mid-step, the session closed all the same
 
 
 def test_a_server_that_is_down_or_answers_garbage_fails_as_env(smol_template, turn) -> None:
