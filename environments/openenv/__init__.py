@@ -1,11 +1,9 @@
 """openenv: any OpenEnv environment server as a gym_bridge environment, one OpenEnv session per rollout.
 
-The server is the row's `openenv.url`, else the `base_url` setting, else the `server_app` that gym_bridge starts
-itself in OpenEnv's virtualenv (`server.py`; default: the guess-the-number example server). Each rollout opens
-the session WebSocket, resets with the row's `openenv.reset` arguments and closes on every path. Simulation mode:
-the action schema (`/schema`) is one tool, `act` (OpenEnv reserves `step`); MCP mode (`openenv.mode: "mcp"`): the tools are the server's
-`tools/list`, each call an MCP `call_tool` action on the session. The episode ends when the server says `done`;
-its reward is OpenEnv's: the last reward a step reported (what OpenEnv's own harness takes), 0.0 when none did.
+The server is the row's `openenv.url`, the `base_url` setting, or the `server_app` gym_bridge starts in OpenEnv's venv
+(`server.py`). Each rollout opens the session WebSocket, resets with the row's `openenv.reset`, and closes on every
+path. Simulation mode: the action schema is one tool, `act`; MCP mode: the server's tools. The episode ends when the
+server says `done`; the reward is the last one a step reported, as OpenEnv's own harness takes it (README.md).
 """
 
 from __future__ import annotations

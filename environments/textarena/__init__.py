@@ -1,14 +1,9 @@
 """textarena: TextArena's text games, single-player or against a fixed opponent, scored by TextArena itself.
 
-The row names the game (`textarena.game`, a registered id such as `TicTacToe-v0`, with its default wrappers) and a
-seed; its prompt is the game's first observation for the model's player (rows are made by `prepare_rows`, and setup
-checks the reset gives that observation). Each model answer is one move, passed to `env.step` as TextArena's own
-loop passes an agent's reply (no tool call: a move is free text the game parses, such as `[4]`), then the opponent
-moves until it is the model's turn again; what the game shows next (the part of its observation the model has not
-seen) is the next user message. The opponent is scripted (`textarena.opponent_moves`, in order; once they run out it
-plays an empty move) or a TextModel (`opponent = "model"`). Invalid moves follow TextArena's rules (a warning, then a
-loss once the game's error allowance is spent). The reward is the model's entry of `env.close()`'s rewards; a game
-cut off by gym_bridge's limits gets what `close()` gives then (usually none: 0.0), with `game_done = False`.
+A row names a game id and a seed; its prompt is the game's first observation. Each model answer is one move passed to
+`env.step` as TextArena's own loop passes an agent's reply; the opponent (a script or a TextModel) moves until it is
+the model's turn; the observation's new part is the next user message. Invalid moves follow TextArena's rules; the
+reward is the model's entry of `env.close()`'s rewards (README.md has the details).
 """
 
 from __future__ import annotations
