@@ -9,6 +9,7 @@ cut back to the last whole frame, anything else damaged, another run's journal o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -33,7 +34,7 @@ calls are run again in a fresh session and each output checked), `restart` (from
 RolloutKey = tuple[int, int]
 """(task index, repeat index)."""
 JOURNAL_VERSION = 2
-"""The frame format and the frames' fields; version 1 (gym_bridge before 0.1.1) had no checksum over the length."""
+"""The frame format and the frames' fields; version 1 had no checksum over a frame's length."""
 JOURNAL_BY_DEFAULT = False
 """Whether `gym-bridge eval` journals a run that does not say (`--journal` / `--no-journal`): off, because on the
 engine-overhead benchmark (five tool calls, an instant scripted model in process) it costs 12.7% more CPU, above the
@@ -160,7 +161,7 @@ def read_frames(path: Path) -> Iterator[dict[str, Any]]:
         end = _frame_end(data, offset, path)
         if end is None:
             warnings.warn(f"{path}: dropping the torn tail of {len(data) - offset} bytes from byte {offset} (a write cut off "
-                          "by a kill or a power loss, never acknowledged: at most the turn in flight of a rollout)", stacklevel=2)
+                          "by a kill or a power loss, never acknowledged: no rollout went on past it)", stacklevel=2)
             return
         try:
             frame = orjson.loads(data[offset + _HEADER_SIZE:end])
@@ -305,14 +306,15 @@ class RunJournal:
             if resume:
                 journal._states = {key: state for key, state in journal._read(old).items() if key not in finished}
             journal._start_segment([encode_frame(state.to_frame()) for state in journal._states.values()])
-            journal._live = set(journal._states)
-            for path in old:
-                path.unlink()
         except BaseException as error:
             journal._abandon()
             if isinstance(error, OSError):
                 raise JournalError(f"the journal folder {journal.directory} cannot be used: {error}") from None
             raise
+        journal._live = set(journal._states)
+        for path in old:  # folded into the new segment, which is durable: an old one left behind is read again harmlessly
+            with contextlib.suppress(OSError):
+                path.unlink()
         return journal
 
     @classmethod
