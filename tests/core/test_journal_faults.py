@@ -285,3 +285,28 @@ def test_a_flipped_bit_in_the_last_frames_payload_reads_as_a_torn_tail(tmp_path)
     segment.write_bytes(bytes(data))
     with pytest.warns(UserWarning, match="torn tail"):
         assert [frame["k"] for frame in read_frames(segment)] == ["header", "commit"]
+
+
+def test_a_trl_rank_journal_another_trainer_holds_is_refused(tmp_path, smol_template):
+    """The TRL workers open their folders through `RunJournal.prepare` too: a second trainer on `<journal_dir>/rank0`."""
+    from gym_bridge.core.engine import Engine, EngineConfig
+    from gym_bridge.trl._step_journal import StepJournal
+    from tests.support.resume_kit import TurnPolicy
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import time
+            from gym_bridge.core.journal import RunFingerprint, RunJournal
+            RunJournal.prepare({str(tmp_path / "rank0")!r}, RunFingerprint(model="", tasks="t"), resume=True)
+            print("ready", flush=True)
+            time.sleep(60)
+        """)], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert holder.stdout.readline().strip() == "ready"  # type: ignore[union-attr]
+        engine = Engine(TurnPolicy(smol_template, []), smol_template, EngineConfig())
+        with pytest.raises(JournalError, match=rf"rank0 is in use by another gym-bridge process \(pid {holder.pid} on"):
+            StepJournal.open(tmp_path, rank=0, engine=engine)
+        assert engine.journal is None
+    finally:
+        holder.kill()
+        holder.wait(10)
