@@ -569,7 +569,8 @@ class RunJournal:
         if self.failure is None:
             self.failure = JournalError(
                 f"the journal folder {self.directory} cannot be written ({error.strerror or error}; tried for {waited_s:.0f} s): "
-                f"the run stops; its committed turns are kept in {self.segment.name}. Free space there and rerun with --resume")
+                f"no more turns are committed, those committed are kept in {self.segment.name}. Free space there, then "
+                "resume (gym-bridge eval: rerun with --resume)")
 
 
 def _frame_key(frame: Mapping[str, Any], path: Path) -> tuple[Any, RolloutKey]:
