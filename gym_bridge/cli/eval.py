@@ -156,12 +156,13 @@ def check_output_free(output: str, *, resume: bool, overwrite: bool) -> None:
     says what to do with them (a rerun used to replace them silently), or when that journal path is unusable."""
     from pathlib import Path
 
-    from gym_bridge.core.journal import JournalError, journal_dir_for, rollouts_in_flight
+    from gym_bridge.core.journal import JournalError, check_folder, journal_dir_for, rollouts_in_flight
 
     path, journal = Path(output), journal_dir_for(output)
+    check_folder(journal)
     try:
         in_flight = rollouts_in_flight(journal) if not (resume or overwrite) else 0
-    except JournalError as error:
+    except JournalError as error:  # a damaged journal, or one of an older gym_bridge
         raise ConfigError(f"{error}; or pass --overwrite to start --output {output} afresh") from None
     if in_flight:
         raise ConfigError(f"the journal {journal} holds the committed turns of {in_flight} rollouts a killed run left in "
