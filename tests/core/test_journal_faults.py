@@ -308,3 +308,30 @@ def test_a_trl_rank_journal_another_trainer_holds_is_refused(tmp_path, smol_temp
     finally:
         holder.kill()
         holder.wait(10)
+
+
+def test_a_journal_folder_on_a_read_only_mount_is_refused_naming_it(tmp_path, monkeypatch):
+    folder = tmp_path / "j"
+    folder.mkdir()
+    real_open = os.open
+
+    def read_only(path, flags, *args):  # what a read-only mount answers to creating a file in the folder
+        if flags & os.O_CREAT and str(path).startswith(str(folder)):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(journal_module.os, "open", read_only)
+    with pytest.raises(JournalError, match=rf"the journal folder {folder} cannot be used: .*Read-only file system"):
+        RunJournal.prepare(folder, FINGERPRINT, resume=True)
+
+
+def test_eval_refuses_a_damaged_journal_without_resume_and_says_overwrite_discards_it(tmp_path, capsys):
+    from gym_bridge.cli import main
+
+    segment = killed_run(tmp_path / "out.jsonl.journal")
+    data = bytearray(segment.read_bytes())
+    data[5] ^= 0x01  # the header frame's length
+    segment.write_bytes(bytes(data))
+    assert main(["eval", "--env", "weather", "--no-progress", "--output", str(tmp_path / "out.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "the frame header at byte 0 fails its checksum" in err and "pass --overwrite to start --output" in err
