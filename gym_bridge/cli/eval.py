@@ -153,11 +153,22 @@ async def _eval(args: argparse.Namespace) -> int:
 
 
 def check_output_free(output: str, *, resume: bool, overwrite: bool) -> None:
-    """Raises GymBridgeError when `output` already holds records and neither `--resume` nor `--overwrite` says
-    what to do with them (a rerun used to replace them silently)."""
+    """Raises GymBridgeError when `output` already holds records, or its journal (`OUTPUT.journal/`) committed turns
+    of a killed run (long episodes: hours of turns before a first record), and neither `--resume` nor `--overwrite`
+    says what to do with them (a rerun used to replace them silently), or when that journal path is unusable."""
     from pathlib import Path
 
-    path = Path(output)
+    from gym_bridge.core.journal import JournalError, check_folder, journal_dir_for, rollouts_in_flight
+
+    path, journal = Path(output), journal_dir_for(output)
+    check_folder(journal)
+    try:
+        in_flight = rollouts_in_flight(journal) if not (resume or overwrite) else 0
+    except JournalError as error:  # a damaged journal, or one of an older gym_bridge
+        raise ConfigError(f"{error}; or pass --overwrite to start --output {output} afresh") from None
+    if in_flight:
+        raise ConfigError(f"the journal {journal} holds the committed turns of {in_flight} rollouts a killed run left in "
+                          "flight: pass --resume to continue them, or --overwrite to discard them (or pick another --output)")
     if resume or overwrite or not path.is_file() or path.stat().st_size == 0:
         return
     raise ConfigError(f"--output {output} already holds rollout records: pass --resume to keep them and run only the "

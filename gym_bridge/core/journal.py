@@ -1,19 +1,22 @@
 """The durable per-turn journal of a run's rollouts in flight, so a killed run continues each episode from its last finished turn.
 
-An append-only log of checksummed frames, not a temp file renamed per rollout: a commit writes only its new turn, and
-the commits of all rollouts in flight share one fsync (group commit). A rollout waits for its commit's fsync before its
-next model call, so a crash loses at most the turn in flight of each rollout. A torn last frame (never acknowledged)
-is ignored; a damaged earlier frame or another run's journal is refused with `JournalError` naming the file.
+An append-only log of frames whose header (length) and payload are each checksummed, not a temp file renamed per
+rollout: the commits of all rollouts in flight share one fsync (group commit), and a rollout waits for its commit's
+fsync before its next model call. A torn tail (a write never acknowledged) is dropped with a warning, a failed write is
+cut back to the last whole frame, anything else damaged, another run's journal or a folder in use is refused by name.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import os
+import re
 import struct
 import time
+import warnings
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +24,7 @@ from typing import Any, Awaitable, Iterable, Iterator, Literal, Mapping, Sequenc
 
 import orjson
 
+from gym_bridge.core import lock_file
 from gym_bridge.core.errors import UserError
 from gym_bridge.core.task import Task
 
@@ -29,10 +33,21 @@ ResumeKind = Literal["snapshot", "replay", "restart"]
 calls are run again in a fresh session and each output checked), `restart` (from turn 0)."""
 RolloutKey = tuple[int, int]
 """(task index, repeat index)."""
-JOURNAL_VERSION = 1
-_MAGIC = b"GBJ1"
-_HEADER = struct.Struct("<4sII")
-"""Magic, payload length, CRC-32 of the payload."""
+JOURNAL_VERSION = 2
+"""The frame format and the frames' fields; version 1 had no checksum over a frame's length."""
+_MAGIC = b"GBJ2"
+_OLD_MAGICS = {b"GBJ1": 1}
+"""The magic of each older format, and its version."""
+_PREFIX = struct.Struct("<4sII")
+"""Magic, payload length, CRC-32 of the payload; followed by the CRC-32 of these 12 bytes (`_CHECK`), then the payload."""
+_CHECK = struct.Struct("<I")
+_HEADER_SIZE = _PREFIX.size + _CHECK.size
+_SEGMENT_NAME = re.compile(r"\d{20}-\d+\.log")
+"""How `RunJournal` names a segment: nanoseconds since the epoch, then the pid of the process writing it."""
+LOCK_NAME = "lock"
+"""The lock file in a journal folder (`gym_bridge.core.lock_file`): one process prepares a folder at a time."""
+FULL_DISK_WAIT_S = 10.0
+"""How long a journal write that keeps failing (a full disk) is tried again before the journal fails for good."""
 
 
 class JournalError(UserError):
@@ -146,41 +161,80 @@ class RolloutState:
 
 
 def encode_frame(payload: Mapping[str, Any]) -> bytes:
-    """One frame: magic, length, CRC-32, then the payload as JSON."""
+    """One frame: magic, payload length, CRC-32 of the payload, CRC-32 of those 12 bytes, then the payload as JSON."""
     try:
         body = orjson.dumps(payload)  # the common frame: string keys, plain values (a quarter faster than with options)
     except TypeError:
         body = orjson.dumps(payload, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY)
-    return _HEADER.pack(_MAGIC, len(body), zlib.crc32(body)) + body
+    prefix = _PREFIX.pack(_MAGIC, len(body), zlib.crc32(body))
+    return prefix + _CHECK.pack(zlib.crc32(prefix)) + body
 
 
 def read_frames(path: Path) -> Iterator[dict[str, Any]]:
-    """The frames of one segment. Stops at a torn last frame (an unacknowledged write); raises JournalError for a
-    damaged frame that is not the last, or bytes that are not a journal."""
+    """The frames of one segment. A torn tail (what a write cut off by a kill or a power loss left after the last whole
+    frame: part of a frame, or zero bytes) is dropped with a warning naming its bytes; raises JournalError naming the
+    file and byte for any other damage, bytes that are not a journal, or a journal of an older format."""
     data = path.read_bytes()
     offset = 0
     while offset < len(data):
-        if len(data) - offset < _HEADER.size:
-            return  # torn header at the end
-        magic, length, crc = _HEADER.unpack_from(data, offset)
-        if magic != _MAGIC:
-            raise JournalError(f"{path}: not a gym_bridge journal frame at byte {offset} (damaged, or not a journal); "
-                               "remove the file to restart its rollouts from turn 0")
-        end = offset + _HEADER.size + length
-        if end > len(data):
-            return  # torn body at the end
-        body = data[offset + _HEADER.size:end]
-        if zlib.crc32(body) != crc:
-            if end == len(data):
-                return  # the last write, cut off before it was durable
-            raise JournalError(f"{path}: frame at byte {offset} fails its checksum and is not the last one (the file is "
-                               "damaged); remove it to restart its rollouts from turn 0")
+        end = _frame_end(data, offset, path)
+        if end is None:
+            warnings.warn(f"{path}: dropping the torn tail of {len(data) - offset} bytes from byte {offset} (a write cut off "
+                          "by a kill or a power loss, never acknowledged: no rollout went on past it)", stacklevel=2)
+            return
         try:
-            frame = orjson.loads(body)
+            frame = orjson.loads(data[offset + _HEADER_SIZE:end])
         except orjson.JSONDecodeError as error:
             raise JournalError(f"{path}: frame at byte {offset} passes its checksum but is not JSON ({error})") from None
         yield frame
         offset = end
+
+
+def _frame_end(data: bytes, offset: int, path: Path) -> int | None:
+    """Where the frame at `offset` ends; None when it starts a torn tail: it runs past the end of the file, or is the
+    last frame and fails its payload checksum, or the file holds only zero bytes from within it on (a power loss that
+    kept the file's length but not its last blocks). Raises JournalError for damage anywhere else."""
+    if len(data) - offset < _HEADER_SIZE:
+        return None
+    magic, length, body_crc = _PREFIX.unpack_from(data, offset)
+    (header_crc,) = _CHECK.unpack_from(data, offset + _PREFIX.size)
+    if magic in _OLD_MAGICS and offset == 0:
+        raise JournalError(f"{path} was written by an older gym_bridge (journal format {_OLD_MAGICS[magic]}; this one "
+                           f"reads format {JOURNAL_VERSION}): finish the run with that version, or remove the journal "
+                           "folder to restart its rollouts from turn 0")
+    if magic != _MAGIC or zlib.crc32(data[offset:offset + _PREFIX.size]) != header_crc:
+        if _zero_from(data) <= offset + _HEADER_SIZE:
+            return None
+        raise JournalError(f"{path}: the frame header at byte {offset} fails its checksum (the file is damaged, or not a "
+                           "gym_bridge journal); remove it to restart its rollouts from turn 0")
+    end = offset + _HEADER_SIZE + int(length)
+    if end > len(data):
+        return None
+    if zlib.crc32(data[offset + _HEADER_SIZE:end]) != body_crc:
+        if _zero_from(data) <= end:
+            return None
+        raise JournalError(f"{path}: frame at byte {offset} fails its checksum and is not the last one (the file is "
+                           "damaged); remove it to restart its rollouts from turn 0")
+    return end
+
+
+def _zero_from(data: bytes) -> int:
+    """Where the run of zero bytes that ends `data` starts (`len(data)` when it ends in another byte)."""
+    return len(data.rstrip(b"\0"))
+
+
+def segments(directory: Path) -> list[Path]:
+    """The journal segments in `directory`, oldest first: regular files (never a symbolic link) named as `RunJournal`
+    names them whose first bytes are a journal frame's magic (or a part of it: a segment cut off as it was created).
+    Nothing else in the folder is read or removed."""
+    found = []
+    for path in sorted(directory.iterdir()):
+        if _SEGMENT_NAME.fullmatch(path.name) and not path.is_symlink() and path.is_file():
+            with path.open("rb") as file:
+                head = file.read(len(_MAGIC))
+            if any(magic.startswith(head) for magic in (_MAGIC, *_OLD_MAGICS)):
+                found.append(path)
+    return found
 
 
 def journal_dir_for(output: str | Path) -> Path:
@@ -189,13 +243,43 @@ def journal_dir_for(output: str | Path) -> Path:
     return output.with_name(output.name + ".journal")
 
 
+def check_folder(directory: Path) -> None:
+    """Raises JournalError naming `directory` when it cannot be a journal folder: a symbolic link (a journal never
+    follows one out, nor removes what it points to) or something other than a folder."""
+    if directory.is_symlink():
+        raise JournalError(f"the journal folder {directory} is a symbolic link: give a path to a real folder (or to none: "
+                           "it is made), so that removing the journal never reaches another folder's files")
+    if directory.exists() and not directory.is_dir():
+        raise JournalError(f"the journal folder {directory} is not a folder: remove it, or give another path")
+
+
+def rollouts_in_flight(directory: Path) -> int:
+    """How many rollouts the journal in `directory` holds committed turns of with no finished record (0 when there is
+    no journal), whatever run wrote it. Raises JournalError for a damaged journal or an unusable folder."""
+    check_folder(directory)
+    if not directory.exists():
+        return 0
+    try:
+        return len(RunJournal(directory, RunFingerprint(model="", tasks=""))._read(segments(directory), check=False))
+    except OSError as error:
+        raise JournalError(f"the journal folder {directory} cannot be read: {error}") from None
+
+
+_locked_folders: dict[str, RunJournal] = {}
+"""The journal of this process holding each folder's lock; a journal prepared again over a folder in the same process
+(a test standing for a restarted process, whose dropped journal was never closed) takes the lock over."""
+
+
 class RunJournal:
     """The journal of one run: `prepare` it (reading what an earlier, killed run left), `restore` each rollout's
     committed state, `commit` at turn boundaries, `finish` a rollout once its record is written, `close` at the end.
 
     One process writes one segment; `prepare` folds the segments it found into its own (one frame per rollout still
-    in flight) before removing them, so a crash at any moment leaves a readable journal.
+    in flight) before removing them, so a crash at any moment leaves a readable journal. `prepare` holds the folder's
+    lock until `close`: a second process preparing it is refused, naming the holder.
     """
+
+    full_disk_wait_s = FULL_DISK_WAIT_S
 
     def __init__(self, directory: Path, fingerprint: RunFingerprint, *, fsync: bool = True) -> None:
         self.directory = directory
@@ -203,6 +287,12 @@ class RunJournal:
         self.fsync = fsync
         self.segment = directory / f"{time.time_ns():020d}-{os.getpid()}.log"
         self._fd: int | None = None
+        self._end = 0
+        """The segment's length up to its last durable frame: where a failed write is cut back to."""
+        self._lock: tuple[str, int | None] | None = None
+        """The folder's key in `_locked_folders` and the lock's descriptor, while this journal holds it."""
+        self.failure: JournalError | None = None
+        """Set once writing failed for good (a full disk past `full_disk_wait_s`): every later commit raises it."""
         self._states: dict[RolloutKey, RolloutState] = {}
         self._live: set[RolloutKey] = set()
         """Rollouts with committed frames in this segment and no `finish` yet."""
@@ -223,43 +313,91 @@ class RunJournal:
         """Open the journal in `directory` for a run. With `resume`, the rollouts an earlier run left in flight (not in
         `finished`) are read and carried into this run's segment; without it, an old journal is discarded.
 
-        Raises JournalError for a damaged journal or one of another run (naming the file and what differs).
+        Raises JournalError (naming the folder or the file) for a folder in use by another process, one that cannot be a
+        journal folder or written, a damaged journal, or one of another run (naming what differs).
         """
         journal = cls(Path(directory), fingerprint, fsync=fsync)
-        journal.directory.mkdir(parents=True, exist_ok=True)
-        old = sorted(journal.directory.glob("*.log"))
-        if resume:
-            journal._states = {key: state for key, state in journal._read(old).items() if key not in finished}
-        journal._fd = os.open(journal.segment, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        frames = [encode_frame({"k": "header", "v": JOURNAL_VERSION, "fingerprint": fingerprint.to_dict()})]
-        frames += [encode_frame(state.to_frame()) for state in journal._states.values()]
-        journal._write(b"".join(frames))
-        _fsync_dir(journal.directory)
+        check_folder(journal.directory)
+        try:
+            journal.directory.mkdir(parents=True, exist_ok=True)
+            journal._take_lock()
+            old = segments(journal.directory)
+            if resume:
+                journal._states = {key: state for key, state in journal._read(old).items() if key not in finished}
+            journal._start_segment([encode_frame(state.to_frame()) for state in journal._states.values()])
+        except BaseException as error:
+            journal._abandon()
+            if isinstance(error, OSError):
+                raise JournalError(f"the journal folder {journal.directory} cannot be used: {error}") from None
+            raise
         journal._live = set(journal._states)
-        for path in old:
-            path.unlink()
+        for path in old:  # folded into the new segment, which is durable: an old one left behind is read again harmlessly
+            with contextlib.suppress(OSError):
+                path.unlink()
         return journal
 
     @classmethod
     def join(cls, directory: str | Path, fingerprint: RunFingerprint, *, fsync: bool = True) -> RunJournal:
         """Open a segment of its own in the journal a driver prepared in `directory` (a Ray worker's): nothing is read
-        or removed here; `load` reads the committed state of the rollouts this process is sent again.
+        or removed here, and the driver holds the folder's lock; `load` reads the committed state of the rollouts this
+        process is sent again.
 
         Raises JournalError when `directory` is not there (a node that does not share the driver's file system)."""
         journal = cls(Path(directory), fingerprint, fsync=fsync)
         if not journal.directory.is_dir():
             raise JournalError(f"the journal directory {journal.directory} does not exist on this node: the workers must "
                                "see the driver's --output directory (a shared file system at the same path)")
-        journal._fd = os.open(journal.segment, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        journal._write(encode_frame({"k": "header", "v": JOURNAL_VERSION, "fingerprint": fingerprint.to_dict()}))
-        _fsync_dir(journal.directory)
+        try:
+            journal._start_segment([])
+        except OSError as error:
+            journal._abandon()
+            raise JournalError(f"the journal folder {journal.directory} cannot be used: {error}") from None
         return journal
+
+    def _take_lock(self) -> None:
+        key = str(self.directory.resolve())
+        holder = _locked_folders.get(key)
+        if holder is not None and holder._lock is not None:
+            self._lock, holder._lock = holder._lock, None
+        else:
+            self._lock = key, lock_file.acquire(self.directory / LOCK_NAME, lambda who: JournalError(
+                f"the journal folder {self.directory} is in use by another gym-bridge process (pid {who}), which would "
+                "lose its commits to this one: stop it, or give this process a journal folder of its own"))
+        _locked_folders[key] = self
+
+    def _release_lock(self) -> None:
+        if self._lock is None:
+            return
+        key, fd = self._lock
+        self._lock = None
+        if _locked_folders.get(key) is self:
+            del _locked_folders[key]
+        lock_file.release(fd, self.directory / LOCK_NAME)
+
+    def _start_segment(self, frames: list[bytes]) -> None:
+        """Create this process's segment with its header frame and `frames`, durable (the folder's entry too)."""
+        self._fd = os.open(self.segment, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_EXCL, 0o644)
+        header = encode_frame({"k": "header", "v": JOURNAL_VERSION, "fingerprint": self.fingerprint.to_dict()})
+        data = b"".join([header, *frames])
+        self._append(data)
+        if self.fsync:
+            os.fsync(self._fd)
+        self._end = len(data)
+        _fsync_dir(self.directory)
+
+    def _abandon(self) -> None:
+        """Undo a `prepare` or `join` that failed part way: its segment (which holds nothing yet) and lock go."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+            self.segment.unlink(missing_ok=True)
+        self._release_lock()
 
     def load(self, keys: Sequence[RolloutKey]) -> None:
         """Read what every segment of the directory holds for `keys` (rollouts sent again after their process died), for
         `restore`. Raises JournalError for a damaged segment or one of another run."""
         wanted = set(keys)
-        found = self._read(sorted(self.directory.glob("*.log")))
+        found = self._read(segments(self.directory))
         self._states.update({key: state for key, state in found.items() if key in wanted})
 
     def pending(self) -> list[RolloutKey]:
@@ -270,17 +408,19 @@ class RunJournal:
         """Whether `prepare` found committed turns of rollout `key` that no process has restored yet."""
         return key in self._states
 
-    def _read(self, segments: Sequence[Path]) -> dict[RolloutKey, RolloutState]:
-        """The rollouts in flight over all `segments`. One attempt of a rollout runs in one process (one segment), and a
-        later attempt continues the events of the earlier ones: a rollout's commits are applied in attempt order."""
+    def _read(self, paths: Sequence[Path], *, check: bool = True) -> dict[RolloutKey, RolloutState]:
+        """The rollouts in flight over the segments `paths` (with `check`, of this run only). One attempt of a rollout runs in
+        one process (one segment), and a later attempt continues the events of the earlier ones: a rollout's commits
+        are applied in attempt order."""
         commits: dict[RolloutKey, list[tuple[int, int, int, dict[str, Any], Path]]] = {}
         done: set[RolloutKey] = set()
-        for number, path in enumerate(segments):
+        for number, path in enumerate(paths):
             frames = read_frames(path)
             header = next(frames, None)
             if header is None:
                 continue  # killed before its header was written: holds nothing
-            self._check_header(path, header)
+            if check:
+                self._check_header(path, header)
             for position, frame in enumerate(frames):
                 kind, key = _frame_key(frame, path)
                 if kind == "done":
@@ -313,7 +453,10 @@ class RunJournal:
     def commit(self, key: RolloutKey, *, attempt: int, at: int, events: list[dict[str, Any]], budgets: dict[str, Any],
                kind: str, snapshot: Any = None, snapshot_version: int | None = None) -> Awaitable[None]:
         """Append rollout `key`'s events after its first `at` committed ones, with its budgets (and its environment's
-        snapshot). Returns what to await: done once they are durable, fsynced with the other commits of this moment."""
+        snapshot). Returns what to await: done once they are durable, fsynced with the other commits of this moment.
+        Raises (or the awaitable does) `failure` once the journal cannot be written."""
+        if self.failure is not None:
+            raise self.failure
         frame = {"k": "commit", "r": key, "a": attempt, "at": at, "ev": events, "b": budgets, "kind": kind}
         if snapshot is not None or snapshot_version is not None:  # absent reads back as None
             frame["snap"], frame["sv"] = snapshot, snapshot_version
@@ -340,24 +483,26 @@ class RunJournal:
 
     async def close(self, *, complete: bool = False) -> None:
         """Write what is pending; remove the journal when no rollout is left in flight (else keep it for `--resume`).
-        `complete`: every rollout of the run has its record, so the segments of other processes (Ray workers) go too."""
+        `complete`: every rollout of the run has its record, so the segments of other processes (Ray workers) go too.
+        A journal that failed (`failure`) or fails now is kept as it is, cut back to its last whole frame."""
         if self._flusher is not None:
             await asyncio.shield(self._flusher)
-        if self._frames:
+        if self._frames and self.failure is None:
             data, self._frames = b"".join(self._frames), []
-            self._write(data)
+            self._write_now(data)
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        if complete:
-            for path in self.directory.glob("*.log"):
+        remove = self.failure is None and (complete or (not self.in_flight and not self.shared))  # shared: its `done` frames speak for others' commits
+        if remove:
+            for path in segments(self.directory) if complete else [self.segment]:
                 path.unlink(missing_ok=True)
-        if complete or (not self.in_flight and not self.shared):  # shared: its `done` frames speak for others' commits
-            self.segment.unlink(missing_ok=True)
+        self._release_lock()
+        if remove:
             try:
                 self.directory.rmdir()
             except OSError:
-                pass  # something else lives there (another process's segment of a run cut off)
+                pass  # something else lives there (another process's segment of a run cut off, a file not the journal's)
 
     def _schedule(self) -> None:
         if self._flusher is not None:
@@ -366,7 +511,7 @@ class RunJournal:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # `finish` called outside an event loop: write at once
             data, self._frames = b"".join(self._frames), []
-            self._write(data)
+            self._write_now(data)
             return
         self._flusher = loop.create_task(self._flush())
 
@@ -376,31 +521,75 @@ class RunJournal:
             while self._frames:
                 data, waiters = b"".join(self._frames), self._waiters
                 self._frames, self._waiters = [], []
-                try:
-                    self._write(data, sync=False)
-                    if self.fsync and self._fd is not None:
-                        await asyncio.to_thread(os.fsync, self._fd)
-                except OSError as error:
-                    failure = JournalError(f"{self.segment}: cannot write the journal: {error}")
-                    for waiter in waiters:
-                        if not waiter.done():
-                            waiter.set_exception(failure)
-                    continue
+                failure = await self._write_durably(data)
                 for waiter in waiters:
-                    if not waiter.done():
+                    if waiter.done():
+                        continue
+                    if failure is None:
                         waiter.set_result(None)
+                    else:
+                        waiter.set_exception(failure)
         finally:
             self._flusher = None
 
-    def _write(self, data: bytes, *, sync: bool = True) -> None:
+    async def _write_durably(self, data: bytes) -> JournalError | None:
+        """Append `data` and fsync it. A write or fsync that fails (a full disk) is cut back to the last whole frame and
+        tried again while it keeps failing for less than `full_disk_wait_s`: a moment of full disk costs a pause, not
+        a rollout. Returns the journal's `failure` once it has failed for good (None when `data` is durable)."""
+        waited_s, pause_s = 0.0, 0.05
+        while self.failure is None:
+            try:
+                self._append(data)
+                if self.fsync and self._fd is not None:
+                    await asyncio.to_thread(os.fsync, self._fd)
+                self._end += len(data)
+                return None
+            except OSError as error:
+                self._cut_back()
+                if waited_s >= self.full_disk_wait_s:
+                    self._fail(error, waited_s)
+                    break
+            await asyncio.sleep(pause_s)
+            waited_s, pause_s = waited_s + pause_s, min(2 * pause_s, 1.0)
+        return self.failure
+
+    def _write_now(self, data: bytes) -> None:
+        """Append `data` durably from outside the event loop's group commits; a failure fails the journal at once."""
+        try:
+            self._append(data)
+            if self.fsync and self._fd is not None:
+                os.fsync(self._fd)
+            self._end += len(data)
+        except OSError as error:
+            self._cut_back()
+            self._fail(error, 0.0)
+
+    def _append(self, data: bytes) -> None:
+        """Write all of `data` at the end of the segment (the caller moves `_end` past it once it is durable)."""
         if self._fd is None:
             raise JournalError(f"{self.segment}: the journal is closed")
         view = memoryview(data)
         while view:
             written = os.write(self._fd, view)
             view = view[written:]
-        if sync and self.fsync:
-            os.fsync(self._fd)
+
+    def _cut_back(self) -> None:
+        """Cut the segment back to its last whole frame after a failed write (a partial frame must not stay in the
+        middle of the segment: the frames after it would be refused on `--resume`)."""
+        if self._fd is None:
+            return
+        try:
+            if os.fstat(self._fd).st_size > self._end:
+                os.ftruncate(self._fd, self._end)
+        except OSError as error:
+            self._fail(error, 0.0)
+
+    def _fail(self, error: OSError, waited_s: float) -> None:
+        if self.failure is None:
+            self.failure = JournalError(
+                f"the journal folder {self.directory} cannot be written ({error.strerror or error}; tried for {waited_s:.0f} s): "
+                f"no more turns are committed, those committed are kept in {self.segment.name}. Free space there, then "
+                "resume (gym-bridge eval: rerun with --resume)")
 
 
 def _frame_key(frame: Mapping[str, Any], path: Path) -> tuple[Any, RolloutKey]:

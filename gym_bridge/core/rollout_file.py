@@ -19,6 +19,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import orjson
 
+from gym_bridge.core import lock_file
 from gym_bridge.core.errors import DataError, UserError
 from gym_bridge.core.record import RECORD_FIELDS
 from gym_bridge.core.task import Task
@@ -154,7 +155,7 @@ class OutputLockedError(UserError):
     """Another process is writing the same rollout file."""
 
 
-_held_locks: dict[str, int] = {}
+_held_locks: dict[str, int | None] = {}
 """Lock files this process holds: path -> file descriptor."""
 
 
@@ -162,16 +163,9 @@ _held_locks: dict[str, int] = {}
 def locked_output(path: str | Path) -> Iterator[None]:
     """Hold an exclusive lock on `<path>.lock` while writing `path`; re-entrant within a process.
 
-    Raises OutputLockedError at once when another process holds it. The lock file is removed
-    while still locked when the block ends; a run that locked the removed file sees that it is
-    gone and locks the new one, so two runs never hold different files. A killed process leaves
-    it behind, unlocked (the lock ends with the process), and the next run takes it over.
+    Raises OutputLockedError at once, naming the holder, when another process holds it
+    (`gym_bridge.core.lock_file`: removed when the block ends, taken over from a killed run).
     """
-    try:
-        import fcntl
-    except ImportError:  # not a POSIX system: no lock
-        yield
-        return
     lock_path = Path(path).resolve()
     lock_path = lock_path.with_name(lock_path.name + ".lock")
     key = str(lock_path)
@@ -179,43 +173,15 @@ def locked_output(path: str | Path) -> Iterator[None]:
         yield
         return
     lock_path.parent.mkdir(parents=True, exist_ok=True)
-    while True:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 64).decode("ascii", "replace").strip() or "unknown"
-            os.close(fd)
-            raise OutputLockedError(
-                f"{path} is being written by another gym-bridge run (pid {holder}, lock {lock_path}); "
-                "wait for it to finish, or choose another --output"
-            ) from None
-        if _is_current(fd, lock_path):
-            break
-        os.close(fd)  # its holder removed it as we locked it: lock the file now at that path
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+    fd = lock_file.acquire(lock_path, lambda holder: OutputLockedError(
+        f"{path} is being written by another gym-bridge run (pid {holder}, lock {lock_path}); "
+        "wait for it to finish, or choose another --output"))
     _held_locks[key] = fd
     try:
         yield
     finally:
         del _held_locks[key]
-        try:
-            os.unlink(lock_path)  # while locked, see above
-        except FileNotFoundError:
-            pass
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
-
-
-def _is_current(fd: int, path: Path) -> bool:
-    """Whether the open file `fd` is still the file at `path` (not removed or replaced)."""
-    try:
-        on_disk = os.stat(path)
-    except FileNotFoundError:
-        return False
-    opened = os.fstat(fd)
-    return (on_disk.st_dev, on_disk.st_ino) == (opened.st_dev, opened.st_ino)
+        lock_file.release(fd, lock_path)
 
 
 class RolloutWriter:

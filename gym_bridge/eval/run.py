@@ -152,7 +152,9 @@ async def run_eval(
     the summary holds it under `tool_call_health` and the warnings raised under `alarms`.
 
     Tasks given as a `TaskSet` (`select_ready_tasks`) are not routed or checked again. Raises
-    OutputLockedError when another process is writing `output`.
+    OutputLockedError when another process is writing `output`, JournalError for a journal that cannot be
+    used (before any rollout) or that cannot be written any more (a full disk: the run stops, records
+    written so far and committed turns kept for `resume`).
     """
     ready = ready_tasks(tasks)  # a refused run (no sandbox, say) leaves `output` as it was
     with locked_output(output):
@@ -192,6 +194,8 @@ async def run_eval_locked(
     try:
         with RolloutWriter(output, append=resume) as writer:
             async for record in engine.stream(tasks, repeats=num_repeats, skip=skip):
+                if run_journal is not None and run_journal.failure is not None:
+                    raise run_journal.failure  # a journal folder that cannot be written (full) stops the run once
                 row = record.to_dict()
                 writer.write(row)
                 if run_journal is not None:
