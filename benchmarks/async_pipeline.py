@@ -20,6 +20,8 @@ staleness, the largest staleness seen (by the row's version, and by its oldest t
 (>= `long_turns`) made it into training. Each repeat also measures the pipeline limit, the wall time no pipeline can
 beat: the larger of generating the run's episodes at full concurrency (every rollout at once, no trainer) and
 training alone (the steps and syncs over rows already waiting), and reports each mode's wall time as a ratio to it.
+The generation half is that of the first `rows` rows' groups in task order; a worker that trains groups admitted
+later while the slowest episodes run can finish under it (`long_share_trained` then shows what it left in flight).
 Medians over repeats with [min, max]. The JSON summary is the last line.
 """
 

@@ -60,15 +60,38 @@ class LoggingStandIn(AsyncVLLMStandIn):
         return super().answer(prompt_ids)
 
 
-def launch(output: Path, url: str, model: Path, *extra: str) -> subprocess.Popen[bytes]:
+def launch(output: Path, url: str, model: Path, *extra: str, processes: int = 1) -> subprocess.Popen[bytes]:
+    """The recipe as a process; with `processes` 2, under `accelerate launch` on the CPU (two trainer ranks, each taking
+    half of a step's GROUP_SIZE rows, so a step still trains one group)."""
     overrides = [f"model={model}", f"server.url={url}", "server.launch=false", "server.served_model=stub",
-                 f"async_grpo.output_dir={output}", "async_grpo.per_device_train_batch_size=4", "async_grpo.max_completion_length=48",
+                 f"async_grpo.output_dir={output}", f"async_grpo.per_device_train_batch_size={GROUP_SIZE // processes}",
+                 "async_grpo.max_completion_length=48",
                  "async_grpo.save_strategy=steps", "async_grpo.save_steps=1", f"async_grpo.max_steps={STEPS}",
                  "async_grpo.max_staleness=4", "gym_bridge.journal=true", *extra]
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     command = [sys.executable, str(REPO / "recipes" / "trl_async_grpo.py"), "--config", str(CONFIG)] + [f"--set={o}" for o in overrides]
     log = (output.parent / f"{output.name}-{len(list(output.parent.glob('*.log')))}.log").open("wb")
-    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    if processes > 1:
+        command[1:1] = ["-m", "accelerate.commands.launch", "--cpu", "--num_processes", str(processes), "--num_machines", "1",
+                        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port())]
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
+
+
+def kill_job(trainer: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the whole job: the recipe and, under `accelerate launch`, every rank (its own process group)."""
+    try:
+        os.killpg(trainer.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    trainer.wait(60)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def saved_checkpoints(output: Path) -> list[tuple[int, Path]]:
@@ -120,13 +143,14 @@ def group_of(prompt: str, texts: list[str]) -> int:
 
 @pytest.mark.slow  # 1-3 minutes on 2 shared cores: two trainer processes import TRL; by default: the same resume run
 # in-process (test_async_recipe_resume.py) and a stand-in trainer process SIGKILLed (test_async_trainer_restart.py)
+@pytest.mark.parametrize("processes", [1, 2], ids=["one_rank", "two_ranks"])
 def test_the_async_recipe_killed_mid_episode_resumes_each_group_once_from_its_last_turn(tmp_path, tiny_model_dir, smol_tokenizer,
-                                                                                          task_texts):
+                                                                                          task_texts, processes):
     task_texts, shots = task_texts
     output = tmp_path / "out"
     stand_in = LoggingStandIn(smol_tokenizer, token_delay_s=0.02)  # a weather call takes ~0.5 s: episodes in flight at a save
     with app_in_thread(stand_in.app) as url:
-        trainer = launch(output, url, tiny_model_dir)
+        trainer = launch(output, url, tiny_model_dir, processes=processes)
         deadline, cut = time.monotonic() + 300, None
         try:
             while time.monotonic() < deadline and trainer.poll() is None:
@@ -138,8 +162,7 @@ def test_the_async_recipe_killed_mid_episode_resumes_each_group_once_from_its_la
                         break
                 time.sleep(0.05)
         finally:
-            trainer.send_signal(signal.SIGKILL)
-            trainer.wait(60)
+            kill_job(trainer)
         assert cut is not None, f"the trainer exited ({trainer.returncode}) or ran 300 s without a checkpoint and a group in flight"
         calls_before = len(stand_in.prompts)
         step, resumed_from = saved_checkpoints(output)[-1]  # a later one may have been saved between the poll and the kill
@@ -151,8 +174,11 @@ def test_the_async_recipe_killed_mid_episode_resumes_each_group_once_from_its_la
         assert records_text.endswith("\n")  # no torn record
         first_lines = len(records_text.splitlines())
 
-        trainer = launch(output, url, tiny_model_dir, "resume_from_checkpoint=true")  # the latest whole checkpoint
-        assert trainer.wait(300) == 0, "the restarted trainer failed; see its log next to the output folder"
+        trainer = launch(output, url, tiny_model_dir, "resume_from_checkpoint=true", processes=processes)  # the latest whole checkpoint
+        try:
+            assert trainer.wait(300) == 0, "the restarted trainer failed; see its log next to the output folder"
+        finally:
+            kill_job(trainer)
 
     restarted = saved.model_version + 1  # the restart's first weight sync
     final = state(output / f"checkpoint-{STEPS}")
