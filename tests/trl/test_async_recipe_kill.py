@@ -61,8 +61,9 @@ class LoggingStandIn(AsyncVLLMStandIn):
 
 
 def launch(output: Path, url: str, model: Path, *extra: str, processes: int = 1) -> subprocess.Popen[bytes]:
-    """The recipe as a process; with `processes` 2, under `accelerate launch` on the CPU (two trainer ranks, each taking
-    half of a step's GROUP_SIZE rows, so a step still trains one group)."""
+    """The recipe as a process; with `processes` 2, under `accelerate launch --multi_gpu` on the CPU (the config's
+    `use_cpu`; accelerate's `--cpu` launches one process unless mpirun is there), two trainer ranks over gloo, each
+    taking half of a step's GROUP_SIZE rows, so a step still trains one group."""
     overrides = [f"model={model}", f"server.url={url}", "server.launch=false", "server.served_model=stub",
                  f"async_grpo.output_dir={output}", f"async_grpo.per_device_train_batch_size={GROUP_SIZE // processes}",
                  "async_grpo.max_completion_length=48",
@@ -72,18 +73,27 @@ def launch(output: Path, url: str, model: Path, *extra: str, processes: int = 1)
     command = [sys.executable, str(REPO / "recipes" / "trl_async_grpo.py"), "--config", str(CONFIG)] + [f"--set={o}" for o in overrides]
     log = (output.parent / f"{output.name}-{len(list(output.parent.glob('*.log')))}.log").open("wb")
     if processes > 1:
-        command[1:1] = ["-m", "accelerate.commands.launch", "--cpu", "--num_processes", str(processes), "--num_machines", "1",
+        command[1:1] = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes), "--num_machines", "1",
                         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port())]
-    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
 
 
 def kill_job(trainer: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the whole job: the recipe and, under `accelerate launch`, every rank (its own process group)."""
+    """SIGKILL the whole job at once: the recipe and, under `accelerate launch`, every rank (torchrun starts each rank
+    in a session of its own, so the launcher's process group does not hold them)."""
+    import psutil
+
     try:
-        os.killpg(trainer.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+        processes = [psutil.Process(trainer.pid), *psutil.Process(trainer.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        processes = []
+    for process in processes:
+        try:
+            process.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
     trainer.wait(60)
+    psutil.wait_procs(processes[1:], timeout=60)
 
 
 def free_port() -> int:
@@ -180,6 +190,9 @@ def test_the_async_recipe_killed_mid_episode_resumes_each_group_once_from_its_la
         finally:
             kill_job(trainer)
 
+    if processes > 1:  # both ranks trained every step; only rank 0's worker generated (TRL hands other ranks no worker)
+        finished = [line for line in (output.parent / f"{output.name}-1.log").read_text().splitlines() if line.startswith(f"trained {STEPS} steps")]
+        assert len(finished) == processes and sum(line.endswith("worker: {}") for line in finished) == processes - 1, finished
     restarted = saved.model_version + 1  # the restart's first weight sync
     final = state(output / f"checkpoint-{STEPS}")
     # one pass over the tasks, so group g is task g: the groups trained, and the few the worker runs ahead of them
