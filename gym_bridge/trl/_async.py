@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from gym_bridge.trl._async_admission import ROLLOUT, CallClock, ClockedPolicy, RowVersion
 from gym_bridge.trl._async_api import async_seams
@@ -84,6 +84,8 @@ class AsyncWorkerSettings:
     its last committed turn with its earlier turns' policy versions, then goes on with the groups after them."""
 
     def __post_init__(self) -> None:
+        if self.row_version not in get_args(RowVersion):
+            raise ConfigError(f"row_version must be one of {', '.join(map(repr, get_args(RowVersion)))}, got {self.row_version!r}")
         if self.group_size < 1:
             raise ConfigError(f"group_size (num_generations) must be at least 1, got {self.group_size}")
         if self.group_size > (self.max_staleness + 1) * self.rows_per_version:

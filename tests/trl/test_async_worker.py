@@ -257,6 +257,13 @@ def test_a_harness_rollout_with_rewritten_history_trains_every_segment(smol_temp
     assert {sample.metrics["gym_bridge/row_version_span"] for sample in samples} == {1.0}
 
 
+def test_an_unknown_row_version_is_refused_naming_the_choices():
+    from gym_bridge.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="row_version must be one of 'last_call', 'first_call', got 'oldest'"):
+        AsyncWorkerSettings(group_size=2, max_staleness=1, rows_per_version=4, row_version="oldest")
+
+
 def test_settings_that_could_never_admit_a_group_are_refused_and_a_dead_loop_is_reported(smol_template):
     from types import SimpleNamespace
 
