@@ -9,12 +9,19 @@ and `/resume`. The "trainer" takes `batch` rows per optimizer step, sleeps `step
 pause (keep), `sync_s`, resume, version + 1. It drops a row older than `max_staleness` versions, as
 AsyncGRPOTrainer does. Episodes have a long-tailed number of turns (Pareto, capped). Modes, run A/B interleaved:
 - `sync`: generate a batch (gym_bridge's engine), train, sync, repeat (nothing overlaps);
-- `async`: gym_bridge's AsyncRolloutWorker (staleness by admission) feeding the trainer while it steps;
+- `async`: gym_bridge's AsyncRolloutWorker (staleness by admission) feeding the trainer while it steps, a row
+  carrying its last model call's version (its default); `async_oldest` (not run by default): the same worker with
+  `row_version="first_call"`, a row carrying its oldest token's version;
 - `trl`: TRL 1.16's own `_AsyncRolloutLoop` (in a thread of this process instead of its spawned child) on the
   same stub: it re-renders messages each turn, stamps a group's version at dispatch, caps work in flight at
   `max_inflight_tasks` (its default, max_staleness x batch).
 Per mode: wall time per `rows` trained rows, the trainer's and the generator's idle shares, rows discarded for
-staleness, the largest staleness seen, and how many long episodes (>= `long_turns`) made it into training.
+staleness, the largest staleness seen (by the row's version, and by its oldest token's), and how many long episodes
+(>= `long_turns`) made it into training. Each repeat also measures the pipeline limit, the wall time no pipeline can
+beat: the larger of generating the run's episodes at full concurrency (every rollout at once, no trainer) and
+training alone (the steps and syncs over rows already waiting), and reports each mode's wall time as a ratio to it.
+The generation half is that of the first `rows` rows' groups in task order; a worker that trains groups admitted
+later while the slowest episodes run can finish under it (`long_share_trained` then shows what it left in flight).
 Medians over repeats with [min, max]. The JSON summary is the last line.
 """
 
@@ -172,6 +179,8 @@ class Trainer:
         self.wait_s = 0.0
         self.discarded = 0
         self.staleness: list[int] = []
+        self.oldest_staleness: list[int] = []
+        """Per trained row: the trainer's version minus the version of the row's oldest token."""
         self.trained_turns: list[int] = []
         self.complete: list[bool] = []
         """Per trained row: did its episode make exactly its number of tool calls (the stub obeys, so it should)."""
@@ -183,18 +192,20 @@ class Trainer:
         self.version += 1
         self.on_version(self.version)
 
-    def take(self, rows: "queue.Queue[Any]", turns_of: Any, complete: Any) -> None:
-        """Train until `args.rows` rows went into steps."""
+    def take(self, rows: "queue.Queue[Any]", turns_of: Any, complete: Any, oldest_version: Any = None) -> None:
+        """Train until `args.rows` rows went into steps; `oldest_version(sample)` is the version of a row's oldest
+        token (None: the row's own version)."""
         batch: list[Any] = []
         while len(self.trained_turns) < self.args.rows:
             started = time.perf_counter()
             sample = rows.get()
             self.wait_s += time.perf_counter() - started
-            staleness = self.version - int(sample.model_version)
+            staleness = 0 if sample is None else self.version - int(sample.model_version)
             if staleness > self.args.max_staleness:
                 self.discarded += 1
                 continue
             self.staleness.append(staleness)
+            self.oldest_staleness.append(staleness if oldest_version is None else self.version - int(oldest_version(sample)))
             batch.append(sample)
             if len(batch) == self.args.batch:
                 self.trained_turns += [turns_of(sample) for sample in batch]
@@ -238,6 +249,7 @@ def run_sync(server: StubServer, tokenizer: Any, args: argparse.Namespace) -> di
         trainer.trained_turns += [int(record.task["turns"]) for group in groups for record in group if not record.failed]
         trainer.complete += [record.reward == 1.0 for group in groups for record in group if not record.failed]
         trainer.staleness += [0] * sum(len(group) for group in groups)
+        trainer.oldest_staleness += [0] * sum(len(group) for group in groups)
         time.sleep(args.step_s)
         trainer.sync()
     loop.run_until_complete(policy.aclose())
@@ -245,7 +257,7 @@ def run_sync(server: StubServer, tokenizer: Any, args: argparse.Namespace) -> di
     return summary(trainer, server, time.perf_counter() - started, args)
 
 
-def run_async(server: StubServer, tokenizer: Any, args: argparse.Namespace) -> dict[str, Any]:
+def run_async(server: StubServer, tokenizer: Any, args: argparse.Namespace, row_version: Any = "last_call") -> dict[str, Any]:
     from gym_bridge.trl import AsyncRolloutWorker, AsyncWorkerSettings
     from gym_bridge.core.agent_loop import Limits
     from gym_bridge.core.policy import SamplingParams
@@ -256,7 +268,7 @@ def run_async(server: StubServer, tokenizer: Any, args: argparse.Namespace) -> d
     tasks = [parse_task(row, index=i) for i, row in enumerate(make_rows(args))]
     settings = AsyncWorkerSettings(group_size=args.group, max_staleness=args.max_staleness, rows_per_version=args.batch,
                                    sampling=SamplingParams(max_new_tokens=64),
-                                   limits=Limits(max_turns=args.max_turns + 1, max_completion_tokens=4096))
+                                   limits=Limits(max_turns=args.max_turns + 1, max_completion_tokens=4096), row_version=row_version)
     worker = AsyncRolloutWorker(tasks, RemotePolicy(server.url + "/v1", model="stub"), ChatTemplate(tokenizer), settings)
     by_prompt = {tuple(task.messages[0]["content"].split()): int(task["turns"]) for task in tasks}
     trainer = Trainer(server, args, worker.update_model_version)
@@ -266,7 +278,8 @@ def run_async(server: StubServer, tokenizer: Any, args: argparse.Namespace) -> d
     worker.start()
     try:
         trainer.take(worker.rollout_buffer, lambda sample: by_prompt[tuple(sample.prompt[-1]["content"].split())],
-                     lambda sample: sample.metrics["reward"] == 1.0)
+                     lambda sample: sample.metrics["reward"] == 1.0,
+                     lambda sample: sample.model_version - sample.metrics.get("gym_bridge/row_version_span", 0.0))
     finally:
         worker.stop()
     return summary(trainer, server, time.perf_counter() - started, args)
@@ -311,6 +324,40 @@ def run_trl(server: StubServer, tokenizer: Any, args: argparse.Namespace) -> dic
     return summary(trainer, server, time.perf_counter() - started, args)
 
 
+def measure_limit(server: StubServer, tokenizer: Any, args: argparse.Namespace) -> dict[str, float]:
+    """The pipeline limit of this setting, both halves measured now: the episodes of `rows` trained rows generated at
+    full concurrency (every rollout at once, the trainer idle), and training alone (the steps and their syncs over
+    rows already waiting). A pipeline that overlaps them perfectly takes the larger."""
+    from gym_bridge.core.agent_loop import Limits
+    from gym_bridge.core.engine import Engine, EngineConfig
+    from gym_bridge.core.policy import SamplingParams
+    from gym_bridge.core.task import parse_task
+    from gym_bridge.core.template.chat_template import ChatTemplate
+    from gym_bridge.policies.remote import RemotePolicy
+
+    tasks = [parse_task(row, index=i) for i, row in enumerate(make_rows(args))]
+    groups = -(-args.rows // args.group)
+    policy = RemotePolicy(server.url + "/v1", model="stub")
+    engine = Engine(policy, ChatTemplate(tokenizer),
+                    EngineConfig(sampling=SamplingParams(max_new_tokens=64), max_concurrency=groups * args.group,
+                                 limits=Limits(max_turns=args.max_turns + 1, max_completion_tokens=4096)))
+    loop = asyncio.new_event_loop()
+    started = time.perf_counter()
+    loop.run_until_complete(engine.run_groups([tasks[i % len(tasks)] for i in range(groups)], group_size=args.group))
+    generation_s = time.perf_counter() - started
+    loop.run_until_complete(policy.aclose())
+    loop.close()
+    trainer = Trainer(server, args, lambda version: None)
+    waiting: queue.Queue[Any] = queue.Queue()
+    for _ in range(args.rows):
+        waiting.put(None)  # a row as fresh as the trainer when it takes it
+    started = time.perf_counter()
+    trainer.take(waiting, lambda sample: 0, lambda sample: True, lambda sample: trainer.version)
+    training_s = time.perf_counter() - started
+    return {"generation_full_concurrency_s": round(generation_s, 3), "training_alone_s": round(training_s, 3),
+            "limit_s": round(max(generation_s, training_s), 3)}
+
+
 def summary(trainer: Trainer, server: StubServer, wall_s: float, args: argparse.Namespace) -> dict[str, Any]:
     trained = trainer.trained_turns[: args.rows]
     return {
@@ -319,10 +366,18 @@ def summary(trainer: Trainer, server: StubServer, wall_s: float, args: argparse.
         "generator_idle_share": round(server.idle_total() / wall_s, 3),
         "discarded_stale": trainer.discarded,
         "max_staleness_seen": max(trainer.staleness, default=0),
+        "max_oldest_token_staleness": max(trainer.oldest_staleness, default=0),
         "long_episodes_trained": sum(turns >= args.long_turns for turns in trained),
+        "long_share_trained": round(sum(turns >= args.long_turns for turns in trained) / max(len(trained), 1), 3),
         "mean_tool_calls_trained": round(statistics.mean(trained), 3),
         "complete_episode_share": round(sum(trainer.complete[: args.rows]) / max(len(trained), 1), 3),
     }
+
+
+def spread(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Median, min and max of each figure over the repeats."""
+    return {key: {"median": statistics.median(run[key] for run in runs), "min": min(run[key] for run in runs),
+                  "max": max(run[key] for run in runs)} for key in runs[0]}
 
 
 def main() -> None:
@@ -330,7 +385,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=128, help="trained rows per run")
     parser.add_argument("--batch", type=int, default=16, help="rows per optimizer step")
     parser.add_argument("--group", type=int, default=4, help="rollouts per task")
-    parser.add_argument("--max-staleness", type=int, default=1)
+    parser.add_argument("--max-staleness", type=int, default=1)  # a longer-tailed setting: --pareto-alpha 0.8 --max-turns 32 --max-staleness 2
     parser.add_argument("--step-s", type=float, default=0.4, help="simulated optimizer step")
     parser.add_argument("--sync-s", type=float, default=0.05, help="simulated weight sync while the server is paused")
     parser.add_argument("--token-latency-s", type=float, default=0.002, help="simulated time per generated token")
@@ -348,21 +403,27 @@ def main() -> None:
     tokenizer = load_embedded_tokenizer()
     server = StubServer(tokenizer, args.token_latency_s)
     server.start()
-    runners = {"sync": run_sync, "async": run_async, "trl": run_trl}
+    runners = {"sync": run_sync, "async": run_async, "trl": run_trl,
+               "async_oldest": lambda *a: run_async(*a, row_version="first_call")}
     modes = args.modes.split(",")
     results: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+    limits: list[dict[str, float]] = []
     for repeat in range(args.repeats):
+        limit = measure_limit(server, tokenizer, args)
+        limits.append(limit)
+        print(f"repeat {repeat} limit: {limit}", flush=True)
         for mode in modes if repeat % 2 == 0 else reversed(modes):  # A/B interleaved, order alternating
             result = runners[mode](server, tokenizer, args)
+            result["wall_to_limit"] = round(result["wall_s"] / limit["limit_s"], 3)
             results[mode].append(result)
             print(f"repeat {repeat} {mode}: {result}", flush=True)
     rows = make_rows(args)
     long_share = sum(row["turns"] >= args.long_turns for row in rows) / len(rows)
-    report: dict[str, Any] = {"simulation": True, "settings": {k: v for k, v in vars(args).items()},
+    report: dict[str, Any] = {"simulation": True, "what": "SIMULATION: a stub model server and a sleeping trainer, no GPU", "settings": {k: v for k, v in vars(args).items()},
                               "long_episode_share_of_tasks": round(long_share, 3), "modes": {}}
     for mode, runs in results.items():
-        report["modes"][mode] = {key: {"median": statistics.median(run[key] for run in runs), "min": min(run[key] for run in runs),
-                                       "max": max(run[key] for run in runs)} for key in runs[0]}
+        report["modes"][mode] = spread(runs)
+    report["limit"] = spread(limits)
     print(json.dumps(report))
 
 

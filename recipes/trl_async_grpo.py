@@ -145,7 +145,8 @@ def run(config: dict[str, Any], config_dir: Path) -> tuple[Any, Any]:
             num_processes=int(os.environ.get("WORLD_SIZE", "1")),
             records_path=output_dir / "rollouts.jsonl" if records else None,
             journal_dir=output_dir / "rollout_journal" if journal else False, **options)
-        transfer = FileWeightTransfer(url) if config.get("weights", "file") == "file" else None
+        # the weights file goes under output_dir, which a server on another node sees on a shared file system
+        transfer = FileWeightTransfer(url, directory=output_dir / "weights") if config.get("weights", "file") == "file" else None
         build = cpu_async_grpo_trainer if config.get("cpu") else seams.trainer
         # the worker brings its own rows; the trainer's dataset only sizes its epoch bookkeeping (max_steps rules)
         trainer = build(model=model, args=grpo_args, processing_class=tokenizer, rollout_worker=worker, weight_transfer=transfer,

@@ -1,11 +1,11 @@
 """Bounded staleness by admission: start only the work the trainer will still accept when it arrives.
 
 An async trainer consumes rows in the order they are pushed and moves its policy version on by one
-every `rows_per_version` rows (at least). A row whose oldest token was sampled under version v and
-that is the trainer's N-th row is consumed at version at most `base + (N - 1) // rows_per_version`,
+every `rows_per_version` rows (at least). A row stamped with version v (its oldest token's, or the later
+one a partial rollout's last call earns, see `advance`) and that is the trainer's N-th row is consumed at version at most `base + (N - 1) // rows_per_version`,
 so it is at most `max_staleness` stale when `N <= (v - base + max_staleness + 1) * rows_per_version`.
 `StalenessWindow` admits a group only while every group in flight keeps that bound (the rows pushed
-plus the rows reserved by groups in flight stay under the limit of the oldest group), so finished
+plus the rows reserved by groups in flight stay under the limit of the lowest-versioned group), so finished
 groups are never thrown away for staleness; the price is generation waiting, not discarded work.
 """
 
@@ -27,7 +27,7 @@ class StalenessWindow:
     pushed: int = 0
     """Rows pushed to the trainer so far."""
     _in_flight: dict[int, tuple[int, int]] = field(default_factory=dict)
-    """Group key -> (version at admission, rows reserved)."""
+    """Group key -> (the lowest version its rows can carry: at admission, or as `advance` raised it; rows reserved)."""
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0 or self.rows_per_version < 1:
@@ -58,6 +58,13 @@ class StalenessWindow:
         if key in self._in_flight:
             raise ValueError(f"group {key} is already in flight")
         self._in_flight[key] = (version, rows)
+
+    def advance(self, key: int, version: int) -> None:
+        """Group `key`'s rows will carry `version` or newer (a partial rollout's later calls): its bound rises with it.
+        Only a version every row of the group will carry keeps the bound; a lower one leaves the group as it was."""
+        admitted, rows = self._in_flight[key]
+        if version > admitted:
+            self._in_flight[key] = (version, rows)
 
     def finish(self, key: int, rows_pushed: int) -> None:
         """Group `key` is done and pushed `rows_pushed` rows (fewer than reserved when rollouts failed)."""

@@ -6,8 +6,11 @@ token stream), group by group over rows that name their environment, scores each
 environment's verifier, computes group advantages over the scored rollouts only, and pushes one
 `RolloutSample` per training row (one per token segment of a harness that rewrote its history). A
 failed rollout is left out of the loss and of its group's statistics, counted in the metrics, and never
-stops the worker. Groups start only while `StalenessWindow` says their rows will still be fresh enough
-when the trainer reaches them; every model call records its policy version (`VersionedPolicy`). With a
+stops the worker. An episode goes on across weight syncs; its rows carry its last model call's version
+(`row_version`, `gym_bridge.trl._async_admission`), and groups start only while `StalenessWindow` says their
+rows will still be fresh enough when the trainer reaches them; every model call records its policy version
+(`VersionedPolicy`). Roles: admission and row versions (`_async_admission`), records -> rows and advantages
+(`_async_rows`), the trainer's checkpoints (`_async_ledger`, `_async_checkpoint`), this module the loop. With a
 journal (`journal_dir`), a worker started again after its trainer restarted continues the groups left in flight
 from their last turn, each earlier turn keeping the policy version it was generated with; following the trainer's
 checkpoints (`follow_checkpoints`, `checkpoint_state`, `restore_checkpoint_state`), it also keeps a group's journal
@@ -26,12 +29,13 @@ from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
+from gym_bridge.trl._async_admission import ROLLOUT, CallClock, ClockedPolicy, RowVersion
 from gym_bridge.trl._async_api import async_seams
 from gym_bridge.trl._async_ledger import GroupLedger, WorkerState
+from gym_bridge.trl._async_rows import TrainingSegment, group_advantages, last_text, training_segments
 from gym_bridge.core.agent_loop import Limits
-from gym_bridge.core.training_row import to_training_row
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import Environment
 from gym_bridge.core.journal import RunFingerprint, RunJournal
@@ -45,7 +49,7 @@ from gym_bridge.core.template.chat_template import ChatTemplate
 from gym_bridge.policies.versioned import VersionedPolicy
 from gym_bridge.core.errors import ConfigError
 
-__all__ = ["AsyncRolloutWorker", "AsyncWorkerSettings", "TrainingSegment", "group_advantages", "training_segments"]
+__all__ = ["AsyncRolloutWorker", "AsyncWorkerSettings"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +64,7 @@ class AsyncWorkerSettings:
     group_size: int
     """Rollouts per task (TRL's `num_generations`)."""
     max_staleness: int
-    """The trainer's `max_staleness`: rows older than this many versions are dropped, so none is generated."""
+    """The trainer's `max_staleness`: rows whose version (`row_version`) is older than this are dropped, so none is generated."""
     rows_per_version: int
     """Rows the trainer takes at least per version: samples per optimizer step times `weight_sync_steps`."""
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -71,41 +75,23 @@ class AsyncWorkerSettings:
     model_name: str = ""
     records_path: str | None = None
     """Append each rollout's record (with `metrics.consumed_version`) when the trainer takes its first row."""
+    row_version: RowVersion = "last_call"
+    """Which version a row carries for TRL's `max_staleness` (`gym_bridge.trl._async_admission`): its last model
+    call's (a long episode goes on across weight syncs and is kept) or its first call's (its oldest token's)."""
     journal_dir: str | None = None
     """Commit each finished turn of the rollouts in flight here (`gym_bridge.core.journal`): a worker started over the
     same directory (the trainer restarted from its checkpoint) first runs the groups left in flight, each rollout from
     its last committed turn with its earlier turns' policy versions, then goes on with the groups after them."""
 
     def __post_init__(self) -> None:
+        if self.row_version not in get_args(RowVersion):
+            raise ConfigError(f"row_version must be one of {', '.join(map(repr, get_args(RowVersion)))}, got {self.row_version!r}")
         if self.group_size < 1:
             raise ConfigError(f"group_size (num_generations) must be at least 1, got {self.group_size}")
         if self.group_size > (self.max_staleness + 1) * self.rows_per_version:
             raise ConfigError(f"a group of {self.group_size} rows never fits in (max_staleness + 1) * rows_per_version = "
                              f"{(self.max_staleness + 1) * self.rows_per_version} rows: set AsyncGRPOConfig(token_budget=0) (then a step "
                              "takes per_device_train_batch_size rows per rank), or raise max_staleness or the batch size")
-
-
-@dataclass(frozen=True)
-class TrainingSegment:
-    """One training row of a rollout: the whole token sequence, what is trained, the sampled log-probs."""
-
-    input_ids: list[int]
-    completion_mask: list[int]
-    old_log_probs: list[float]
-
-
-def training_segments(record: RolloutRecord, *, eos_token_ids: Sequence[int], max_completion_length: int) -> list[TrainingSegment]:
-    """The rows of a scored rollout: its token segments when a harness rewrote its history, else its one
-    token stream under the shared rules of `core.training_row` (an answer without EOS gets one, untrained)."""
-    views = record.tokens.segments
-    if views:
-        return [TrainingSegment(input_ids=[*view.prompt_ids, *view.completion_ids],
-                                completion_mask=[0] * len(view.prompt_ids) + list(view.completion_mask),
-                                old_log_probs=[0.0] * len(view.prompt_ids) + [float(value) for value in view.completion_logprobs])
-                for view in views if any(view.completion_mask)]
-    row = to_training_row(record, max_completion_length=max_completion_length, eos_token_ids=eos_token_ids)
-    return [TrainingSegment(input_ids=[*row.prompt_ids, *row.completion_ids], completion_mask=[0] * len(row.prompt_ids) + list(row.completion_mask),
-                            old_log_probs=[0.0] * len(row.prompt_ids) + list(row.completion_logprobs))]
 
 
 def rows_per_version(args: Any, *, num_processes: int = 1) -> int:
@@ -122,20 +108,6 @@ def _journal_dir(given: str | Path | Literal[False] | None, args: Any, *, over_s
     if given is None and over_server and getattr(args, "output_dir", None):
         return str(Path(args.output_dir) / "rollout_journal")
     return str(given) if given else None
-
-
-def group_advantages(records: Sequence[RolloutRecord]) -> tuple[dict[int, float], float, float]:
-    """Advantages of the scored rollouts of one group (by position), their reward mean and standard deviation.
-
-    A failed or masked rollout gets no advantage and is not in the mean or the deviation (TRL's rule for an
-    unscorable sample). `(reward - mean) / (std + 1e-8)` with the population deviation, as TRL computes it.
-    """
-    scored = {position: record.reward for position, record in enumerate(records) if not record.mask_sample}
-    if not scored:
-        return {}, math.nan, math.nan
-    mean = sum(scored.values()) / len(scored)
-    std = math.sqrt(sum((reward - mean) ** 2 for reward in scored.values()) / len(scored))
-    return {position: (reward - mean) / (std + 1e-8) for position, reward in scored.items()}, mean, std
 
 
 class _ConsumedQueue(queue.Queue[Any]):
@@ -168,9 +140,10 @@ class AsyncRolloutWorker:
         ensure_ready(self._env_classes.values())
         self._version = 0
         self._policy = VersionedPolicy(policy, lambda: self._version)
+        self._clock = CallClock(lambda: self._version, on_change=self._wake_admission)
         config = EngineConfig(sampling=settings.sampling, limits=settings.limits, max_concurrency=settings.max_concurrency,
                               deadline_s=settings.deadline_s, model_name=settings.model_name)
-        self._engine = Engine(self._policy, template, config)  # checks the template is append-only
+        self._engine = Engine(ClockedPolicy(self._policy, self._clock), template, config)  # checks the template is append-only
         end_of_turn = template.end_of_turn_id
         self._eos_token_ids = (end_of_turn, *(token for token in (eos_token_ids or template.eos_token_ids) if token != end_of_turn))
         self.rollout_buffer: queue.Queue[Any] = _ConsumedQueue(self._on_consumed)
@@ -196,6 +169,8 @@ class AsyncRolloutWorker:
         """Group ids the journal holds that the restored checkpoint says the trainer took: dropped from it at start."""
         self._ledger = GroupLedger()
         self._follow_checkpoints = False
+        self._admitted: set[int] = set()
+        """Groups in the window now (the loop's own)."""
 
     # -- RolloutWorkerProtocol ----------------------------------------------------------------------
 
@@ -373,6 +348,7 @@ class AsyncRolloutWorker:
         assert self._wake is not None
         rows, started = self.settings.group_size, time.perf_counter()
         while not self._stopping.is_set():
+            self._advance_floors()
             if self.window.admits(rows, self._version):
                 break
             if not running and self.rollout_buffer.empty():
@@ -387,14 +363,40 @@ class AsyncRolloutWorker:
             return False
         waited_s = time.perf_counter() - started
         self.window.admit(group_id, self._version, rows)
+        self._admitted.add(group_id)
         self._push_metrics({"gym_bridge/admission_wait_s": waited_s, "gym_bridge/inflight_rows": float(self.window.in_flight_rows)})
         return True
+
+    def _advance_floors(self) -> None:
+        """Under `"last_call"`, raise each group's bound in the window to the lowest version its rows can still carry."""
+        if self.settings.row_version != "last_call":
+            return
+        for group_id in self._admitted:
+            floor = min(self._clock.floor((group_id, repeat)) for repeat in range(self.settings.group_size))
+            self.window.advance(group_id, floor)
+
+    def _wake_admission(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _rollout(self, task: Task, group_id: int, repeat: int, env_class: type[Environment]) -> RolloutRecord:
+        ROLLOUT.set((group_id, repeat))  # this task's own context: the clock counts its calls under this key
+        return await self._engine.rollout(task, repeat, env_class=env_class, journal_key=(group_id, repeat))
+
+    def _row_version(self, group_id: int, repeat: int, record: RolloutRecord) -> int:
+        """The version rollout `repeat` of `group_id`'s rows carry (see `AsyncWorkerSettings.row_version`)."""
+        if self.settings.row_version == "first_call":
+            return min(record.policy_versions) if record.policy_versions else self._version
+        returned = self._clock.returned_at((group_id, repeat))
+        if returned is not None:
+            return returned
+        return max(record.policy_versions) if record.policy_versions else self._version  # every call replayed from the journal
 
     async def _run_group(self, group_id: int, task: Task, version: int) -> None:
         pushed = 0
         try:
             env_class = self._env_classes[task.env_name]
-            records = list(await asyncio.gather(*(self._engine.rollout(task, repeat, env_class=env_class, journal_key=(group_id, repeat))
+            records = list(await asyncio.gather(*(self._rollout(task, group_id, repeat, env_class)
                                                   for repeat in range(self.settings.group_size))))
             samples = self._samples(group_id, records, env_class)
             self._ledger.pushed(group_id, len(samples))  # before the trainer can take the first
@@ -414,11 +416,14 @@ class AsyncRolloutWorker:
             self._push_metrics({"gym_bridge/group_errors_total": 1.0})
         finally:
             self.window.finish(group_id, pushed)
+            self._admitted.discard(group_id)
+            self._clock.forget(group_id, self.settings.group_size)
             if self._wake is not None:
                 self._wake.set()
 
     def _samples(self, group_id: int, records: list[RolloutRecord], env_class: type[Environment]) -> list[Any]:
-        advantages, mean, std = group_advantages(records)
+        group = group_advantages(records)
+        advantages, mean, std = group.by_position, group.mean, group.std
         samples: list[Any] = []
         for position, record in enumerate(records):
             self.counts["rollouts"] += 1
@@ -430,9 +435,12 @@ class AsyncRolloutWorker:
             row = record.to_dict()
             metrics = {"reward": float(record.reward), "reward_std": std, f"rewards/{env_class.name}": float(record.reward),
                        "gym_bridge/turns": float(record.turns), "gym_bridge/tool_calls": float(record.tool_calls)}
+            version = self._row_version(group_id, position, record)
+            oldest = min(record.policy_versions, default=version)
+            metrics["gym_bridge/row_version_span"] = float(max(version - oldest, 0))
             for index, segment in enumerate(training_segments(record, eos_token_ids=self._eos_token_ids,
                                                               max_completion_length=self.settings.limits.max_completion_tokens)):
-                sample = self._sample(record, segment, advantages[position], group_id, metrics)
+                sample = self._sample(record, segment, advantages[position], version, group_id, metrics)
                 self._records[id(sample)] = (row, index == 0)
                 samples.append(sample)
         self.counts["groups"] += 1
@@ -440,14 +448,13 @@ class AsyncRolloutWorker:
         self._push_metrics(self._group_metrics(records, env_class, mean, len(samples)))
         return samples
 
-    def _sample(self, record: RolloutRecord, segment: TrainingSegment, advantage: float, group_id: int,
+    def _sample(self, record: RolloutRecord, segment: TrainingSegment, advantage: float, version: int, group_id: int,
                 metrics: Mapping[str, float]) -> Any:
         import numpy as np
 
-        version = min(record.policy_versions) if record.policy_versions else self._version
         return self._sample_class(
             prompt=[dict(message) for message in record.task.messages],
-            completion=[{"role": "assistant", "content": _last_text(record)}],
+            completion=[{"role": "assistant", "content": last_text(record)}],
             input_ids=np.asarray(segment.input_ids, dtype=np.int64),
             completion_mask=np.asarray(segment.completion_mask, dtype=np.int64),
             old_log_probs=np.asarray(segment.old_log_probs, dtype=np.float32),
@@ -478,8 +485,10 @@ class AsyncRolloutWorker:
     def _on_consumed(self, sample: Any) -> None:
         """The trainer took `sample` at the current version: its staleness goes to the metrics, its record to the file."""
         staleness = self._version - int(sample.model_version)
+        oldest = staleness + int(sample.metrics.get("gym_bridge/row_version_span", 0))
         self._ledger.taken(int(sample.group_id))
-        self._push_metrics({"gym_bridge/staleness_max": float(staleness), "gym_bridge/staleness_mean": float(staleness)})
+        self._push_metrics({"gym_bridge/staleness_max": float(staleness), "gym_bridge/staleness_mean": float(staleness),
+                            "gym_bridge/oldest_token_staleness_max": float(oldest)})
         with self._lock:
             row, first = self._records.pop(id(sample), (None, False))
             if row is not None and first and self._writer is not None:
@@ -492,12 +501,4 @@ class AsyncRolloutWorker:
 
     def _push_metrics(self, values: dict[str, Any]) -> None:
         self.metrics_queue.put_nowait(values)
-
-
-def _last_text(record: RolloutRecord) -> str:
-    for item in reversed(record.output):
-        if item.get("type") == "message" and item.get("role") == "assistant":
-            content: Any = item.get("content") or []
-            return "".join(str(part.get("text", "")) for part in content)
-    return ""
 

@@ -26,3 +26,12 @@ def test_a_small_run_of_every_mode():
     assert report["modes"]["async"]["discarded_stale"]["max"] == 0
     assert report["modes"]["async"]["max_staleness_seen"]["max"] <= report["settings"]["max_staleness"]
     assert report["modes"]["sync"]["max_staleness_seen"]["max"] == 0
+    limit = report["limit"]
+    assert limit["limit_s"]["min"] >= max(limit["generation_full_concurrency_s"]["min"], limit["training_alone_s"]["min"])
+    steps = 32 // report["settings"]["batch"]  # 2 steps of 0.1 s: training alone takes at least 0.2 s plus the syncs
+    assert limit["training_alone_s"]["min"] >= steps * (0.1 + report["settings"]["sync_s"])
+    for mode, figures in report["modes"].items():  # every mode trains every step; wall / limit is reported
+        assert figures["wall_s"]["min"] >= 0.95 * limit["training_alone_s"]["min"], mode
+        assert figures["wall_to_limit"]["median"] == pytest.approx(figures["wall_s"]["median"] / limit["limit_s"]["median"], rel=0.5)
+    # a row's oldest token is never newer than the row's version
+    assert report["modes"]["async"]["max_oldest_token_staleness"]["min"] >= report["modes"]["async"]["max_staleness_seen"]["min"]

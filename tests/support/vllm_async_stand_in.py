@@ -95,20 +95,21 @@ class AsyncVLLMStandIn:
 
         @app.post("/collective_rpc")
         async def collective_rpc(request: Request) -> JSONResponse:
-            """What `FileWeightReceiver` does in vLLM, minus a model: read the file, count its tensors, serve the new version."""
+            """What `FileWeightReceiver` does in vLLM, minus a model: read the file, take every tensor as a parameter, serve
+            the new version."""
             body = await request.json()
             if body.get("method") != "gym_bridge_load_weights":
                 return JSONResponse({"error": f"no method {body.get('method')}"}, status_code=500)
             path = body["args"][0]
             if not path:
-                return JSONResponse({"results": [0]})
+                return JSONResponse({"results": [{"tensors": 0, "loaded": 0, "parameters": 0}]})
             from safetensors import safe_open
 
             with safe_open(path, "pt") as weights:
                 names = list(weights.keys())
             self.loaded.append(names)
             self.version += 1
-            return JSONResponse({"results": [len(names)]})
+            return JSONResponse({"results": [{"tensors": len(names), "loaded": len(names), "parameters": len(names)}]})
 
         @app.post("/reset_prefix_cache")
         async def reset_prefix_cache() -> JSONResponse:

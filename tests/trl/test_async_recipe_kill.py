@@ -60,15 +60,48 @@ class LoggingStandIn(AsyncVLLMStandIn):
         return super().answer(prompt_ids)
 
 
-def launch(output: Path, url: str, model: Path, *extra: str) -> subprocess.Popen[bytes]:
+def launch(output: Path, url: str, model: Path, *extra: str, processes: int = 1) -> subprocess.Popen[bytes]:
+    """The recipe as a process; with `processes` 2, under `accelerate launch --multi_gpu` on the CPU (the config's
+    `use_cpu`; accelerate's `--cpu` launches one process unless mpirun is there), two trainer ranks over gloo, each
+    taking half of a step's GROUP_SIZE rows, so a step still trains one group."""
     overrides = [f"model={model}", f"server.url={url}", "server.launch=false", "server.served_model=stub",
-                 f"async_grpo.output_dir={output}", "async_grpo.per_device_train_batch_size=4", "async_grpo.max_completion_length=48",
+                 f"async_grpo.output_dir={output}", f"async_grpo.per_device_train_batch_size={GROUP_SIZE // processes}",
+                 "async_grpo.max_completion_length=48",
                  "async_grpo.save_strategy=steps", "async_grpo.save_steps=1", f"async_grpo.max_steps={STEPS}",
                  "async_grpo.max_staleness=4", "gym_bridge.journal=true", *extra]
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     command = [sys.executable, str(REPO / "recipes" / "trl_async_grpo.py"), "--config", str(CONFIG)] + [f"--set={o}" for o in overrides]
     log = (output.parent / f"{output.name}-{len(list(output.parent.glob('*.log')))}.log").open("wb")
+    if processes > 1:
+        command[1:1] = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes), "--num_machines", "1",
+                        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port())]
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+
+
+def kill_job(trainer: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the whole job at once: the recipe and, under `accelerate launch`, every rank (torchrun starts each rank
+    in a session of its own, so the launcher's process group does not hold them)."""
+    import psutil
+
+    try:
+        processes = [psutil.Process(trainer.pid), *psutil.Process(trainer.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        processes = []
+    for process in processes:
+        try:
+            process.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    trainer.wait(60)
+    psutil.wait_procs(processes[1:], timeout=60)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def saved_checkpoints(output: Path) -> list[tuple[int, Path]]:
@@ -120,13 +153,14 @@ def group_of(prompt: str, texts: list[str]) -> int:
 
 @pytest.mark.slow  # 1-3 minutes on 2 shared cores: two trainer processes import TRL; by default: the same resume run
 # in-process (test_async_recipe_resume.py) and a stand-in trainer process SIGKILLed (test_async_trainer_restart.py)
+@pytest.mark.parametrize("processes", [1, 2], ids=["one_rank", "two_ranks"])
 def test_the_async_recipe_killed_mid_episode_resumes_each_group_once_from_its_last_turn(tmp_path, tiny_model_dir, smol_tokenizer,
-                                                                                          task_texts):
+                                                                                          task_texts, processes):
     task_texts, shots = task_texts
     output = tmp_path / "out"
     stand_in = LoggingStandIn(smol_tokenizer, token_delay_s=0.02)  # a weather call takes ~0.5 s: episodes in flight at a save
     with app_in_thread(stand_in.app) as url:
-        trainer = launch(output, url, tiny_model_dir)
+        trainer = launch(output, url, tiny_model_dir, processes=processes)
         deadline, cut = time.monotonic() + 300, None
         try:
             while time.monotonic() < deadline and trainer.poll() is None:
@@ -138,8 +172,7 @@ def test_the_async_recipe_killed_mid_episode_resumes_each_group_once_from_its_la
                         break
                 time.sleep(0.05)
         finally:
-            trainer.send_signal(signal.SIGKILL)
-            trainer.wait(60)
+            kill_job(trainer)
         assert cut is not None, f"the trainer exited ({trainer.returncode}) or ran 300 s without a checkpoint and a group in flight"
         calls_before = len(stand_in.prompts)
         step, resumed_from = saved_checkpoints(output)[-1]  # a later one may have been saved between the poll and the kill
@@ -151,9 +184,15 @@ def test_the_async_recipe_killed_mid_episode_resumes_each_group_once_from_its_la
         assert records_text.endswith("\n")  # no torn record
         first_lines = len(records_text.splitlines())
 
-        trainer = launch(output, url, tiny_model_dir, "resume_from_checkpoint=true")  # the latest whole checkpoint
-        assert trainer.wait(300) == 0, "the restarted trainer failed; see its log next to the output folder"
+        trainer = launch(output, url, tiny_model_dir, "resume_from_checkpoint=true", processes=processes)  # the latest whole checkpoint
+        try:
+            assert trainer.wait(300) == 0, "the restarted trainer failed; see its log next to the output folder"
+        finally:
+            kill_job(trainer)
 
+    if processes > 1:  # both ranks trained every step; only rank 0's worker generated (TRL hands other ranks no worker)
+        finished = [line for line in (output.parent / f"{output.name}-1.log").read_text().splitlines() if line.startswith(f"trained {STEPS} steps")]
+        assert len(finished) == processes and sum(line.endswith("worker: {}") for line in finished) == processes - 1, finished
     restarted = saved.model_version + 1  # the restart's first weight sync
     final = state(output / f"checkpoint-{STEPS}")
     # one pass over the tasks, so group g is task g: the groups trained, and the few the worker runs ahead of them

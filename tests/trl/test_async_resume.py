@@ -97,6 +97,7 @@ def test_a_restarted_worker_continues_the_groups_in_flight_keeping_their_turns_p
         versions = [item["policy_version"] for item in row["response"]["output"] if "generation_token_ids" in item]
         assert versions[:2] == [1, 1] and versions[-1] == 2  # the committed turns keep version 1
         assert row["metrics"]["policy_version_min"] == 1 and row["metrics"]["attempts"] == 2
-    assert all(sample.model_version == 1 for sample in samples)  # the oldest token's version: the trainer sees the staleness
+    # the row carries its last call's version (2, "last_call"); its journaled turns' version 1 is in the span
+    assert all(sample.model_version == 2 and sample.metrics["gym_bridge/row_version_span"] == 1.0 for sample in samples)
     assert not (tmp_path / "journal").exists()  # nothing left in flight
     assert again.calls == 8 - sum(row["metrics"]["resumed_from_turn"] for row in rows) <= 4

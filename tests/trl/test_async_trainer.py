@@ -97,6 +97,7 @@ def test_real_async_trainer_on_a_stand_in_server(tmp_path, tiny_model_dir, smol_
 
 
 @pytest.mark.slow  # about 3 minutes on 2 cores; by default: the same trainer and worker against the stand-in (test above)
+@pytest.mark.timeout(900)  # 7 min 8 s on 2 cores shared with other jobs (load average 8-10; 2026-11-28)
 def test_real_async_training_against_a_real_vllm_cpu_server(tmp_path, smol_tokenizer):
     from gym_bridge.policies.embedded import embedded_model_path
     from tests.support.vllm_engine import SERVED_NAME, start_vllm_server, stop

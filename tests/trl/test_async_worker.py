@@ -14,7 +14,8 @@ import pytest
 
 pytest.importorskip("trl.experimental.async_grpo", reason="needs TRL >= 1.16")
 
-from gym_bridge.trl._async import AsyncRolloutWorker, AsyncWorkerSettings, group_advantages  # noqa: E402
+from gym_bridge.trl._async import AsyncRolloutWorker, AsyncWorkerSettings  # noqa: E402
+from gym_bridge.trl._async_rows import group_advantages  # noqa: E402
 from gym_bridge.core.agent_loop import Limits  # noqa: E402
 from gym_bridge.core.policy import SamplingParams  # noqa: E402
 from gym_bridge.core.registry import register  # noqa: E402
@@ -35,10 +36,11 @@ def mixed_tasks():
     return [arithmetic, parse_task(weather.row, index=1), flaky]
 
 
-def make_worker(url, template, *, group_size=4, max_staleness=2, rows_per_version=8, records_path=None, tasks=None):
+def make_worker(url, template, *, group_size=4, max_staleness=2, rows_per_version=8, records_path=None, tasks=None,
+                row_version="last_call"):
     settings = AsyncWorkerSettings(group_size=group_size, max_staleness=max_staleness, rows_per_version=rows_per_version,
                                    sampling=SamplingParams(max_new_tokens=64), limits=Limits(max_turns=3, max_completion_tokens=512),
-                                   records_path=records_path)
+                                   records_path=records_path, row_version=row_version)
     return AsyncRolloutWorker(tasks or mixed_tasks(), RemotePolicy(url + "/v1", model="stub"), template, settings)
 
 
@@ -68,10 +70,27 @@ def test_group_advantages_leave_failed_rollouts_out(smol_template):
     from types import SimpleNamespace as R
 
     records = [R(reward=1.0, mask_sample=False), R(reward=0.0, mask_sample=True), R(reward=0.0, mask_sample=False)]
-    advantages, mean, std = group_advantages(records)  # scored rewards [1, 0]: mean 0.5, population std 0.5
-    assert set(advantages) == {0, 2} and (mean, std) == (0.5, 0.5)
-    assert advantages[0] == pytest.approx(1.0) and advantages[2] == pytest.approx(-1.0)
-    assert group_advantages([R(reward=0.0, mask_sample=True)])[0] == {}
+    group = group_advantages(records)  # scored rewards [1, 0]: mean 0.5, population std 0.5
+    assert set(group.by_position) == {0, 2} and (group.mean, group.std) == (0.5, 0.5)
+    assert group.by_position[0] == pytest.approx(1.0) and group.by_position[2] == pytest.approx(-1.0)
+    assert group_advantages([R(reward=0.0, mask_sample=True)]).by_position == {}
+
+
+def test_group_advantages_stay_finite_for_huge_finite_rewards():
+    """Issue 36: 1e308 beside 0 overflowed the group's sum to inf and pushed NaN advantages to the trainer."""
+    import math
+    from types import SimpleNamespace as R
+
+    huge = group_advantages([R(reward=1e308, mask_sample=False), R(reward=0.0, mask_sample=False)] * 2)
+    # scaled by 1e308: [1, 0, 1, 0], mean 0.5, std 0.5 -> advantages +1, -1, as for rewards [1, 0]
+    assert [round(a, 6) for a in huge.by_position.values()] == [1.0, -1.0, 1.0, -1.0]
+    assert huge.mean == pytest.approx(0.5e308) and huge.std == pytest.approx(0.5e308)
+    opposite = group_advantages([R(reward=1.7e308, mask_sample=False), R(reward=-1.7e308, mask_sample=False)])
+    assert all(math.isfinite(a) for a in opposite.by_position.values()) and opposite.by_position[0] == pytest.approx(1.0)
+    tiny = group_advantages([R(reward=1e-300, mask_sample=False), R(reward=2e-300, mask_sample=False)])
+    # (r - mean) / (std + 1e-8) with std 5e-301: about -5e-293 and +5e-293, as TRL's formula gives; the scaling keeps 1e-8
+    assert tiny.by_position == {0: pytest.approx(-5e-293, rel=1e-6), 1: pytest.approx(5e-293, rel=1e-6)}
+    assert abs(group_advantages([R(reward=1.0, mask_sample=False), R(reward=1.0 + 1e-12, mask_sample=False)]).by_position[0]) < 1e-3
 
 
 def test_for_trainer_checks_the_servers_ids_against_the_trainers_tokenizer(smol_tokenizer):
@@ -137,13 +156,15 @@ def test_rows_rewards_failures_and_records(smol_template, smol_tokenizer, tmp_pa
     assert list(first.input_ids[: len(call_items[0]["prompt_token_ids"])]) == call_items[0]["prompt_token_ids"]
 
 
-def test_weight_sync_mid_episode_keeps_the_rollout_token_exact(smol_template, smol_tokenizer, tmp_path):
-    """TRL's sync: pause (keep) -> send weights -> resume -> update_model_version, while a call is half sampled."""
+@pytest.mark.parametrize("row_version", ["last_call", "first_call"])
+def test_weight_sync_mid_episode_keeps_the_rollout_token_exact(smol_template, smol_tokenizer, tmp_path, row_version):
+    """TRL's sync: pause (keep) -> send weights -> resume -> update_model_version, while a call is half sampled.
+    The row carries its last call's version (2: the call returned after the sync) or its first call's (1)."""
     stand_in = AsyncVLLMStandIn(smol_tokenizer, token_delay_s=0.02)
     weather = [parse_task(load_tasks(ROOT / "environments/weather/data/example.jsonl", limit=1)[0].row, index=0)]
     with app_in_thread(stand_in.app) as url:
         worker = make_worker(url, smol_template, group_size=1, max_staleness=0, rows_per_version=1, tasks=weather,
-                             records_path=str(tmp_path / "r.jsonl"))  # one rollout at a time
+                             records_path=str(tmp_path / "r.jsonl"), row_version=row_version)  # one rollout at a time
         worker.update_model_version(1)
         worker.start()
         try:
@@ -173,7 +194,8 @@ def test_weight_sync_mid_episode_keeps_the_rollout_token_exact(smol_template, sm
         assert stream[:start] == item["prompt_token_ids"]
         assert stream[start:start + len(item["generation_token_ids"])] == item["generation_token_ids"]
     assert list(sample.input_ids[: len(stream)]) == stream
-    assert sample.model_version == 1  # the oldest token's version
+    assert sample.model_version == {"last_call": 2, "first_call": 1}[row_version]
+    assert sample.metrics["gym_bridge/row_version_span"] == {"last_call": 1.0, "first_call": 0.0}[row_version]
     assert row["metrics"]["consumed_version"] == 2
 
 
@@ -230,7 +252,16 @@ def test_a_harness_rollout_with_rewritten_history_trains_every_segment(smol_temp
     assert list(samples[0].old_log_probs) == pytest.approx([0.0, 0.0, -0.1, 0.0, -0.3])
     # rewards [1, 0]: mean 0.5, std 0.5, so advantages +1 (both segments of the harness rollout) and -1
     assert [sample.advantage for sample in samples] == pytest.approx([1.0, 1.0, -1.0])
-    assert {sample.model_version for sample in samples} == {3} and {sample.group_id for sample in samples} == {7}
+    # no call went through the worker's clock (records built here): a row carries its last call's version, 4, and spans 1
+    assert {sample.model_version for sample in samples} == {4} and {sample.group_id for sample in samples} == {7}
+    assert {sample.metrics["gym_bridge/row_version_span"] for sample in samples} == {1.0}
+
+
+def test_an_unknown_row_version_is_refused_naming_the_choices():
+    from gym_bridge.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="row_version must be one of 'last_call', 'first_call', got 'oldest'"):
+        AsyncWorkerSettings(group_size=2, max_staleness=1, rows_per_version=4, row_version="oldest")
 
 
 def test_settings_that_could_never_admit_a_group_are_refused_and_a_dead_loop_is_reported(smol_template):
