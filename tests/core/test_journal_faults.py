@@ -65,13 +65,19 @@ def test_a_second_process_on_a_journal_folder_is_refused_naming_the_folder_and_t
     assert not folder.exists()
 
 
-def test_serve_refuses_a_journal_folder_another_server_holds_with_exit_2(tmp_path):
+def test_serve_refuses_a_journal_folder_another_server_holds_with_exit_2(tmp_path, smol_tokenizer, turn):
+    from gym_bridge.core.registry import get_environment
     from gym_bridge.serve.agent_server import AgentServerSettings, open_journal
+    from gym_bridge.serve.model_server import build_app as build_model_app
+    from tests.support.http_server import app_in_thread
+    from tests.support.scripted_model import ScriptedModel, by_turn
 
-    first = open_journal(AgentServerSettings(journal_dir=str(tmp_path / "j"), envs=["weather"]))  # a live server's journal
-    second = subprocess.run([sys.executable, "-m", "gym_bridge", "serve", "--env", "weather", "--journal", str(tmp_path / "j"),
-                             "--model-base-url", "http://127.0.0.1:9/v1", "--port", "0"],
-                            capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    first = open_journal(AgentServerSettings(journal_dir=str(tmp_path / "j"), envs=["weather"]), [get_environment("weather")])  # a live server's journal
+    model = ScriptedModel(smol_tokenizer, by_turn(turn("12")))
+    with app_in_thread(build_model_app(model, model_name="policy")) as model_url:  # serve asks it which model it serves first
+        second = subprocess.run([sys.executable, "-m", "gym_bridge", "serve", "--env", "weather", "--journal", str(tmp_path / "j"),
+                                 "--model-base-url", f"{model_url}/v1", "--port", "0"],
+                                capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert second.returncode == 2, second.stderr[-2000:]
     assert f"the journal folder {tmp_path / 'j'} is in use by another gym-bridge process (pid {os.getpid()} on" in second.stderr
     assert [path.name for path in (tmp_path / "j").glob("*.log")] == [first.segment.name]
