@@ -213,3 +213,30 @@ def test_journal_says_when_an_environment_restarts_its_episodes(no_model, monkey
     with pytest.raises(AssertionError, match="the model was loaded"):
         main(["eval", "--env", "weather", "--output", str(tmp_path / "o.jsonl")])
     assert "note:" not in capsys.readouterr().err
+
+
+def test_the_progress_bar_names_environments_and_writes_a_log_file_rarely(monkeypatch, tmp_path, capsys):
+    """Item 17: weather's rows route by the NeMo Gym alias `example_single_tool_call_simple_agent`, which the bar
+    named (and, never seeing a record of that name, it showed no ETA); into a log file it wrote a line a second."""
+    import asyncio
+    import re
+
+    from gym_bridge import ScriptedChatPolicy
+    from gym_bridge.core.engine import Engine, EngineConfig
+
+    class SlowChat(ScriptedChatPolicy):
+        async def chat(self, request):
+            await asyncio.sleep(0.05)
+            return await super().chat(request)
+
+    async def build_engine(args):
+        return Engine(SlowChat({"": ["Sunny."]}), None, EngineConfig(max_concurrency=args.concurrency))
+
+    monkeypatch.setattr("gym_bridge.cli.eval._build_engine", build_engine)
+    # 8 weather rows x 3 repeats, one at a time: about 1.2 s, in which the bar was written 17 times (every 0.1 s)
+    assert main(["eval", "--env", "weather", "--num-repeats", "3", "--concurrency", "1", "--max-failure-fraction", "1",
+                 "--output", str(tmp_path / "o.jsonl")]) == 0
+    writes = [part for part in re.split(r"[\r\n]", capsys.readouterr().err) if "rollouts" in part]
+    assert len(writes) <= 4, writes  # the first, and the last (capsys is no terminal)
+    assert "24/24" in writes[-1] and "ETA after a first rollout" not in writes[-1]
+    assert not any("example_single_tool_call" in write for write in writes)

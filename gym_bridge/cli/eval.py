@@ -11,7 +11,7 @@ import gc
 import sys
 import time
 from collections import Counter, defaultdict, deque
-from typing import TYPE_CHECKING, Any, Callable, Coroutine, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Mapping, Sequence, TypeVar
 
 from gym_bridge.cli.common import EXIT_OK, EXIT_TOO_MANY_FAILED, _HelpFormatter, _json_object, _module_path_arguments, check_urls
 from gym_bridge.cli.common import number, whole_number
@@ -200,38 +200,9 @@ async def _eval_locked(args: argparse.Namespace, ready: TaskSet) -> int:
     tasks = ready.ordered(interleave_by_env(ready.tasks))  # the first rollouts to finish then stand for every environment (an honest ETA)
     progress = None
     if not args.no_progress:
-        from tqdm import tqdm
-
-        total = len(tasks) * args.num_repeats
-        eta = Eta(dict(Counter(task.env_name for task in tasks.tasks)), repeats=args.num_repeats, concurrency=args.concurrency)
-        first_wave = min(args.concurrency, total)
-        progress = tqdm(total=total, desc="rollouts", unit="rollout", file=sys.stderr, smoothing=0,
-                        bar_format=progress_format(0, first_wave=first_wave))
-        progress.set_postfix_str("generating the first batch", refresh=False)
-
-        def bar_format(finished: int) -> str:
-            return progress_format(finished, first_wave=first_wave, remaining_s=eta.remaining_s(now_s=time.monotonic()), unseen=eta.unseen())
-
-        def redraw() -> None:
-            assert progress is not None
-            progress.bar_format = bar_format(int(progress.n))
-            progress.refresh()
-
-        ticker = asyncio.ensure_future(_tick(redraw))
-        quiet_logs = _logs_above_the_bar(progress)
-    scored = {"count": 0, "reward": 0.0}
-
-    def on_record(row: dict[str, Any]) -> None:
-        if progress is not None:
-            if not row["mask_sample"]:
-                scored["count"] += 1
-                scored["reward"] += row["reward"]
-            eta.add(str(row.get("env")), float((row.get("metrics") or {}).get("latency_s") or 0.0), at_s=time.monotonic())
-            # no redraw here: `update` redraws at most every `mininterval`, not once per record
-            progress.set_postfix(mean_reward=f"{scored['reward'] / max(1, scored['count']):.3f}" if scored["count"] else "n/a",
-                                 failed=progress.n + 1 - scored["count"], refresh=False)
-            progress.bar_format = bar_format(int(progress.n) + 1)
-            progress.update(1)
+        progress = RunProgress(Counter(ready.env_classes[task.env_name].name for task in tasks.tasks), repeats=args.num_repeats,
+                               concurrency=args.concurrency, interactive=sys.stderr.isatty())
+    on_record = progress.add if progress is not None else None
 
     freeze_startup_objects()
     try:
@@ -240,8 +211,6 @@ async def _eval_locked(args: argparse.Namespace, ready: TaskSet) -> int:
     finally:
         gc.unfreeze()
         if progress is not None:
-            ticker.cancel()
-            quiet_logs()
             progress.close()
         await _close(policy)
         if args.ray is not None:
@@ -254,6 +223,55 @@ async def _eval_locked(args: argparse.Namespace, ready: TaskSet) -> int:
         print(f"error: {summary['failed']} of {summary['rollouts']} rollouts failed (more than --max-failure-fraction {args.max_failure_fraction})", file=sys.stderr)
         return EXIT_TOO_MANY_FAILED
     return EXIT_OK
+
+
+PROGRESS_LOG_EVERY_S = 30.0
+"""How often the progress bar is written when stderr is not a terminal (a log file, a pipe): a line a second there
+is noise; on a terminal it is redrawn every second."""
+
+
+class RunProgress:
+    """The progress bar of an eval run: rollouts finished, mean reward, failures and an ETA (`Eta`), per environment
+    by its name (never a NeMo Gym alias its rows route by). On a terminal it is redrawn every second; into a log file
+    (not `interactive`) at most every `PROGRESS_LOG_EVERY_S`, and when the run ends. Log lines go above it."""
+
+    def __init__(self, tasks_per_env: Mapping[str, int], *, repeats: int, concurrency: int, interactive: bool) -> None:
+        from tqdm import tqdm
+
+        every_s = 1.0 if interactive else PROGRESS_LOG_EVERY_S
+        total = sum(tasks_per_env.values()) * repeats
+        self.eta = Eta(dict(tasks_per_env), repeats=repeats, concurrency=concurrency)
+        self.first_wave = min(concurrency, total)
+        self.bar = tqdm(total=total, desc="rollouts", unit="rollout", file=sys.stderr, smoothing=0,
+                        mininterval=0.1 if interactive else every_s, bar_format=progress_format(0, first_wave=self.first_wave))
+        self.bar.set_postfix_str("generating the first batch", refresh=False)
+        self.scored, self.reward = 0, 0.0
+        self._ticker = asyncio.ensure_future(_tick(self.redraw, every_s=every_s))
+        self._quiet_logs = _logs_above_the_bar(self.bar)
+
+    def _format(self, finished: int) -> str:
+        return progress_format(finished, first_wave=self.first_wave, remaining_s=self.eta.remaining_s(now_s=time.monotonic()),
+                               unseen=self.eta.unseen())
+
+    def redraw(self) -> None:
+        self.bar.bar_format = self._format(int(self.bar.n))
+        self.bar.refresh()
+
+    def add(self, row: dict[str, Any]) -> None:
+        """One record written. No redraw here: `update` redraws at most every `mininterval`, not once per record."""
+        if not row["mask_sample"]:
+            self.scored += 1
+            self.reward += row["reward"]
+        self.eta.add(str(row.get("env")), float((row.get("metrics") or {}).get("latency_s") or 0.0), at_s=time.monotonic())
+        self.bar.set_postfix(mean_reward=f"{self.reward / self.scored:.3f}" if self.scored else "n/a",
+                             failed=self.bar.n + 1 - self.scored, refresh=False)
+        self.bar.bar_format = self._format(int(self.bar.n) + 1)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self._ticker.cancel()
+        self._quiet_logs()
+        self.bar.close()
 
 
 def progress_format(finished: int, *, first_wave: int, remaining_s: float | None = None, unseen: Sequence[str] = ()) -> str:
