@@ -32,9 +32,9 @@ DEFAULT_OUTPUT = "out/gym_bridge_eval.jsonl"
 EXIT_CODES_HELP = """exit codes:
   0    the run finished and at most --max-failure-fraction of its rollouts failed
   1    gym-bridge itself crashed (a Python traceback is printed)
-  2    bad input or setup, reported before any rollout: a data file (file:line: field), an unknown
-       or disallowed environment, a chat template, a missing optional dependency, an --output
-       that another run is writing
+  2    bad input or setup, reported before any rollout: a flag's value, a data file (file:line: field),
+       an unknown or disallowed environment, a chat template, a missing optional dependency, an
+       --output that another run is writing or that cannot be a file
   3    the run finished, but more than --max-failure-fraction of its rollouts failed
        (the table's `failures:` line counts them by kind; the records say why)
   130  interrupted with Ctrl-C; finished rollouts are kept: rerun with --resume
@@ -164,9 +164,9 @@ def _ready_tasks(args: argparse.Namespace) -> TaskSet:
     ready = select_ready_tasks(env_names=args.env, data_paths=args.data, limit=args.limit)
     restarted = sorted(env.name for env in set(ready.env_classes.values()) if env.resume == "restart")
     if args.journal and restarted:
-        print(f"note: --journal does not continue {', '.join(restarted)} mid-episode: an environment that declares no `resume` "
-              "kind (`resume = \"restart\"`) starts a killed episode again from turn 0 (docs/writing-an-environment.md, "
-              "Resuming)", file=sys.stderr)
+        print(f"note: --journal does not continue {', '.join(restarted)} mid-episode: `resume = \"restart\"` (the default "
+              "of a class that declares none) starts a killed episode again from turn 0; see `resume` in "
+              "docs/writing-an-environment.md", file=sys.stderr)
     return ready
 
 
