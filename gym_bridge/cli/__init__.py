@@ -60,8 +60,8 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line, parsed; an option the command does not have stops it (exit 2) with that command's usage,
     naming the option and the command's closest one (`--max-tokens`: did you mean `--max-new-tokens`?)."""
     args, unknown = build_parser().parse_known_args(argv)
+    command: argparse.ArgumentParser = vars(args).pop("command_parser")  # not a setting: kept out of what runs see
     if unknown:
-        command: argparse.ArgumentParser = args.command_parser
         command.error(unknown_arguments_message(unknown, command))
     return args
 
