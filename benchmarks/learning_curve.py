@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import functools
-import importlib.util
 import json
 import os
 import statistics
@@ -146,11 +145,10 @@ def plot(path: Path, curves: dict[int, list[float]], before: float, after: dict[
 
 
 def recipe_config(config: str, overrides: list[str]) -> dict[str, Any]:
-    """The config `recipes/trl_grpo.py --config CONFIG --set ...` runs with, read by the recipe itself."""
-    spec = importlib.util.spec_from_file_location("trl_grpo_recipe", ROOT / "recipes" / "trl_grpo.py")
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
-    return recipe.load_config(config, overrides)
+    """The config `recipes/trl_grpo.py --config CONFIG --set ...` runs with, read by the recipe's own loader."""
+    from gym_bridge.trl import load_recipe_config
+
+    return load_recipe_config(config, overrides)
 
 
 def training_settings(command: list[str]) -> dict[str, Any]:

@@ -27,6 +27,8 @@ The YAML config:
                filesystem); `nccl`: TRL's own transfer (CUDA servers started with the NCCL weight-transfer engine)
   cpu          true: train on the CPU (AsyncGRPOTrainer's CUDA-only tree attention gets its PyTorch stand-in)
 
+Each logging step prints one line (`gym_bridge.trl.compact_log_line`: loss, reward, entropy, ..., gym_bridge's
+rollout metrics); every logged value stays in the trainer's log history (`trainer_state.json` in checkpoints).
 The worker (gym_bridge.trl.AsyncRolloutWorker) runs each row's environment, scores with its verifier, computes
 group advantages over the scored rollouts, and starts a group only when its rows will still be within
 `max_staleness` when the trainer takes them; a rollout that fails is counted and left out, never a crash.
@@ -43,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
+from gym_bridge.trl import line_buffered_output, load_recipe_config, quiet_vllm_version_warning, use_compact_log
 
 
 def parse_args() -> argparse.Namespace:
@@ -52,21 +54,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value, e.g. async_grpo.max_steps=5 (VALUE is read as YAML)")
     return parser.parse_args()
-
-
-def load_config(path: str, overrides: list[str]) -> dict[str, Any]:
-    """The YAML config with `section.key=value` overrides applied."""
-    config = yaml.safe_load(Path(path).read_text()) or {}
-    for override in overrides:
-        dotted, sep, raw = override.partition("=")
-        if not sep:
-            raise SystemExit(f"--set expects KEY=VALUE, got {override!r}")
-        *parents, leaf = dotted.split(".")
-        node = config
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = yaml.safe_load(raw)
-    return config
 
 
 def load_rows(entries: list[dict[str, Any]], config_dir: Path, seed: int) -> list[Any]:
@@ -153,6 +140,7 @@ def run(config: dict[str, Any], config_dir: Path) -> tuple[Any, Any]:
                         train_dataset=Dataset.from_dict({"prompt": [""] * len(tasks)}))
         if grpo_args.save_strategy != "no":  # each checkpoint holds the worker's groups and policy version
             trainer.add_callback(worker_checkpoint_callback(worker))
+        use_compact_log(trainer)
         checkpoint = restore_async_worker(trainer, worker, config.get("resume_from_checkpoint"))
         trainer.train(resume_from_checkpoint=checkpoint)
         print(f"trained {trainer.state.global_step} steps; worker: {dict(worker.counts)}", flush=True)
@@ -164,8 +152,10 @@ def run(config: dict[str, Any], config_dir: Path) -> tuple[Any, Any]:
 
 
 def main() -> None:
+    line_buffered_output()
     args = parse_args()
-    run(load_config(args.config, args.set), Path(args.config).parent)
+    quiet_vllm_version_warning(use_vllm=True)  # the trainer and the worker both ask TRL about vLLM: one warning, not two
+    run(load_recipe_config(args.config, args.set), Path(args.config).parent)
 
 
 if __name__ == "__main__":

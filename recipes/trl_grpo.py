@@ -36,7 +36,7 @@ The rollout function runs each task's environment and tools itself and enforces
 `max_completion_length` over all turns; the reward is the environment's verifier
 (gym_bridge.trl.env_reward). Everything runs under main(): the math verifier's worker processes
 re-import this script, so its top level stays cheap. Output is line-buffered, so per-step metrics
-reach a log file as they happen, one compact line per logging step (`compact_line`: loss, reward,
+reach a log file as they happen, one compact line per logging step (`compact_log_line`: loss, reward,
 lengths, gym_bridge's rollout metrics); every logged value is in `log_history.json`, kept in each
 run's `run-N` folder (`grpo.output_dir/log_history.json` is the latest run's copy). TRL's warning
 about the installed vLLM's version is shown once, and not at all when the run does not use vLLM.
@@ -47,13 +47,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
-import yaml
+from gym_bridge.trl import line_buffered_output, load_recipe_config, quiet_vllm_version_warning, use_compact_log
 
 
 def parse_args() -> argparse.Namespace:
@@ -62,47 +60,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value, e.g. grpo.max_steps=5 (VALUE is read as YAML)")
     return parser.parse_args()
-
-
-class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader with YAML 1.2's exponent floats (`1e-5`, `3E4`): PyYAML alone reads them
-    as strings, which then fail deep inside the learning-rate scheduler."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"), list("-+0123456789."))
-
-
-def read_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)
-
-
-def load_config(path: str, overrides: list[str]) -> dict[str, Any]:
-    """The YAML config with `section.key=value` overrides applied (a number indexes a list:
-    `datasets.0.weight=2`)."""
-    config = read_yaml(Path(path).read_text()) or {}
-    for override in overrides:
-        dotted, sep, raw = override.partition("=")
-        if not sep:
-            raise SystemExit(f"--set expects KEY=VALUE, got {override!r}")
-        *parents, leaf = dotted.split(".")
-        node: Any = config
-        for part in parents:
-            if isinstance(node, list):
-                if not part.isdigit() or int(part) >= len(node):
-                    raise SystemExit(f"--set {dotted}: {part!r} is not an index of a list of {len(node)}")
-                node = node[int(part)]
-                continue
-            if not isinstance(node.get(part), (dict, list)):
-                node[part] = {}
-            node = node[part]
-        if isinstance(node, list):
-            if not leaf.isdigit() or int(leaf) >= len(node):
-                raise SystemExit(f"--set {dotted}: {leaf!r} is not an index of a list of {len(node)}")
-            node[int(leaf)] = read_yaml(raw)
-        else:
-            node[leaf] = read_yaml(raw)
-    return config
 
 
 def dataset_sources(entries: list[dict[str, Any]], config_dir: Path, work_dir: Path) -> tuple[list[Path], list[float] | None]:
@@ -192,73 +149,10 @@ def _claim_run(records_root: Path) -> str:
             number += 1
 
 
-HEADLINE = (("loss", "loss"), ("reward", "reward"), ("completions/mean_length", "len"), ("entropy", "entropy"), ("kl", "kl"),
-            ("grad_norm", "grad"), ("learning_rate", "lr"), ("step_time", "s/step"))
-"""TRL's per-step log keys shown first, with their short names (the reward with its `reward_std`)."""
-ALWAYS_SHOWN = ("failed", "tool_calls", "parse_errors")
-"""gym_bridge metrics shown even at 0; the others (failures by kind, per-environment rates) only when not 0."""
-
-
-def compact_line(step: int, max_steps: int, logs: dict[str, Any]) -> str:
-    """One readable line for a logging step: `step 3/30 | loss 0.012 | reward 0.41 ± 0.2 | ... | gym_bridge: failed 0,
-    ...`. TRL's other keys (clip ratios, per-reward-function stats, token counts) and gym_bridge's zeros outside
-    `ALWAYS_SHOWN` are left to log_history.json."""
-    def number(value: Any) -> str:
-        return f"{value:.3g}" if isinstance(value, float) else str(value)
-
-    parts = [f"step {step}/{max_steps}"]
-    for key, short in HEADLINE:
-        if key in logs:
-            spread = f" ± {number(logs['reward_std'])}" if key == "reward" and "reward_std" in logs else ""
-            parts.append(f"{short} {number(logs[key])}{spread}")
-    ours = [f"{key.removeprefix('gym_bridge/')} {number(value)}" for key, value in logs.items()
-            if key.startswith("gym_bridge/") and (value != 0 or key.removeprefix("gym_bridge/") in ALWAYS_SHOWN)]
-    if ours:
-        parts.append("gym_bridge: " + ", ".join(ours))
-    if len(parts) == 1:  # not a training step (the end-of-training summary, say): its own keys
-        parts += [f"{key} {number(value)}" for key, value in logs.items() if key != "total_flos"]
-    return " | ".join(parts)
-
-
-def quiet_vllm_version_warning(*, use_vllm: bool) -> None:
-    """TRL warns about the installed vLLM's version from each module that asks whether vLLM is there (five times
-    in one run): once when the run uses vLLM, never when it does not. Call before importing trl."""
-    warnings.filterwarnings("once" if use_vllm else "ignore", message=r"TRL currently supports vLLM versions", category=UserWarning)
-
-
-def use_compact_log(trainer: Any) -> None:
-    """Print each logging step as `compact_line` in place of the Trainer's dict of 40 strings."""
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-    class CompactProgress(ProgressCallback):
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
-            if state.is_world_process_zero and self.training_bar is not None and logs:
-                self.training_bar.write(compact_line(state.global_step, state.max_steps, logs))
-
-    class CompactPrinter(PrinterCallback):
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
-            if state.is_local_process_zero and logs:
-                print(compact_line(state.global_step, state.max_steps, logs), flush=True)
-
-    if trainer.pop_callback(ProgressCallback) is not None:
-        trainer.add_callback(CompactProgress)
-    if trainer.pop_callback(PrinterCallback) is not None:
-        trainer.add_callback(CompactPrinter)
-
-
-def line_buffered_output() -> None:
-    """Flush stdout and stderr at each line: redirected to a file they would otherwise hold the per-step
-    metrics until the end of training."""
-    for stream in (sys.stdout, sys.stderr):
-        reconfigure = getattr(stream, "reconfigure", None)
-        if reconfigure is not None:
-            reconfigure(line_buffering=True)
-
-
 def main() -> None:
     line_buffered_output()
     args = parse_args()
-    config = load_config(args.config, args.set)
+    config = load_recipe_config(args.config, args.set)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL 1.16
     # TRL 1.16 still calls transformers 5's deprecated gradient_checkpointing* methods around generation;
     # the names are TRL's to change, and the warning tells a user of this recipe nothing they can act on.

@@ -12,6 +12,7 @@ import pytest
 
 pytest.importorskip("trl.experimental.async_grpo", reason="needs TRL >= 1.16")
 
+from gym_bridge.trl import load_recipe_config  # noqa: E402
 from tests.support.vllm_async_stand_in import AsyncVLLMStandIn  # noqa: E402
 from tests.support.http_server import app_in_thread  # noqa: E402
 
@@ -33,10 +34,18 @@ def test_shipped_configs_are_valid(recipe, name, tmp_path):
     from gym_bridge.trl._async_api import async_seams
 
     # use_cpu: the GPU config is checked on this machine, which has no GPU for its bf16
-    config = recipe.load_config(str(CONFIGS / name), [f"async_grpo.output_dir={tmp_path}", "async_grpo.use_cpu=true"])
+    config = recipe.load_recipe_config(str(CONFIGS / name), [f"async_grpo.output_dir={tmp_path}", "async_grpo.use_cpu=true"])
     args = async_seams().config(**config["async_grpo"])
     assert args.token_budget == 0 and rows_per_version(args) == args.per_device_train_batch_size
     assert config["weights"] in ("file", "nccl") and recipe.load_rows(config["datasets"], CONFIGS, seed=0)
+
+
+def test_the_async_recipe_reads_exponent_floats_as_numbers(recipe, tmp_path):
+    """Issue 37 item 5: the async recipe's own copy of the config loader read `--set async_grpo.learning_rate=1e-6`
+    as the string '1e-6', which reached TRL; both recipes now load their config with gym_bridge.trl.load_recipe_config."""
+    config = recipe.load_recipe_config(str(CONFIGS / "trl_async_grpo_cpu.yaml"), ["async_grpo.learning_rate=1e-6", "async_grpo.beta=4E-2"])
+    assert config["async_grpo"]["learning_rate"] == 1e-6 and config["async_grpo"]["beta"] == 0.04
+    assert recipe.load_recipe_config is load_recipe_config
 
 
 def test_cpu_config_trains_against_a_stand_in_server(recipe, tmp_path, tiny_model_dir, smol_tokenizer, monkeypatch, capsys):
@@ -48,7 +57,12 @@ def test_cpu_config_trains_against_a_stand_in_server(recipe, tmp_path, tiny_mode
         argv = ["trl_async_grpo.py", "--config", str(CONFIGS / "trl_async_grpo_cpu.yaml")] + [f"--set={o}" for o in overrides]
         monkeypatch.setattr(sys, "argv", argv)
         recipe.main()
-    assert "trained 2 steps" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "trained 2 steps" in out
+    # one readable line per logged step (it printed a dict of about 60 keys)
+    steps = [line for line in out.splitlines() if line.startswith("step ")]
+    assert [line.split(" | ")[0] for line in steps[:2]] == ["step 1/2", "step 2/2"], out
+    assert all("{" not in line and "batch/" not in line for line in steps)
     assert len(stand_in.loaded) == 3  # the first sync and one per step, through FileWeightTransfer
     rows = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
     trained = [row for row in rows if not row["failure_kind"]]

@@ -144,3 +144,99 @@ def test_an_eval_against_a_server_still_computing_says_to_raise_the_request_time
     table = format_table(result.summary)
     assert "3 requests timed out after 0.5 s; raise --request-timeout-s" in table
     assert "  3 x infra: generation backend: http://127.0.0.1:" in table
+
+
+# Issue 36, items 13, 16 and 17: bad flags and outputs are exit 2 naming the flag, before a model loads or out/ is made.
+
+@pytest.fixture()
+def no_model(monkeypatch):
+    import gym_bridge.cli.eval as eval_cli
+
+    async def refuse(args):
+        raise AssertionError("the model was loaded before the bad input was reported")
+
+    monkeypatch.setattr(eval_cli, "_build_engine", refuse)
+
+
+@pytest.mark.parametrize(("flag", "value", "said"), [
+    ("--num-repeats", "0", "must be at least 1, got 0"),
+    ("--limit", "-3", "must be at least 1, got -3"),
+    ("--wait-for-server-s", "-5", "must be at least 0, got -5"),
+    ("--top-p", "nan", "must be above 0 and at most 1, got nan"),
+    ("--concurrency", "two", "must be a whole number, got 'two'"),
+])
+def test_bad_numbers_are_exit_2_naming_the_flag(flag, value, said, no_model, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--env", "weather", flag, value, "--output", str(tmp_path / "out" / "o.jsonl")])
+    assert exit_info.value.code == 2
+    assert f"gym-bridge eval: error: argument {flag}: {said}" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_output_that_cannot_be_a_file_is_exit_2_naming_it(no_model, tmp_path, capsys):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a folder")
+    assert main(["eval", "--env", "weather", "--output", str(tmp_path)]) == 2
+    assert f"--output {tmp_path} is a folder; name a file in it" in capsys.readouterr().err
+    assert main(["eval", "--env", "weather", "--output", str(notes / "run.jsonl")]) == 2
+    assert f"--output {notes / 'run.jsonl'}: {notes} is a file, not a folder" in capsys.readouterr().err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["notes.txt"]  # no lock file, nothing else
+
+
+def test_a_misspelt_env_or_a_file_path_as_env_leaves_no_output_folder(no_model, tmp_path, capsys):
+    output = tmp_path / "out" / "o.jsonl"
+    assert main(["eval", "--env", "weathr", "--output", str(output)]) == 2
+    assert "unknown environment 'weathr'" in capsys.readouterr().err
+    assert main(["eval", "--env", "../units:Units", "--output", str(output)]) == 2
+    err = capsys.readouterr().err
+    assert "'../units' is not a module name; write `module:Class`" in err and "TypeError" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unknown_option_names_the_command_and_its_closest_option(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--env", "weather", "--max-tokens", "5"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: gym-bridge eval ")
+    assert err.endswith("gym-bridge eval: error: unrecognized arguments: --max-tokens 5 (did you mean --max-new-tokens for --max-tokens?)\n")
+
+
+def test_journal_says_when_an_environment_restarts_its_episodes(no_model, monkeypatch, tmp_path, capsys):
+    from gym_bridge.core.registry import get_environment
+
+    monkeypatch.setattr(get_environment("weather"), "resume", "restart")  # what a new class without `resume` declares
+    with pytest.raises(AssertionError, match="the model was loaded"):  # the note comes before the model would load
+        main(["eval", "--env", "weather", "--env", "math", "--journal", "--output", str(tmp_path / "o.jsonl")])
+    err = capsys.readouterr().err
+    assert "note: --journal does not continue weather mid-episode" in err and "math" not in err
+    with pytest.raises(AssertionError, match="the model was loaded"):
+        main(["eval", "--env", "weather", "--output", str(tmp_path / "o.jsonl")])
+    assert "note:" not in capsys.readouterr().err
+
+
+def test_the_progress_bar_names_environments_and_writes_a_log_file_rarely(monkeypatch, tmp_path, capsys):
+    """Item 17: weather's rows route by the NeMo Gym alias `example_single_tool_call_simple_agent`, which the bar
+    named (and, never seeing a record of that name, it showed no ETA); into a log file it wrote a line a second."""
+    import asyncio
+    import re
+
+    from gym_bridge import ScriptedChatPolicy
+    from gym_bridge.core.engine import Engine, EngineConfig
+
+    class SlowChat(ScriptedChatPolicy):
+        async def chat(self, request):
+            await asyncio.sleep(0.05)
+            return await super().chat(request)
+
+    async def build_engine(args):
+        return Engine(SlowChat({"": ["Sunny."]}), None, EngineConfig(max_concurrency=args.concurrency))
+
+    monkeypatch.setattr("gym_bridge.cli.eval._build_engine", build_engine)
+    # 8 weather rows x 3 repeats, one at a time: about 1.2 s, in which the bar was written 17 times (every 0.1 s)
+    assert main(["eval", "--env", "weather", "--num-repeats", "3", "--concurrency", "1", "--max-failure-fraction", "1",
+                 "--output", str(tmp_path / "o.jsonl")]) == 0
+    writes = [part for part in re.split(r"[\r\n]", capsys.readouterr().err) if "rollouts" in part]
+    assert len(writes) <= 4, writes  # the first, and the last (capsys is no terminal)
+    assert "24/24" in writes[-1] and "ETA after a first rollout" not in writes[-1]
+    assert not any("example_single_tool_call" in write for write in writes)

@@ -36,6 +36,6 @@ def test_the_readme_example_row_validates_and_scores(tmp_path):
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
 
-    assert "1 rows (inventory 1): ok" in gym_bridge("data", "validate", rows, "--env", "readme_inventory_env:Inventory")
+    assert "1 row (inventory 1): ok" in gym_bridge("data", "validate", rows, "--env", "readme_inventory_env:Inventory")
     out = gym_bridge("env", "check", "readme_inventory_env:Inventory", "--data", rows, "--call", 'count={"item": "apple"}')
     assert '"count": 3' in out and re.search(r"reward 1(\.0+)?\b", out), out

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from gym_bridge.trl import compact_log_line, load_recipe_config, quiet_vllm_version_warning
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -23,18 +25,18 @@ def recipe():
 def test_overrides_reach_nested_keys_and_list_items(recipe, tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("datasets:\n  - {env: arithmetic, prepare: {split: train, size: 10, seed: 0}}\ngrpo: {max_steps: 5}\n")
-    loaded = recipe.load_config(str(config), ["datasets.0.prepare.seed=7", "grpo.max_steps=2", "gym_bridge.max_turns=1"])
+    loaded = load_recipe_config(str(config), ["datasets.0.prepare.seed=7", "grpo.max_steps=2", "gym_bridge.max_turns=1"])
     assert loaded["datasets"][0]["prepare"]["seed"] == 7 and loaded["grpo"]["max_steps"] == 2 and loaded["gym_bridge"] == {"max_turns": 1}
     with pytest.raises(SystemExit, match="not an index of a list of 1"):
-        recipe.load_config(str(config), ["datasets.3.weight=2"])
+        load_recipe_config(str(config), ["datasets.3.weight=2"])
     with pytest.raises(SystemExit, match="KEY=VALUE"):
-        recipe.load_config(str(config), ["grpo.max_steps"])
+        load_recipe_config(str(config), ["grpo.max_steps"])
 
 
 def test_exponent_floats_are_numbers_in_the_file_and_in_overrides(recipe, tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("grpo: {learning_rate: 1e-5, beta: 4E-2, output_dir: run1e5, tag: '1e-5'}\n")
-    loaded = recipe.load_config(str(config), ["grpo.max_grad_norm=5e-1", "grpo.weight_decay=.5e-2"])
+    loaded = load_recipe_config(str(config), ["grpo.max_grad_norm=5e-1", "grpo.weight_decay=.5e-2"])
     assert loaded["grpo"] == {"learning_rate": 1e-5, "beta": 0.04, "output_dir": "run1e5", "tag": "1e-5",
                               "max_grad_norm": 0.5, "weight_decay": 0.005}
 
@@ -111,8 +113,7 @@ def test_output_is_line_buffered_so_step_metrics_reach_a_log_file_as_they_happen
     import time
 
     log = tmp_path / "train.log"
-    code = (f"import importlib.util, time\nspec = importlib.util.spec_from_file_location('r', {str(REPO / 'recipes' / 'trl_grpo.py')!r})\n"
-            "r = importlib.util.module_from_spec(spec); spec.loader.exec_module(r)\n"
+    code = ("import time\nimport gym_bridge.trl as r\n"
             "r.line_buffered_output()\nprint({'loss': 0.5, 'step': 1})\ntime.sleep(60)\n")
     with log.open("w") as handle:
         child = subprocess.Popen([sys.executable, "-c", code], stdout=handle)
@@ -148,12 +149,27 @@ GRPO_STEP_LOGS = {  # the keys TRL 1.16's GRPOTrainer logs at a step of the CPU 
 
 def test_a_step_prints_as_one_compact_line(recipe):
     """Issue 28 item 18: each step printed a 40-key dict of strings."""
-    line = recipe.compact_line(3, 30, GRPO_STEP_LOGS)
+    line = compact_log_line(3, 30, GRPO_STEP_LOGS)
     assert line.startswith("step 3/30 | loss 0.0123 | reward 0.41 ± 0.2 | len 24.5 | entropy 0.81 | grad 0.88 | lr 1e-05 | s/step 29.4")
     assert line.endswith("gym_bridge: failed 0, tool_calls 0, turns 1, parse_errors 0, no_answer 0.0625")
     assert "{" not in line and "clip_ratio" not in line and len(line) < 200
-    summary = recipe.compact_line(30, 30, {"train_runtime": 901.5, "train_loss": 0.01, "total_flos": 0.0})
+    summary = compact_log_line(30, 30, {"train_runtime": 901.5, "train_loss": 0.01, "total_flos": 0.0})
     assert summary == "step 30/30 | train_runtime 902 | train_loss 0.01"
+
+
+ASYNC_STEP_LOGS = {  # keys TRL 1.16's AsyncGRPOTrainer logs at a step of the async CPU recipe (values made up; 17 of ~60)
+    "loss": 0.02, "grad_norm": 1.5, "learning_rate": 1e-05, "reward": 0.25, "reward_std": 0.4, "rewards/arithmetic": 0.25,
+    "entropy": 0.9, "kl": 0.001, "clip_ratio/low_mean": 0.0, "perf/step_s": 12.5, "perf/rollout_wait_s": 3.1,
+    "sample/staleness_mean": 1.0, "batch/packing_ratio": 0.7, "batch/pad_frac": 0.1, "gym_bridge/turns": 1.5,
+    "gym_bridge/tool_calls": 0.5, "gym_bridge/staleness_max": 1.0, "epoch": 0.1,
+}
+
+
+def test_an_async_step_prints_as_one_compact_line():
+    """Issue 36 item 18: the async recipe printed a raw dict of about 60 keys per step."""
+    line = compact_log_line(2, 20, ASYNC_STEP_LOGS)
+    assert line == ("step 2/20 | loss 0.02 | reward 0.25 ± 0.4 | entropy 0.9 | kl 0.001 | grad 1.5 | lr 1e-05 | s/step 12.5 | "
+                    "gym_bridge: turns 1.5, tool_calls 0.5, staleness_max 1")
 
 
 def test_trls_vllm_version_warning_is_silent_without_vllm(tmp_path):
@@ -162,10 +178,8 @@ def test_trls_vllm_version_warning_is_silent_without_vllm(tmp_path):
     import subprocess
     import sys
 
-    script = ("import importlib.util, sys\n"
-              f"spec = importlib.util.spec_from_file_location('recipe', {str(REPO / 'recipes' / 'trl_grpo.py')!r})\n"
-              "recipe = importlib.util.module_from_spec(spec); spec.loader.exec_module(recipe)\n"
-              "recipe.quiet_vllm_version_warning(use_vllm=sys.argv[1] == 'vllm')\n"
+    script = ("import sys\nimport gym_bridge.trl\n"
+              "gym_bridge.trl.quiet_vllm_version_warning(use_vllm=sys.argv[1] == 'vllm')\n"
               "from trl import GRPOConfig, GRPOTrainer\nimport gym_bridge.trl\n")
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, "-c", script, "no-vllm"], env=env, capture_output=True, text=True, timeout=300)
@@ -173,17 +187,23 @@ def test_trls_vllm_version_warning_is_silent_without_vllm(tmp_path):
     assert "TRL currently supports vLLM versions" not in done.stderr
 
 
-def test_the_vllm_version_warning_is_shown_once_when_vllm_is_used(recipe):
+def test_the_vllm_version_warning_is_shown_once_when_vllm_is_used():
     import warnings
 
     with warnings.catch_warnings(record=True) as seen:
         warnings.resetwarnings()
         warnings.onceregistry.clear()
-        recipe.quiet_vllm_version_warning(use_vllm=True)
+        quiet_vllm_version_warning(use_vllm=True)
         for _ in range(2):
             warnings.warn("TRL currently supports vLLM versions from 0.22.0 to 0.31.0. You have version 0.32.0", UserWarning)
         warnings.warn("TRL currently supports vLLM versions from 0.22.0 to 0.31.0. You have version 0.32.0", UserWarning)
     assert len(seen) == 1
+
+
+def test_the_cpu_demo_saves_checkpoints_along_the_way():
+    """Issue 36 item 18: the CPU demo saved weights only at the end (a run stopped at step 26 of 30 kept nothing)."""
+    grpo = load_recipe_config(REPO / "recipes" / "configs" / "trl_grpo_cpu_demo.yaml", [])["grpo"]
+    assert grpo["save_strategy"] == "steps" and grpo["save_steps"] <= grpo["max_steps"] // 3 and grpo["save_total_limit"] == 1
 
 
 def test_the_cpu_demo_keeps_its_trained_weights():

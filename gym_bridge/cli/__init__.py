@@ -51,7 +51,31 @@ def build_parser() -> argparse.ArgumentParser:
     _data_parser(sub)
     view_cli.add_parsers(sub)
     _env_parser(sub)
+    for command in sub.choices.values():  # so an unknown option is reported by the command it was given to
+        command.set_defaults(command_parser=command)
     return parser
+
+
+def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, parsed; an option the command does not have stops it (exit 2) with that command's usage,
+    naming the option and the command's closest one (`--max-tokens`: did you mean `--max-new-tokens`?)."""
+    args, unknown = build_parser().parse_known_args(argv)
+    command: argparse.ArgumentParser = vars(args).pop("command_parser")  # not a setting: kept out of what runs see
+    if unknown:
+        command.error(unknown_arguments_message(unknown, command))
+    return args
+
+
+def unknown_arguments_message(unknown: Sequence[str], command: argparse.ArgumentParser) -> str:
+    """`unrecognized arguments: ...`, with the closest option of `command` to each unknown one."""
+    import difflib
+
+    known = [option for action in command._actions for option in action.option_strings]  # argparse keeps no public list
+    hints = []
+    for flag in (word.partition("=")[0] for word in unknown if word.startswith("-")):
+        if close := difflib.get_close_matches(flag, known, n=1):
+            hints.append(f"did you mean {close[0]} for {flag}?")
+    return f"unrecognized arguments: {' '.join(unknown)}" + (f" ({'; '.join(hints)})" if hints else "")
 
 
 def _import_from_working_directory() -> None:
@@ -66,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from gym_bridge.core.registry import allow_module_paths
 
-    args = build_parser().parse_args(argv)
+    args = parse_arguments(argv)
     _import_from_working_directory()
     if not faulthandler.is_enabled():  # a segfault in environment or model code prints where it happened
         faulthandler.enable()

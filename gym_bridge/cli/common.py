@@ -34,6 +34,41 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
 
 
+def whole_number(minimum: int) -> Callable[[str], int]:
+    """An argparse `type`: an integer of at least `minimum`. A bad value stops the command at parse time (exit 2,
+    naming the flag), before a model loads or a file is touched."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def number(*, above: float | None = None, at_least: float | None = None, at_most: float | None = None) -> Callable[[str], float]:
+    """An argparse `type`: a number within the bounds given (`above` excludes its bound); as `whole_number`."""
+    bounds = [f"above {above:g}" if above is not None else "", f"at least {at_least:g}" if at_least is not None else "",
+              f"at most {at_most:g}" if at_most is not None else ""]
+    wanted = " and ".join(bound for bound in bounds if bound)
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+        low_ok = (above is None or value > above) and (at_least is None or value >= at_least)
+        if not (low_ok and (at_most is None or value <= at_most)):  # written so that NaN fails too
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text}")
+        return value
+
+    return parse
+
+
 def _json_object(text: str) -> dict[str, Any]:
     import json
 

@@ -68,10 +68,7 @@ def _data(args: argparse.Namespace) -> int:
                 print(problem, file=sys.stderr)
             for warning in report.warnings:
                 print(f"warning: {warning}", file=sys.stderr)
-            envs = ", ".join(f"{name} {count}" for name, count in report.rows_per_env.items()) or "none"
-            verdict = "ok" if report.ok else f"{len(report.problems)} problem(s)"
-            verdict += f", {len(report.warnings)} warning(s)" if report.warnings else ""
-            print(f"{report.path}: {report.rows} rows ({envs}): {verdict}")
+            print(f"{report.path}: {report.describe()}")
             failed = failed or not report.ok
             unknown = unknown or any(problem.message.startswith("unknown environment") for problem in report.problems)
         if unknown:

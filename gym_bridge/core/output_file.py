@@ -1,4 +1,5 @@
-"""Output files of the data commands: never one of their own inputs, and replaced atomically.
+"""Output files of the data commands and `eval`: a path that can be a file, never one of their own inputs, and
+replaced atomically.
 
 A file is written beside its final name and renamed onto it once complete (after an fsync), so an
 interrupted `data mix|prepare|to-verl` leaves the old file whole, never a prefix of the new one.
@@ -19,6 +20,20 @@ def check_not_an_input(output: str | Path, inputs: Sequence[str | Path], *, flag
     for path in inputs:
         if _same_file(Path(output), Path(path)):
             raise ConfigError(f"{flag} {output} is also an input ({path}): it would be overwritten while read; choose another {flag}")
+
+
+def check_file_path(output: str | Path, *, flag: str = "--output") -> None:
+    """Raise ConfigError naming `flag` when `output` cannot become a file: it is a folder (or ends with a separator),
+    or a path under something that is not a folder (`notes.txt/run.jsonl`)."""
+    text = str(output)
+    path = Path(output).expanduser()
+    if path.is_dir() or text.endswith(("/", os.sep)):
+        raise ConfigError(f"{flag} {output} is a folder; name a file in it, e.g. {flag} {path / 'rollouts.jsonl'}")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"{flag} {output}: {parent} is a file, not a folder; choose another {flag}")
+            return
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -95,6 +95,15 @@ def _check_module_allowed(module_name: str, path: str) -> None:
     )
 
 
+def _check_module_name(module_name: str, path: str) -> None:
+    """Refuse a module part that is not a dotted Python name (`../units`, `envs/units.py`): a file path is not imported."""
+    if not all(part.isidentifier() for part in module_name.split(".")):
+        raise UnknownEnvironmentError(
+            f"environment {path!r}: {module_name!r} is not a module name; write `module:Class` (`package.module:Class`) "
+            "with the module importable from the current folder or PYTHONPATH, not a file path (run from the module's "
+            "folder, or put that folder on PYTHONPATH)")
+
+
 def load_environment_module(path: str) -> type[Environment]:
     """Import `package.module:Class` (or a module exposing `ENVIRONMENT`) and register it.
 
@@ -105,6 +114,7 @@ def load_environment_module(path: str) -> type[Environment]:
     be imported, or does not hold an Environment subclass under that name, or for an inherited name.
     """
     module_name, _, attr = path.partition(":")
+    _check_module_name(module_name, path)
     _check_module_allowed(module_name, path)
     try:
         module = importlib.import_module(module_name)

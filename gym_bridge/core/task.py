@@ -185,9 +185,23 @@ def parse_json_line(line: str, *, source: str) -> Any:
     try:
         return json.loads(line)
     except json.JSONDecodeError as error:
-        raise DataError(f"malformed JSON ({error.msg} at column {error.colno})", source=source) from None
+        raise DataError(json_problem(error, line), source=source) from None
     except RecursionError:
         raise DataError(f"nested too deeply to read (a row may nest at most {MAX_ROW_DEPTH} levels)", source=source) from None
+
+
+def json_problem(error: json.JSONDecodeError, line: str) -> str:
+    """What is wrong with a malformed JSON `line`, said for a person: the column where the text stops being JSON,
+    and the likely slip when the line ends inside a value (a missing closing brace) or goes on after one (a brace
+    too many, or a missing opening one)."""
+    text = line.rstrip()
+    what = error.msg.removesuffix(" at")  # "Unterminated string starting at" (json's message ends where its column went)
+    if error.pos >= len(text):
+        return f"malformed JSON: the line ends before its JSON value does ({what}); is a closing quote, brace or bracket missing?"
+    if error.msg == "Extra data":
+        return (f"malformed JSON: a JSON value ends before column {error.pos + 1} and more text follows; is a closing brace "
+                "too many, or an opening one missing?")
+    return f"malformed JSON ({what} at column {error.pos + 1})"
 
 
 def load_tasks(path: str | Path, *, default_env: str | None = None, limit: int | None = None, start_index: int = 0) -> list[Task]:

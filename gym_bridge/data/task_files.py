@@ -53,6 +53,13 @@ class ValidationReport:
     def ok(self) -> bool:
         return not self.problems
 
+    def describe(self) -> str:
+        """One line for `data validate`: `3 rows (math 2, mcqa 1): 1 problem(s)`; the parenthesis only when a row routed."""
+        envs = ", ".join(f"{name} {count}" for name, count in self.rows_per_env.items())
+        verdict = "ok" if self.ok else f"{len(self.problems)} problem(s)"
+        verdict += f", {len(self.warnings)} warning(s)" if self.warnings else ""
+        return f"{self.rows} {'row' if self.rows == 1 else 'rows'}{f' ({envs})' if envs else ''}: {verdict}"
+
 
 def _routing_field(row: dict[str, Any]) -> str:
     if isinstance(row.get("agent_ref"), dict):

@@ -4,7 +4,9 @@ Importing this package imports nothing but itself: each name resolves on first u
 module (`_rollout`, which loads gym_bridge's core, no torch, no trl); torch, transformers and trl are
 imported when a rollout first runs against a trainer. The async recipe's parts (`async_seams`,
 `cpu_async_grpo_trainer`, `FileWeightTransfer`, `worker_checkpoint_callback`, `restore_async_worker`, and `FileWeightReceiver` for vLLM's
-`--worker-extension-cls gym_bridge.trl.FileWeightReceiver`) resolve here too, outside `__all__`.
+`--worker-extension-cls gym_bridge.trl.FileWeightReceiver`) resolve here too, outside `__all__`, and so do the
+recipes' shared parts (`load_recipe_config`, `compact_log_line`, `use_compact_log`, `quiet_vllm_version_warning`,
+`line_buffered_output`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ if TYPE_CHECKING:  # the names, for type checkers and linters; at run time `__ge
     from gym_bridge.trl._async_checkpoint import restore_async_worker, worker_checkpoint_callback  # noqa: F401
     from gym_bridge.trl._async_cpu import cpu_async_grpo_trainer  # noqa: F401
     from gym_bridge.trl._async_weights import FileWeightReceiver, FileWeightTransfer  # noqa: F401
+    from gym_bridge.trl._recipe import (  # noqa: F401
+        compact_log_line, line_buffered_output, load_recipe_config, quiet_vllm_version_warning, use_compact_log,
+    )
     from gym_bridge.trl._rollout import (  # noqa: F401
         AsyncRolloutWorker, AsyncWorkerSettings, RolloutOptions, TRLRollout, env_reward, example_data_paths, load_dataset, make_rollout,
         reward_metrics, rollout, to_trl_batch,
@@ -37,5 +42,8 @@ _ASYNC_PARTS = {
     "FileWeightReceiver": "gym_bridge.trl._async_weights",
 }
 """What the async recipe and a vLLM server's worker extension name; not in `__all__`, so `import *` stays as it was."""
+_RECIPE_PARTS = dict.fromkeys(["load_recipe_config", "compact_log_line", "use_compact_log", "quiet_vllm_version_warning",
+                               "line_buffered_output"], "gym_bridge.trl._recipe")
+"""What both TRL recipes share (their config and console); not in `__all__` either."""
 
-__getattr__, __dir__ = lazy_homes(globals(), {**dict.fromkeys(__all__, _ADAPTER), **_ASYNC_PARTS})
+__getattr__, __dir__ = lazy_homes(globals(), {**dict.fromkeys(__all__, _ADAPTER), **_ASYNC_PARTS, **_RECIPE_PARTS})

@@ -10,6 +10,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from gym_bridge.cli.common import number, whole_number
 from gym_bridge.core.errors import ConfigError
 from gym_bridge.core.health import HealthSettings
 
@@ -19,26 +20,12 @@ if TYPE_CHECKING:
 COMMANDS = ("show", "view", "export")
 
 
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("must be >= 0")
-    return value
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError("must be between 0 and 1")
-    return value
-
-
 def health_arguments(parser: argparse.ArgumentParser) -> None:
     """`--no-tool-call-after N` and `--max-parse-error-rate F` (see `HealthSettings`); bad values exit 2 at parse time."""
     defaults = HealthSettings()
-    parser.add_argument("--no-tool-call-after", type=_count, default=defaults.no_tool_call_after, metavar="N",
+    parser.add_argument("--no-tool-call-after", type=whole_number(0), default=defaults.no_tool_call_after, metavar="N",
                         help="warn when an environment that offers tools sees no tool call in its first N rollouts (0: never)")
-    parser.add_argument("--max-parse-error-rate", type=_fraction, default=defaults.max_parse_error_rate, metavar="F",
+    parser.add_argument("--max-parse-error-rate", type=number(at_least=0, at_most=1), default=defaults.max_parse_error_rate, metavar="F",
                         help=f"warn when more than this share of tool calls cannot be parsed (judged after {defaults.min_attempts} calls)")
 
 

@@ -131,11 +131,12 @@ def task_key(record: Mapping[str, Any]) -> str:
 
 
 def _task_means(records: Sequence[Mapping[str, Any]]) -> dict[str, tuple[float | None, int, Mapping[str, Any]]]:
-    """Per task key: mean reward of the unmasked rollouts (None without one), their count, the first record."""
+    """Per task key: mean reward of the unmasked rollouts (None without one), their count, the first record.
+    `records` are light copies (`_light`), which carry the key of the whole record they were made from."""
     rewards: dict[str, list[float]] = defaultdict(list)
     first: dict[str, Mapping[str, Any]] = {}
     for record in records:
-        key = task_key(record)
+        key = str(record["task_key"])
         first.setdefault(key, record)
         if not record.get("mask_sample"):
             rewards[key].append(float(record.get("reward") or 0.0))
@@ -143,7 +144,8 @@ def _task_means(records: Sequence[Mapping[str, Any]]) -> dict[str, tuple[float |
 
 
 def compare(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per task present in either run: mean reward (unmasked rollouts) in A and B and B - A, largest change first."""
+    """Per task present in either run: mean reward (unmasked rollouts) in A and B and B - A, largest change first.
+    `a` and `b` are the runs' light records (`_light`)."""
     in_a, in_b = _task_means(a), _task_means(b)
     rows: list[dict[str, Any]] = []
     for key in dict.fromkeys([*in_a, *in_b]):
@@ -158,13 +160,15 @@ def compare(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> l
 
 
 def _light(record: Mapping[str, Any]) -> dict[str, Any]:
-    """What the summary and the comparison need of a record: no trajectory, token counts instead of token lists."""
+    """What the summary and the comparison need of a record: no trajectory, token counts instead of token lists,
+    and its task key (taken from the whole record: the fields added here are not part of the task)."""
     tokens = record.get("tokens") or {}
     model_tokens = sum(tokens.get("completion_mask") or [])
     light = {key: value for key, value in record.items() if key not in ("response", "tokens")}
     light["response"] = {"model": (record.get("response") or {}).get("model"), "output": []}
     light["token_counts"] = {"prompt": len(tokens.get("prompt_ids") or []), "model": model_tokens,
                              "env": len(tokens.get("completion_ids") or []) - model_tokens}
+    light["task_key"] = task_key(record)
     return light
 
 

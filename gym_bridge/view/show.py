@@ -66,10 +66,20 @@ def header(position: int, record: Mapping[str, Any]) -> list[str]:
         lines.append(f"FAILED ({record['failure_kind']}): {record.get('failure_reason')}")
     if metrics.get("verify"):
         lines.append(f"verify metrics: {_numbers(metrics['verify'])}")
+    if "attempts" in metrics:
+        lines.append(_resumed(metrics))
     versions = policy_versions(record)
     if versions.known:
         lines.append(versions.summary())
     return [terminal_safe(line) for line in lines]
+
+
+def _resumed(metrics: Mapping[str, Any]) -> str:
+    """How a rollout a killed run left in flight was finished (docs/resuming.md): its attempt, the turn it went on from."""
+    restarted = metrics.get("resume_restarted")
+    how = (f"started again from turn 0 ({restarted})" if restarted
+           else f"continued from turn {metrics.get('resumed_from_turn', 0)} (the turns before it from the journal)")
+    return f"resumed: attempt {metrics['attempts']}, {how}"
 
 
 def _prompt(record: Mapping[str, Any], decoder: Decoder, *, colour: bool) -> list[str]:

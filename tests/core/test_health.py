@@ -81,4 +81,4 @@ def test_eval_refuses_bad_alarm_settings_at_parse_time(capsys):
         with pytest.raises(SystemExit) as exit_info:
             main(["eval", "--env", "weather", *argv])
         assert exit_info.value.code == 2
-    assert "must be between 0 and 1" in capsys.readouterr().err
+    assert "argument --max-parse-error-rate: must be at least 0 and at most 1, got 1.5" in capsys.readouterr().err

@@ -1,7 +1,7 @@
 import pytest
 
 from gym_bridge.core.errors import DataError
-from gym_bridge.core.task import load_tasks, parse_task
+from gym_bridge.core.task import load_tasks, parse_json_line, parse_task
 
 
 def test_nemo_gym_row_with_developer_message_and_metadata():
@@ -50,3 +50,20 @@ def test_errors_name_file_line_and_field(tmp_path):
     path.write_text('{"prompt": "x", "environment": "e", "responses_create_params": {"input": "x", "tools": [{"type": "web_search"}]}}\n')
     with pytest.raises(DataError, match=r"responses_create_params.tools\[0\]"):
         load_tasks(path)
+
+
+@pytest.mark.parametrize(("line", "said"), [
+    # the closing brace missing: json sees the newline and reported "at column 1" (of the line after)
+    ('{"prompt": "x", "environment": "math"\n', "malformed JSON: the line ends before its JSON value does (Expecting ',' "
+                                                "delimiter); is a closing quote, brace or bracket missing?"),
+    # the opening brace missing: the string "prompt" is a whole JSON value, and more follows it at column 9
+    ('"prompt": "x"}\n', "malformed JSON: a JSON value ends before column 9 and more text follows; is a closing brace "
+                         "too many, or an opening one missing?"),
+    ('{"prompt": "x, "environment": "math"}', "malformed JSON (Expecting ',' delimiter at column 17)"),
+    # a string never closed on the file's last line: json's message ends in "at" (it said "starting at at column 32")
+    ('{"prompt": "x", "environment": "mat', "malformed JSON (Unterminated string starting at column 32)"),
+])
+def test_malformed_json_lines_are_said_for_a_person(line, said):
+    with pytest.raises(DataError) as error:
+        parse_json_line(line, source="rows.jsonl:4")
+    assert str(error.value) == f"rows.jsonl:4: {said}"

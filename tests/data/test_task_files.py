@@ -171,4 +171,11 @@ def test_validate_reports_bad_encodings_and_directories_and_goes_on(tmp_path: Pa
     assert f"{folder}: is a directory" in captured.err
     assert f"{tmp_path / 'missing.jsonl'}: cannot be read: No such file or directory" in captured.err
     assert f"{latin1}: 3 rows (mcqa 2): 1 problem(s)" in captured.out
-    assert f"{good}: 1 rows (mcqa 1): ok" in captured.out  # the files after the bad ones were validated
+    assert f"{good}: 1 row (mcqa 1): ok" in captured.out  # the files after the bad ones were validated
+
+
+def test_validate_counts_rows_in_plain_words(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('"prompt": "x", "environment": "math"}\n')  # its opening brace lost: no row routes
+    assert main(["data", "validate", str(broken)]) == 1
+    assert capsys.readouterr().out == f"{broken}: 1 row: 1 problem(s)\n"  # was "1 rows (none)"

@@ -43,7 +43,7 @@ def test_data_validate_suggests_a_module_path_for_an_unknown_environment(tmp_pat
     '''))
     monkeypatch.syspath_prepend(str(tmp_path))
     assert main(["data", "validate", str(rows), "--env", "unitconv_env:UnitConv"]) == 0
-    assert "1 rows (unitconv 1): ok" in capsys.readouterr().out
+    assert "1 row (unitconv 1): ok" in capsys.readouterr().out
 
 
 def _record(env: str, **metrics: int) -> dict:

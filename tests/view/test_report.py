@@ -119,3 +119,20 @@ def test_report_in_chromium(mixed_file, tmp_path):
     assert seen["linked"][0].startswith("3 of 5 rollouts") and seen["linked"][1] == "weather"
     assert set(seen["requests"]) <= {url, url + "#env=weather&failed=0&sort=reward&dir=1"} and seen["errors"] == []  # the page, nothing else
     assert (shots / "report_rollout.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_matches_tasks_whatever_their_completion_lengths(multi_step_file, tmp_path):
+    # repeats of one task with different completion lengths are one task (the light records' token counts are no
+    # part of its key): task 0 twice (reward 1, and 0 with 3 completion tokens fewer), task 1 once
+    first, second = (json.loads(line) for line in multi_step_file.read_text().splitlines())
+    shorter = json.loads(json.dumps(first))
+    for field in ("completion_ids", "completion_mask", "completion_logprobs"):
+        shorter["tokens"][field] = shorter["tokens"][field][:-3]
+    shorter.update(repeat_index=1, reward=0.0)
+    repeats = tmp_path / "repeats.jsonl"
+    repeats.write_text("".join(json.dumps(record) + "\n" for record in (first, shorter, second)))
+    itself = build_data([str(repeats), str(repeats)])["compare"]
+    assert [(row["task"], row["n_a"], row["n_b"], row["diff"]) for row in itself] == [(0, 2, 2, 0.0), (1, 1, 1, 0.0)]
+    # A: task 0 once with reward 1; B: mean (1 + 0) / 2 = 0.5, so B - A = -0.5
+    against = {row["task"]: (row["a"], row["b"], row["diff"]) for row in build_data([str(multi_step_file), str(repeats)])["compare"]}
+    assert against == {0: (1.0, 0.5, -0.5), 1: (0.0, 0.0, 0.0)}

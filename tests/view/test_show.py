@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -146,3 +147,16 @@ def test_show_streams_a_large_file_with_bounded_memory(capsys, tmp_path, multi_s
     assert shown == order(rewards)[:4]
     assert [f"reward={rewards[p]:.3f}" in line for p, line in zip(shown, re.findall(r"═══ rollout #.*", out))] == [True] * 4
     assert "showed 4 of 800 selected rollouts (800 in the file); -n 0 shows all" in out
+
+
+def test_show_says_when_a_rollout_was_resumed(capsys, tmp_path, multi_step_file):
+    # the metrics a resumed rollout's record carries (gym_bridge.core.resume): continued, and started again with the reason
+    continued, restarted = (json.loads(line) for line in multi_step_file.read_text().splitlines())
+    continued["metrics"].update(attempts=2, resumed_from_turn=3)
+    restarted["metrics"].update(attempts=3, resumed_from_turn=0, resume_restarted="tool output differs at turn 1")
+    resumed = tmp_path / "resumed.jsonl"
+    resumed.write_text(json.dumps(continued) + "\n" + json.dumps(restarted) + "\n")
+    out = show(capsys, str(resumed), "-n", "0", "--color", "never")
+    assert "resumed: attempt 2, continued from turn 3 (the turns before it from the journal)" in out
+    assert "resumed: attempt 3, started again from turn 0 (tool output differs at turn 1)" in out
+    assert "resumed:" not in show(capsys, str(multi_step_file), "-n", "0", "--color", "never")
