@@ -52,7 +52,7 @@ $(STAMP): pyproject.toml | $(PY)
 	@if $(PY) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=5)" >/dev/null 2>&1; then \
 		echo "torch: the CPU build from $(TORCH_CPU_INDEX)"; $(PIP) install --quiet torch==2.13.0 --index-url $(TORCH_CPU_INDEX); \
 	else $(PIP) install --quiet torch==2.13.0; fi
-	$(PIP) install --quiet --no-warn-conflicts -e '.[test,local,environments,bench,docs,textarena$(VLLM_EXTRA)]'
+	$(PIP) install --quiet --no-warn-conflicts -e '.[test,local,environments,bench,textarena,docs$(VLLM_EXTRA)]'
 	$(if $(VLLM_EXTRA),$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec)
 	$(PIP) install --quiet --no-deps --no-warn-conflicts verl==0.9.1
 	$(PY) -c "from importlib.metadata import requires; print('\\n'.join(r for r in requires('verl') if 'extra ==' not in r and not r.startswith('transformers')))" > $(VENV)/verl-requires.txt
