@@ -172,7 +172,7 @@ async def _eval_locked(args: argparse.Namespace) -> int:
     # routed, row-checked and ready once for the run (refused, no sandbox say, before loading a model or touching --output)
     ready = select_ready_tasks(env_names=args.env, data_paths=args.data, limit=args.limit)
     if args.ray is not None:
-        from gym_bridge.scale.ray_runner import preflight
+        from gym_bridge.scale.ray_cluster import preflight
 
         preflight(_ray_options(args))  # Ray missing, a cluster not reachable: said before a model is loaded
     engine = await _build_engine(args)

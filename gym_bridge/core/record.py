@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
-from gym_bridge.core.environment import FailureKind
+from gym_bridge.core.errors import FailureKind
 from gym_bridge.core.items import Item
 from gym_bridge.core.task import RECORD_FIELDS, Task
 from gym_bridge.core.trajectory import TokenView

@@ -18,10 +18,11 @@ if TYPE_CHECKING:  # the names, for type checkers and linters; at run time `__ge
     from gym_bridge.trl._async_checkpoint import restore_async_worker, worker_checkpoint_callback  # noqa: F401
     from gym_bridge.trl._async_cpu import cpu_async_grpo_trainer  # noqa: F401
     from gym_bridge.trl._async_weights import FileWeightReceiver, FileWeightTransfer  # noqa: F401
-    from gym_bridge.trl._rollout import (  # noqa: F401
-        AsyncRolloutWorker, AsyncWorkerSettings, RolloutOptions, TRLRollout, env_reward, example_data_paths, load_dataset, make_rollout,
-        reward_metrics, rollout, to_trl_batch,
-    )
+    from gym_bridge.trl._async import AsyncRolloutWorker, AsyncWorkerSettings  # noqa: F401
+    from gym_bridge.trl._dataset import example_data_paths, load_dataset  # noqa: F401
+    from gym_bridge.trl._options import RolloutOptions  # noqa: F401
+    from gym_bridge.trl._rewards import env_reward, reward_metrics  # noqa: F401
+    from gym_bridge.trl._rollout import TRLRollout, make_rollout, rollout, to_trl_batch  # noqa: F401
 
 __all__ = [
     "AsyncRolloutWorker", "AsyncWorkerSettings", "RolloutOptions", "TRLRollout", "env_reward", "example_data_paths", "load_dataset", "make_rollout",

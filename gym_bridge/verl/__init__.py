@@ -15,9 +15,9 @@ from gym_bridge._lazy import lazy_homes
 
 if TYPE_CHECKING:  # the names, for type checkers and linters; at run time `__getattr__` imports them
     from gym_bridge.verl._agent_loop import (  # noqa: F401
-        AGENT_LOOP_CONFIG, AGENT_NAME, REWARD_EXTRA_KEYS, ROW_COLUMN, GymBridgeAgentLoop, GymBridgeDataset, RolloutSlots, VerlServerPolicy,
-        repeat_index, to_agent_loop_output,
+        REWARD_EXTRA_KEYS, GymBridgeAgentLoop, GymBridgeDataset, RolloutSlots, VerlServerPolicy, repeat_index, to_agent_loop_output,
     )
+    from gym_bridge.verl._data import AGENT_LOOP_CONFIG, AGENT_NAME, ROW_COLUMN  # noqa: F401
 
 __all__ = [
     "AGENT_LOOP_CONFIG", "AGENT_NAME", "REWARD_EXTRA_KEYS", "ROW_COLUMN", "GymBridgeAgentLoop", "GymBridgeDataset", "RolloutSlots",

@@ -28,9 +28,10 @@ from gym_bridge.verl._data import AGENT_LOOP_CONFIG, AGENT_NAME, ROW_COLUMN, che
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.training_row import to_training_row
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
-from gym_bridge.core.errors import BackendAnswerError, ConfigError, GenerationAbortedError, MissingExtraError
+from gym_bridge.core.errors import BackendAnswerError, ConfigError, GenerationAbortedError, MissingExtraError, ContextOverflowError
 from gym_bridge.core.health import HealthSettings, ToolCallAlarm
-from gym_bridge.core.policy import ContextOverflowError, FinishReason, Generation, GenerationRequest, SamplingParams
+from gym_bridge.core.policy import Generation, GenerationRequest, SamplingParams
+from gym_bridge.core.conversation import FinishReason
 from gym_bridge.core.record import RolloutRecord, with_train_step
 from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.rollout_file import RolloutWriter

@@ -9,7 +9,8 @@ import pytest
 
 from gym_bridge.core.errors import GymBridgeError, MissingDependencyError
 from gym_bridge.scale.admission import AdmissionError, check, plan
-from gym_bridge.scale.ray_runner import check_reachable, import_ray, placeable, resources_of
+from gym_bridge.scale.ray_runner import placeable, resources_of
+from gym_bridge.scale.ray_cluster import check_reachable, import_ray
 
 
 def test_ray_s_default_actor_bound_would_cap_and_is_named():
