@@ -25,9 +25,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gym_bridge.trl._async import AsyncRolloutWorker as AsyncRolloutWorker
-from gym_bridge.trl._async import AsyncWorkerSettings as AsyncWorkerSettings
-from gym_bridge.trl._options import RolloutOptions as RolloutOptions
+from gym_bridge.trl._async import AsyncRolloutWorker, AsyncWorkerSettings
+from gym_bridge.trl._options import RolloutOptions
 from gym_bridge.trl._backend import LOOP, BackendName, generation_context, on_ray, pick_backend, release_policy
 from gym_bridge.trl._dataset import REGISTRY, example_data_paths, key_from_prompt, load_dataset
 from gym_bridge.trl._rewards import env_reward, reward_metrics
