@@ -130,9 +130,17 @@ def _module_name(path: Path) -> str:
 
 
 def reexports(path: Path) -> list[str]:
-    return [f"{path.relative_to(ROOT)}:{node.lineno}: {alias.name} as {alias.asname}"
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-            if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names if alias.asname == alias.name]
+    """`X as X` imports, and names in `__all__` the module imports rather than defines."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = [f"{path.relative_to(ROOT)}:{node.lineno}: {alias.name} as {alias.asname}" for node in ast.walk(tree)
+             if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names if alias.asname == alias.name]
+    defined, imported = bindings(_module_name(path))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(target, ast.Name) and target.id == "__all__" for target in node.targets):
+            listed = [element.value for element in ast.walk(node.value) if isinstance(element, ast.Constant)]
+            found += [f"{path.relative_to(ROOT)}:{node.lineno}: __all__ lists {name}, imported from {imported[name][0]}"
+                      for name in listed if name in imported and name not in defined]
+    return found
 
 
 def test_no_re_export_outside_a_package_init():

@@ -1,7 +1,7 @@
 """`gym_bridge.trl`: the TRL adapter (`from gym_bridge.trl import rollout`), sync and async, in one package.
 
-Importing this package imports nothing but itself: each name resolves on first use from its private
-module (`_rollout`, which loads gym_bridge's core, no torch, no trl); torch, transformers and trl are
+Importing this package imports nothing but itself: each name resolves on first use from the private
+module that defines it (`_rollout`, `_dataset`, `_rewards`, `_options`, `_async`: gym_bridge's core, no torch, no trl); torch, transformers and trl are
 imported when a rollout first runs against a trainer. The async recipe's parts (`async_seams`,
 `cpu_async_grpo_trainer`, `FileWeightTransfer`, `worker_checkpoint_callback`, `restore_async_worker`, and `FileWeightReceiver` for vLLM's
 `--worker-extension-cls gym_bridge.trl.FileWeightReceiver`) resolve here too, outside `__all__`.
@@ -28,7 +28,13 @@ __all__ = [
     "AsyncRolloutWorker", "AsyncWorkerSettings", "RolloutOptions", "TRLRollout", "env_reward", "example_data_paths", "load_dataset", "make_rollout",
     "reward_metrics", "rollout", "to_trl_batch",
 ]
-_ADAPTER = "gym_bridge.trl._rollout"
+_HOMES = {
+    **dict.fromkeys(("TRLRollout", "make_rollout", "rollout", "to_trl_batch"), "gym_bridge.trl._rollout"),
+    "AsyncRolloutWorker": "gym_bridge.trl._async", "AsyncWorkerSettings": "gym_bridge.trl._async",
+    "RolloutOptions": "gym_bridge.trl._options", "env_reward": "gym_bridge.trl._rewards", "reward_metrics": "gym_bridge.trl._rewards",
+    "example_data_paths": "gym_bridge.trl._dataset", "load_dataset": "gym_bridge.trl._dataset",
+}
+"""Each public name's home module."""
 _ASYNC_PARTS = {
     "async_seams": "gym_bridge.trl._async_api",
     "restore_async_worker": "gym_bridge.trl._async_checkpoint",
@@ -39,4 +45,4 @@ _ASYNC_PARTS = {
 }
 """What the async recipe and a vLLM server's worker extension name; not in `__all__`, so `import *` stays as it was."""
 
-__getattr__, __dir__ = lazy_homes(globals(), {**dict.fromkeys(__all__, _ADAPTER), **_ASYNC_PARTS})
+__getattr__, __dir__ = lazy_homes(globals(), {**_HOMES, **_ASYNC_PARTS})
