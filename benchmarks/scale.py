@@ -120,7 +120,8 @@ def time_local(tasks, repeats: int) -> list[float]:  # type: ignore[no-untyped-d
 
 
 def time_ray(tasks, workers: int, repeats: int, *, factory=None) -> tuple[list[float], float, dict]:  # type: ignore[no-untyped-def]
-    from gym_bridge.scale.ray_runner import RayOptions, RayRollouts
+    from gym_bridge.scale.ray_runner import RayRollouts
+    from gym_bridge.scale.ray_cluster import RayOptions
 
     rollouts = RayRollouts(factory or ScriptedEngine(), RayOptions(num_workers=workers), max_concurrency=64 * workers,
                            report=lambda line: None)

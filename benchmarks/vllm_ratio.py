@@ -61,7 +61,7 @@ def machine() -> str:
 def tasks_and_template(path: str, count: int) -> tuple[list[Any], Any]:
     from gym_bridge.core.template.chat_template import ChatTemplate
     from gym_bridge.eval.run import select_tasks
-    from gym_bridge.policies.remote import load_tokenizer
+    from gym_bridge.policies.tokenizer import load_tokenizer
 
     loaded = load_tokenizer(path)
     return select_tasks(env_names=["arithmetic"], data_paths=[], limit=count), ChatTemplate(loaded.tokenizer, eos_token_ids=loaded.eos_token_ids)

@@ -13,13 +13,16 @@ from __future__ import annotations
 
 from gym_bridge._lazy import lazy_homes
 from gym_bridge.core.answer import last_boxed, last_tagged
-from gym_bridge.core.agent_loop import AgentLoop, FailRollout, Limits, RolloutContext, ToolCallingLoop
-from gym_bridge.core.errors import RolloutFailure as RolloutFailure  # FailRollout's old name, not in __all__
+from gym_bridge.core.agent_loop import AgentLoop, Limits, RolloutContext, ToolCallingLoop
 from gym_bridge.core.engine import Engine, EngineConfig
-from gym_bridge.core.environment import Environment, FailureKind, RowProblem, ToolError, Toolset, VerifyResult, schema_problems, tool
+from gym_bridge.core.environment import Environment, RowProblem, ToolError, Toolset, VerifyResult, schema_problems, tool
 from gym_bridge.core.errors import (
+    BackendError,
     ConfigError,
+    ContextOverflowError,
     DataError,
+    FailRollout,
+    FailureKind,
     GymBridgeError,
     MissingDependencyError,
     MissingExtraError,
@@ -29,16 +32,13 @@ from gym_bridge.core.errors import (
     UnknownEnvironmentError,
     UserError,
 )
-from gym_bridge.core.text_model import HelperModel as HelperModel  # TextModel's old name, not in __all__
 from gym_bridge.core.text_model import TextModel
 from gym_bridge.core.dialects.responses import final_text, output_text
 from gym_bridge.core.items import TOKEN_FIELDS, Item
 from gym_bridge.core.metrics import summarize
 from gym_bridge.core.bounded.offload import run_in_process
 from gym_bridge.core.policy import (
-    BackendError,
     ChatPolicy,
-    ContextOverflowError,
     Generation,
     GenerationRequest,
     Policy,
@@ -76,7 +76,6 @@ _LAZY = {
     "trl": "gym_bridge.trl", "verl": "gym_bridge.verl", "nemo_rl": "gym_bridge.nemo_rl",
     "TransformersPolicy": "gym_bridge.policies.transformers",
     "load_text_model": "gym_bridge.policies.text_model",
-    "load_helper_model": "gym_bridge.policies.text_model",  # load_text_model's old name
     "HarnessEnvironment": "gym_bridge.capture",
 }
 

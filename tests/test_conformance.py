@@ -23,7 +23,8 @@ import httpx
 import pytest
 
 from gym_bridge.serve.agent_server import AgentServerSettings, build_app
-from gym_bridge.trl._rollout import make_rollout, reward_metrics
+from gym_bridge.trl._rollout import make_rollout
+from gym_bridge.trl._rewards import reward_metrics
 from gym_bridge.trl._dataset import REGISTRY, load_dataset
 from gym_bridge.core.policy import Generation, ScriptedPolicy
 from gym_bridge.core.registry import get_environment, register

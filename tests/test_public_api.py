@@ -24,7 +24,7 @@ PUBLIC = {
     "BackendError", "ConfigError", "ContextOverflowError", "DataError", "GymBridgeError", "MissingDependencyError", "MissingExtraError",
     "RolloutError", "SetupError", "TemplateError", "UnknownEnvironmentError", "UserError",
 }
-LAZY = {"TransformersPolicy", "load_text_model", "load_helper_model", "HarnessEnvironment", "trl", "verl", "nemo_rl"}
+LAZY = {"TransformersPolicy", "load_text_model", "HarnessEnvironment", "trl", "verl", "nemo_rl"}
 """Public names resolved on first use (not in `__all__`, so a star import stays light)."""
 ROOT = pathlib.Path(gym_bridge.__file__).parent.parent
 
@@ -102,26 +102,29 @@ def test_core_imports_no_adapter_policy_or_trainer_code():
     assert offenders == []
 
 
-def test_text_model_s_old_names_still_import():
-    """`HelperModel` / `load_helper_model` were renamed `TextModel` / `load_text_model` (issue 29 item 7: a model an
-    environment asks for text); the old names keep working and stay out of `__all__`."""
-    from gym_bridge import HelperModel, TextModel, load_helper_model, load_text_model
+def test_text_model_s_old_names_are_gone():
+    """`TextModel`, `load_text_model` and `TEXT_MODEL_APIS` were renamed in issue 29 item 7; their old names went in
+    issue 37 (0.1.0 promises no deprecation period), from the package and from both text_model modules."""
+    import gym_bridge.policies
+    from gym_bridge.core import text_model
+    from gym_bridge.policies import text_model as policies_text_model
+    from tests.test_imports_lint import OLD_NAMES
 
-    assert HelperModel is TextModel and load_helper_model is load_text_model
-    assert "HelperModel" not in gym_bridge.__all__
+    old = [name for name, new in OLD_NAMES.items() if new in ("TextModel", "TEXT_MODEL_APIS", "load_text_model")]
+    assert len(old) == 3
+    for module in (gym_bridge, gym_bridge.policies, text_model, policies_text_model):
+        assert [name for name in old if hasattr(module, name)] == [], module.__name__
+    assert gym_bridge.TextModel is text_model.TextModel and "load_text_model" in dir(gym_bridge)
+    assert policies_text_model.TEXT_MODEL_APIS == ("completions", "chat", "responses")
 
 
 def test_no_old_helper_model_wording_is_left_in_the_package_or_the_docs():
-    """What is now `TextModel` is called so in the package and on the site; only the old names kept as aliases
-    (`HelperModel`, `load_helper_model`, `HELPER_APIS`, each marked as an old name) still say it."""
+    """What is now `TextModel` is called so in the package and on the site (the old names themselves are pinned gone
+    by tests/test_imports_lint.py)."""
     import re
 
     old = re.compile(r"helper.models?\b|HELPER_API", re.I)
-    alias = re.compile(r"HelperModel|load_helper_model|old name")
     paths = [*(ROOT / "gym_bridge").rglob("*.py"), *(ROOT / "docs").rglob("*.md"), ROOT / "README.md"]
     found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}" for path in paths
-             for number, line in enumerate(path.read_text().splitlines(), 1) if old.search(line) and not alias.search(line)]
+             for number, line in enumerate(path.read_text().splitlines(), 1) if old.search(line)]
     assert found == []
-    from gym_bridge.policies.text_model import HELPER_APIS, TEXT_MODEL_APIS
-
-    assert HELPER_APIS is TEXT_MODEL_APIS == ("completions", "chat", "responses")

@@ -23,7 +23,8 @@ from gym_bridge.capture.session import _Session
 from gym_bridge.core.conversation import Message, appended, assistant_message, tool_call
 from gym_bridge.core.dialects.chat import MessageIn, answer_choice, chat_completion
 from gym_bridge.core.items import TOKEN_FIELDS
-from gym_bridge.core.policy import BackendError, CallTokens, ChatPolicy, ChatRequest, ChatTurn
+from gym_bridge.core.policy import CallTokens, ChatPolicy, ChatRequest, ChatTurn
+from gym_bridge.core.errors import BackendError
 from gym_bridge.core.trajectory import Trajectory
 from gym_bridge.core.transcript import MessageTranscript
 

@@ -27,11 +27,11 @@ from gym_bridge.capture.harness import (DEFAULT_CPU_LIMIT_S, DEFAULT_MEMORY_LIMI
 from gym_bridge.capture.server import capture_server
 from gym_bridge.capture.chat_session import ChatCaptureSession
 from gym_bridge.capture.session import CaptureSession, SessionState, StopKind
-from gym_bridge.core.agent_loop import RolloutContext, FailRollout
+from gym_bridge.core.agent_loop import RolloutContext
+from gym_bridge.core.errors import FailRollout, ConfigError
 from gym_bridge.core.record import LoopFinish
 from gym_bridge.core.bounded.deadline import HeldPolicy
 from gym_bridge.core.environment import Environment, RowProblem, VerifyResult, to_verify_result
-from gym_bridge.core.errors import ConfigError
 from gym_bridge.core.journal import ResumeKind
 from gym_bridge.core.items import Item
 from gym_bridge.core.policy import ChatPolicy, is_token_policy

@@ -34,7 +34,8 @@ from gym_bridge.core.dialects.chat import ApiError, ChatBody, answer_choice, cha
 from gym_bridge.core.dialects.responses_api import ResponsesBody, check_stateless, to_chat_body, to_response
 from gym_bridge.core.dialects.template_view import template_messages
 from gym_bridge.core.items import Item
-from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, Policy, SamplingParams
+from gym_bridge.core.policy import Generation, Policy, SamplingParams
+from gym_bridge.core.errors import BackendError, ContextOverflowError
 from gym_bridge.core.template.chat_template import ChatTemplate
 from gym_bridge.core.transcript import ItemIds, ServedTranscript
 

@@ -201,7 +201,7 @@ async def _eval_locked(args: argparse.Namespace, ready: TaskSet) -> int:
     from gym_bridge.eval.run import run_eval_locked
 
     if args.ray is not None:
-        from gym_bridge.scale.ray_runner import preflight
+        from gym_bridge.scale.ray_cluster import preflight
 
         preflight(_ray_options(args))  # Ray missing, a cluster not reachable: said before a model is loaded
     engine = await _build_engine(args)

@@ -35,7 +35,7 @@ def _local_setup(args: argparse.Namespace) -> tuple[Any, Any, str]:
     if args.backend == "vllm":
         from gym_bridge.policies.embedded import embedded_model_path
         from gym_bridge.policies.factory import PolicySpec, build_policy
-        from gym_bridge.policies.remote import load_tokenizer
+        from gym_bridge.policies.tokenizer import load_tokenizer
 
         path = args.model or str(embedded_model_path())
         loaded = model_flag_errors(args.model, load_tokenizer, path)
@@ -56,7 +56,7 @@ async def _remote_setup(args: argparse.Namespace) -> tuple[Any, Any, str]:
     Raises GymBridgeError for what a user must fix: no model name to be had, a model the server
     does not serve, a tokenizer that does not match the server's.
     """
-    from gym_bridge.core.policy import BackendError
+    from gym_bridge.core.errors import BackendError
 
     urls = _base_urls(args)
     api_key = os.environ.get(args.api_key_env) or None
@@ -70,7 +70,7 @@ async def _remote_setup(args: argparse.Namespace) -> tuple[Any, Any, str]:
         return policy, None, args.model
 
     from gym_bridge.policies.factory import PolicySpec, build_policy
-    from gym_bridge.policies.remote import ServerUnreachableError
+    from gym_bridge.policies.http import ServerUnreachableError
 
     urls = await _live_base_urls(urls, api_key=api_key, timeout_s=min(args.request_timeout_s, 30.0))
     try:
@@ -107,7 +107,8 @@ async def _served_models_once_up(url: str, *, api_key: str | None, timeout_s: fl
     """`served_models(url)`, asked again every `poll_s` for up to `wait_s` while the connection is refused (a server
     started just before `eval`, as in a pasted script, is still loading its model); says once that it waits.
     Raises what `served_models` raises (ServerUnreachableError once `wait_s` has passed)."""
-    from gym_bridge.policies.remote import ServerUnreachableError, served_models
+    from gym_bridge.policies.http import ServerUnreachableError
+    from gym_bridge.policies.discovery import served_models
 
     deadline = time.monotonic() + wait_s
     said = False
@@ -144,9 +145,8 @@ async def _matching_tokenizer(base_url: str, path: str, *, model: str, api_key: 
     """The tokenizer in `path`, checked against the server's `/tokenize` on a probe text (skipped when the
     server has none). It is loaded without transformers (fast start) unless that one disagrees with the
     server, or cannot be checked and its class is one transformers rebuilds in code."""
-    from gym_bridge.policies.discovery import TOKENIZER_PROBE
-    from gym_bridge.policies.remote import load_tokenizer, served_token_ids
-    from gym_bridge.policies.tokenizer import GENERIC_TOKENIZER_CLASSES
+    from gym_bridge.policies.discovery import TOKENIZER_PROBE, served_token_ids
+    from gym_bridge.policies.tokenizer import GENERIC_TOKENIZER_CLASSES, load_tokenizer
 
     loaded = load_tokenizer(path)
     served = await served_token_ids(base_url, TOKENIZER_PROBE, model=model, api_key=api_key) if server_up else None
@@ -262,7 +262,7 @@ def _warn_admission(args: argparse.Namespace, engine: Any) -> None:
 
 
 def _ray_options(args: argparse.Namespace) -> Any:
-    from gym_bridge.scale.ray_runner import RayOptions
+    from gym_bridge.scale.ray_cluster import RayOptions
 
     return RayOptions(address=None if args.ray == "local" else args.ray, num_workers=args.ray_workers, max_retries=args.ray_max_retries,
                       connect_timeout_s=args.ray_connect_timeout_s)
@@ -273,7 +273,7 @@ async def _live_base_urls(urls: list[str], *, api_key: str | None, timeout_s: fl
     caller then reports the first one's error); says which ones are left out."""
     if len(urls) < 2:
         return urls
-    from gym_bridge.policies.remote import served_models
+    from gym_bridge.policies.discovery import served_models
     from gym_bridge.policies.router import live_replicas
 
     live, dead = await live_replicas(urls, lambda url: served_models(url, api_key=api_key, timeout_s=timeout_s))

@@ -18,17 +18,15 @@ from typing import TYPE_CHECKING, Any, Coroutine, Protocol, Sequence
 from gym_bridge.core.bounded.call import call_bounded, call_environment
 from gym_bridge.core.bounded.deadline import RolloutDeadline
 from gym_bridge.core.environment import Environment, ToolError, ToolSpec
-from gym_bridge.core.errors import AbortedCall, classify
-from gym_bridge.core.errors import FailRollout as FailRollout
-from gym_bridge.core.errors import RolloutFailure as RolloutFailure  # the old name, for who imports it from here
+from gym_bridge.core.errors import AbortedCall, classify, FailRollout
 from gym_bridge.core.items import function_call_output_item
 from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn
 from gym_bridge.core.policy import ChatPolicy, Generation, Policy, SamplingParams
 from gym_bridge.core.record import LoopFinish
 from gym_bridge.core.task import Task
-from gym_bridge.core.template.chat_template import ChatTemplate, ToolOutput
+from gym_bridge.core.template.chat_template import ChatTemplate
+from gym_bridge.core.template.messages import ToolOutput
 from gym_bridge.core.trajectory import Trajectory
-from gym_bridge.core.transcript import OFF_LOOP_TOKENIZE_CHARS as OFF_LOOP_TOKENIZE_CHARS
 from gym_bridge.core.transcript import TOKENIZE_TIMEOUT_S, Transcript
 
 if TYPE_CHECKING:

@@ -20,9 +20,7 @@ from typing import Any, Awaitable, Callable, ClassVar, Mapping
 
 import pydantic
 
-from gym_bridge.core.errors import FAILURE_KINDS as FAILURE_KINDS
-from gym_bridge.core.errors import FailureKind as FailureKind
-from gym_bridge.core.errors import RolloutError
+from gym_bridge.core.errors import FailureKind, RolloutError
 from gym_bridge.core.items import Item
 from gym_bridge.core.journal import ResumeKind
 from gym_bridge.core.task import Task

@@ -106,9 +106,6 @@ class FailRollout(RolloutError):
         return self.failure_kind
 
 
-RolloutFailure = FailRollout
-"""`FailRollout`'s name before issue 29; environments written against it keep working."""
-
 
 class BackendError(RolloutError):
     """The generation backend failed (transport, server error, crash); the rollout fails as `infra`."""

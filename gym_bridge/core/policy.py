@@ -15,11 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Protocol, Sequence, TypeGuard, TypeVar, runtime_checkable
 
-from gym_bridge.core.conversation import FinishReason as FinishReason
-from gym_bridge.core.conversation import Message
-from gym_bridge.core.errors import BackendAnswerError, BackendError as BackendError
-from gym_bridge.core.errors import ContextOverflowError as ContextOverflowError
-from gym_bridge.core.errors import TokenPolicyRequiredError as TokenPolicyRequiredError
+from gym_bridge.core.conversation import FinishReason, Message
+from gym_bridge.core.errors import BackendAnswerError, TokenPolicyRequiredError
 
 LogprobsMode = Literal["raw", "processed"]
 """`raw`: log-softmax of the model's logits. `processed`: log-softmax of the logits divided by the

@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
-from gym_bridge.core.environment import FailureKind
+from gym_bridge.core.errors import FailureKind
 from gym_bridge.core.items import Item
-from gym_bridge.core.task import RECORD_FIELDS, Task
+from gym_bridge.core.task import Task
 from gym_bridge.core.trajectory import TokenView
 
-__all__ = ["RECORD_FIELDS", "LoopFinish", "RolloutFinish", "RolloutRecord"]
+__all__ = ["LoopFinish", "RolloutFinish", "RolloutRecord"]
 
 LoopFinish = Literal["answer", "max_turns", "length", "budget"]
 """How an agent loop ended a rollout: `answer`, `max_turns`, `length` (a model call hit its token

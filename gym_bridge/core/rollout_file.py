@@ -21,8 +21,7 @@ import orjson
 
 from gym_bridge.core import lock_file
 from gym_bridge.core.errors import DataError, UserError
-from gym_bridge.core.record import RECORD_FIELDS
-from gym_bridge.core.task import Task
+from gym_bridge.core.task import RECORD_FIELDS, Task
 
 
 _ORJSON_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY

@@ -63,6 +63,3 @@ def _text_message(message: Mapping[str, str]) -> Message:
         return {"role": "assistant", "content": content}
     raise ConfigError(f"a TextModel is asked with system, user and assistant messages, not {role!r}")
 
-
-HelperModel = TextModel
-"""`TextModel`'s name before issue 29; environments written against it keep working."""

@@ -8,9 +8,9 @@ family's own parser instead (`gym_bridge.core.template.parsers`), and so do serv
 from __future__ import annotations
 
 from gym_bridge.core.template.parsers import REASONING_PARSERS, TOOL_PARSERS, TurnParser
-from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn
+from gym_bridge.core.template.parsers.call import ParsedTurn
 
-__all__ = ["ParsedCall", "ParsedTurn", "parse_turn"]
+__all__ = ["parse_turn"]
 
 _HERMES = TurnParser(tool=TOOL_PARSERS["hermes"], reasoning=REASONING_PARSERS["qwen3"])
 _JSON = TurnParser(tool=TOOL_PARSERS["llama3_json"], reasoning=REASONING_PARSERS["qwen3"])

@@ -38,7 +38,7 @@ class TrainingRow:
     masked: bool
     """Out of the loss and the group baseline (a failure, or a sample the verifier masked)."""
     failure_kind: str | None
-    """Why the rollout failed (see `core.environment.FAILURE_KINDS`); None when it did not."""
+    """Why the rollout failed (see `core.errors.FAILURE_KINDS`); None when it did not."""
     env_name: str
     turns: int
     tool_calls: int

@@ -28,7 +28,8 @@ from gym_bridge.core.items import (POLICY_VERSION_FIELD, TOKEN_FIELDS, Item, fun
 from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn
 from gym_bridge.core.policy import CallTokens, ChatPolicy, ChatRequest, ChatTurn, Generation, GenerationRequest, Policy, SamplingParams, is_token_policy
 from gym_bridge.core.task import Task
-from gym_bridge.core.template.chat_template import ChatTemplate, ToolOutput
+from gym_bridge.core.template.chat_template import ChatTemplate
+from gym_bridge.core.template.messages import ToolOutput
 from gym_bridge.core.toolcall import parse_turn
 from gym_bridge.core.trajectory import TokenView, Trajectory, extends, first_difference
 

@@ -18,9 +18,9 @@ from typing import Any
 import pydantic
 
 from gym_bridge.core.agent_loop import capped_output
-from gym_bridge.core.bounded.call import call_environment, describe_error
+from gym_bridge.core.bounded.call import call_environment
+from gym_bridge.core.errors import describe_error, ConfigError, DataError
 from gym_bridge.core.environment import Environment, ToolError, to_verify_result
-from gym_bridge.core.errors import ConfigError, DataError
 from gym_bridge.core.items import Item, function_call_item, function_call_output_item, message_item
 from gym_bridge.core.registry import get_environment
 from gym_bridge.core.task import Task, iter_jsonl, parse_task

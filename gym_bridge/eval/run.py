@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Iterable, Protocol, Sequence
 
-from gym_bridge.core.bounded.call import call_environment, describe_error
+from gym_bridge.core.bounded.call import call_environment
+from gym_bridge.core.errors import describe_error, ConfigError, DataError, UnknownEnvironmentError, classify
 from gym_bridge.core.engine import Engine, call_step, ensure_ready, ready_tasks, verify_output
 from gym_bridge.core.environment import Environment
-from gym_bridge.core.errors import ConfigError, DataError, UnknownEnvironmentError, classify
 from gym_bridge.core.journal import RunFingerprint, RunJournal, journal_dir_for
 from gym_bridge.core.health import HealthSettings, ToolCallAlarm, tool_call_health
 from gym_bridge.core.metrics import summarize

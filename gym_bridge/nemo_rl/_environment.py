@@ -26,7 +26,8 @@ from gym_bridge.verl._data import row_from_columns
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.dialects.template_view import task_template_messages
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
-from gym_bridge.core.environment import FAILURE_KINDS, Environment
+from gym_bridge.core.environment import Environment
+from gym_bridge.core.errors import FAILURE_KINDS, ConfigError, DataError
 from gym_bridge.core.dialects.responses import final_text
 from gym_bridge.core.policy import ChatRequest, ChatTurn
 from gym_bridge.core.record import RolloutRecord
@@ -34,8 +35,7 @@ from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.task import Task, parse_task
 from gym_bridge.core.template.chat_template import ChatTemplate, ToolFormat
 from gym_bridge.core.template.check import check_append_only
-from gym_bridge.core.errors import ConfigError, DataError
-from gym_bridge.policies.remote import RequestTimeoutError
+from gym_bridge.policies.http import RequestTimeoutError
 
 try:  # NeMo RL is not on the package index; its classes are used when it is installed
     from nemo_rl.environments.interfaces import EnvironmentInterface as _Interface
@@ -123,7 +123,7 @@ class GymBridgeEnvironment(_Interface):  # type: ignore[misc]  # nemo_rl's base 
     def __init__(self, config: Mapping[str, Any] | None = None, *, tokenizer: Any = None) -> None:
         config = dict(config or {})
         if tokenizer is None:
-            from gym_bridge.policies.remote import load_tokenizer
+            from gym_bridge.policies.tokenizer import load_tokenizer
 
             if not config.get("tokenizer"):
                 raise ConfigError("GymBridgeEnvironment needs config['tokenizer']: the policy's tokenizer path")

@@ -26,7 +26,6 @@ _HOMES = {
     "VLLMEnginePolicy": "gym_bridge.policies.vllm_engine",
     "TransformersPolicy": "gym_bridge.policies.transformers",
     "load_text_model": "gym_bridge.policies.text_model",
-    "load_helper_model": "gym_bridge.policies.text_model",  # load_text_model's old name, not in __all__
     "embedded_model_path": "gym_bridge.policies.embedded",
     "load_embedded_model": "gym_bridge.policies.embedded",
     "load_embedded_tokenizer": "gym_bridge.policies.embedded",

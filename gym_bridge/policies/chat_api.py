@@ -24,9 +24,9 @@ from typing import Any, Literal
 
 from gym_bridge.core.dialects.chat import chat_request, chat_turn_from_completion
 from gym_bridge.core.dialects.responses import chat_turn_from_response, responses_request
-from gym_bridge.core.policy import ChatRequest, ChatTurn, ContextOverflowError, SamplingParams
+from gym_bridge.core.policy import ChatRequest, ChatTurn, SamplingParams
+from gym_bridge.core.errors import ContextOverflowError, BackendAnswerError, MissingExtraError
 from gym_bridge.policies.http import CONTEXT_OVERFLOW_PATTERN, RequestTimeoutError
-from gym_bridge.core.errors import BackendAnswerError, MissingExtraError
 
 ChatApi = Literal["chat", "responses"]
 

@@ -21,7 +21,7 @@ import orjson
 from yarl import URL
 
 from gym_bridge.core.dialects.completions import preview
-from gym_bridge.core.policy import BackendError
+from gym_bridge.core.errors import BackendError
 
 if TYPE_CHECKING:
     import httpx

@@ -37,25 +37,20 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from yarl import URL
 
-from gym_bridge.core.dialects.completions import MalformedAnswerError, parse_completion as parse_completion, preview, request_fields
-from gym_bridge.core.errors import BackendAnswerError
-from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest, SamplingParams
-from gym_bridge.policies.discovery import served_models as served_models, served_token_ids as served_token_ids
+from gym_bridge.core.dialects.completions import MalformedAnswerError, parse_completion, preview, request_fields
+from gym_bridge.core.errors import BackendAnswerError, BackendError, ContextOverflowError
+from gym_bridge.core.policy import Generation, GenerationRequest, SamplingParams
 from gym_bridge.policies.http import (
-    CONTEXT_OVERFLOW_PATTERN as CONTEXT_OVERFLOW_PATTERN,
-    KEEPALIVE_S as KEEPALIVE_S,
-    HttpAnswer as HttpAnswer,
+    CONTEXT_OVERFLOW_PATTERN,
     HttpClient,
-    ReplicaLostError as ReplicaLostError,
-    RequestTimeoutError as RequestTimeoutError,
-    ServerUnreachableError as ServerUnreachableError,
+    ReplicaLostError,
+    RequestTimeoutError,
     TransportError,
-    error_message as error_message,
-    normalize_base_url as normalize_base_url,
+    error_message,
+    normalize_base_url,
     retry_after_s,
 )
 from gym_bridge.policies.router import ReplicaRouter
-from gym_bridge.policies.tokenizer import LoadedTokenizer as LoadedTokenizer, load_tokenizer as load_tokenizer
 
 if TYPE_CHECKING:
     import httpx

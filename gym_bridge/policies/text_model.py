@@ -21,7 +21,6 @@ from gym_bridge.policies.factory import PolicySpec, build_policy
 
 TEXT_MODEL_APIS = ("completions", "chat", "responses")
 """How a TextModel behind a server is spoken to (`load_text_model(api=...)`)."""
-HELPER_APIS = TEXT_MODEL_APIS  # TEXT_MODEL_APIS's old name (before issue 29)
 _loading = threading.Lock()
 
 
@@ -86,6 +85,3 @@ def _load(
                                      vocab_size=len(loaded.tokenizer)))
     return TextModel(remote, ChatTemplate(loaded.tokenizer, eos_token_ids=loaded.eos_token_ids), sampling)
 
-
-load_helper_model = load_text_model
-"""`load_text_model`'s name before issue 29."""

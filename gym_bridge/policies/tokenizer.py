@@ -33,7 +33,7 @@ class TokenizerLoadError(UserError):
 
 
 class LightTokenizer:
-    """What gym_bridge needs of a tokenizer (`gym_bridge.core.template.chat_template.Tokenizer`) and a little more."""
+    """What gym_bridge needs of a tokenizer (`gym_bridge.core.template.codec.Tokenizer`) and a little more."""
 
     def __init__(self, backend: Tokenizer, *, config: dict[str, Any], chat_template: str | dict[str, str] | None,
                  generation_eos_ids: Sequence[int] = (), name_or_path: str = "") -> None:

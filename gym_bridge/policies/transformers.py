@@ -35,15 +35,14 @@ from transformers import (
 )
 
 from gym_bridge.core.policy import (
-    ContextOverflowError,
-    FinishReason,
     Generation,
     GenerationRequest,
     SamplingParams,
 )
-from gym_bridge.core.template.chat_template import Tokenizer
+from gym_bridge.core.errors import ContextOverflowError, BackendClosedError
+from gym_bridge.core.conversation import FinishReason
+from gym_bridge.core.template.codec import Tokenizer
 from gym_bridge.policies.batcher import Batcher, GatherRule, Waiting
-from gym_bridge.core.errors import BackendClosedError
 
 UTF8_MAX_BYTES_PER_CHAR = 4
 

@@ -19,8 +19,8 @@ import os
 import threading
 from typing import Any
 
-from gym_bridge.core.errors import BackendAnswerError, MissingDependencyError, MissingExtraError
-from gym_bridge.core.policy import BackendError, ContextOverflowError, Generation, GenerationRequest, SamplingParams
+from gym_bridge.core.errors import BackendAnswerError, MissingDependencyError, MissingExtraError, BackendError, ContextOverflowError
+from gym_bridge.core.policy import Generation, GenerationRequest, SamplingParams
 from gym_bridge.policies.batcher import Batcher, GatherRule, Waiting
 from gym_bridge.policies.http import CONTEXT_OVERFLOW_PATTERN
 

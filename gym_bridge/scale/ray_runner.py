@@ -10,7 +10,7 @@ NAME.ray_resources=...`: `num_cpus`, `num_gpus`, `memory` in bytes, and custom o
 and its actor `max_concurrency` are set explicitly (never Ray's default of 1000 async calls) and
 stated at start. A worker that dies loses only its groups in flight: Ray restarts it, and those
 groups run again up to `max_retries` times, then end as `infra` failure records. Reaching the
-cluster is `ray_cluster`'s, the worker actor `ray_worker`'s; their names still import from here.
+cluster is `ray_cluster`'s, the worker actor `ray_worker`'s; their names import from there.
 """
 
 from __future__ import annotations
@@ -35,14 +35,10 @@ from gym_bridge.core.trajectory import Trajectory
 from gym_bridge.policies.router import merge_stats
 from gym_bridge.scale import admission
 from gym_bridge.scale.ray_cluster import (
-    INSTALL_HINT as INSTALL_HINT,
-    RayOptions as RayOptions,
-    check_reachable as check_reachable,
-    connect as connect,
-    import_ray as import_ray,
-    preflight as preflight,
+    RayOptions,
+    connect,
 )
-from gym_bridge.scale.ray_worker import JournalSpec as JournalSpec, RemoteEngineFactory as RemoteEngineFactory, RolloutWorker
+from gym_bridge.scale.ray_worker import JournalSpec, RolloutWorker
 
 RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory")
 """Keys of `ray_resources` that are Ray's own actor options; every other key is a custom resource."""

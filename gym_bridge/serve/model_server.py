@@ -43,8 +43,8 @@ from gym_bridge.core.dialects.chat import MAX_CHOICES, ApiError, ChatBody, Messa
 from gym_bridge.core.dialects.completions import CompletionBody, completion_logprobs
 from gym_bridge.core.dialects.template_view import template_messages
 from gym_bridge.serve.disconnect import ClientDisconnected, unless_disconnected
-from gym_bridge.core.errors import SetupError
-from gym_bridge.core.policy import ContextOverflowError, Generation, GenerationRequest, LogprobsMode, SamplingParams
+from gym_bridge.core.errors import SetupError, ContextOverflowError
+from gym_bridge.core.policy import Generation, GenerationRequest, LogprobsMode, SamplingParams
 from gym_bridge.core.template.chat_template import ChatTemplate
 from gym_bridge.core.transcript import answer_message
 

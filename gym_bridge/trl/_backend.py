@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from gym_bridge.core.loop_thread import LoopThread
 from gym_bridge.core.engine import EngineConfig
-from gym_bridge.core.errors import ConfigError, MissingExtraError, SetupError
-from gym_bridge.core.policy import BackendError, Policy, require_token_policy
+from gym_bridge.core.errors import ConfigError, MissingExtraError, SetupError, BackendError
+from gym_bridge.core.policy import Policy, require_token_policy
 from gym_bridge.core.template.chat_template import ChatTemplate
 
 if TYPE_CHECKING:
@@ -99,7 +99,8 @@ def on_ray(options: RolloutOptions, backend: BackendName, policy: Any, template:
     if backend != "vllm_server":
         raise ConfigError("RolloutOptions(ray=...) needs GRPOConfig(use_vllm=True, vllm_mode='server'): Ray workers "
                          "generate on the vLLM servers, not with the trainer's own model or engine")
-    from gym_bridge.scale.ray_runner import RayRollouts, RemoteEngineFactory
+    from gym_bridge.scale.ray_runner import RayRollouts
+    from gym_bridge.scale.ray_worker import RemoteEngineFactory
 
     factory = RemoteEngineFactory(server_policy_spec(options, base_urls=policy.base_urls, model=policy.model,
                                                     vocab_size=policy.vocab_size), template, config)
@@ -118,7 +119,7 @@ def release_policy(policy: Any) -> None:
 
 def _served_model(base_url: str, *, timeout_s: float) -> str:
     """The name of the model a vLLM server serves (`GET /v1/models`); raises GymBridgeError if unreachable."""
-    from gym_bridge.policies.remote import served_models
+    from gym_bridge.policies.discovery import served_models
 
     try:
         models = LOOP.run(served_models(base_url, timeout_s=timeout_s))

@@ -12,7 +12,7 @@ from gym_bridge.core.policy import Policy
 from gym_bridge.core.record import RolloutRecord
 
 if TYPE_CHECKING:
-    from gym_bridge.scale.ray_runner import RayOptions
+    from gym_bridge.scale.ray_cluster import RayOptions
 
 
 @dataclass(frozen=True)

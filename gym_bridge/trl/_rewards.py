@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gym_bridge.core.environment import FAILURE_KINDS
-from gym_bridge.core.errors import ConfigError
+from gym_bridge.core.errors import FAILURE_KINDS, ConfigError
 
 __all__ = ["env_reward", "reward_metrics"]
 

@@ -25,12 +25,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gym_bridge.trl._async import AsyncRolloutWorker as AsyncRolloutWorker
-from gym_bridge.trl._async import AsyncWorkerSettings as AsyncWorkerSettings
-from gym_bridge.trl._options import RolloutOptions as RolloutOptions
+from gym_bridge.trl._options import RolloutOptions
 from gym_bridge.trl._backend import LOOP, BackendName, generation_context, on_ray, pick_backend, release_policy
-from gym_bridge.trl._dataset import REGISTRY, example_data_paths, key_from_prompt, load_dataset
-from gym_bridge.trl._rewards import env_reward, reward_metrics
+from gym_bridge.trl._dataset import REGISTRY, key_from_prompt
 from gym_bridge.trl._step_journal import StepJournal
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.training_row import TrainingRow, to_training_row
@@ -49,10 +46,7 @@ from gym_bridge.core.template.chat_template import ChatTemplate
 if TYPE_CHECKING:
     from gym_bridge.scale.ray_runner import RayRollouts
 
-__all__ = [
-    "AsyncRolloutWorker", "AsyncWorkerSettings", "RolloutOptions", "TRLRollout", "env_reward", "example_data_paths", "load_dataset", "make_rollout",
-    "reward_metrics", "rollout", "to_trl_batch",
-]
+__all__ = ["TRLRollout", "make_rollout", "rollout", "to_trl_batch"]
 
 logger = logging.getLogger(__name__)
 

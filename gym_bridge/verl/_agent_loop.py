@@ -24,13 +24,14 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
-from gym_bridge.verl._data import AGENT_LOOP_CONFIG, AGENT_NAME, ROW_COLUMN, check_verl_files, plain, task_from_columns
+from gym_bridge.verl._data import check_verl_files, plain, task_from_columns
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.training_row import to_training_row
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
-from gym_bridge.core.errors import BackendAnswerError, ConfigError, GenerationAbortedError, MissingExtraError
+from gym_bridge.core.errors import BackendAnswerError, ConfigError, GenerationAbortedError, MissingExtraError, ContextOverflowError
 from gym_bridge.core.health import HealthSettings, ToolCallAlarm
-from gym_bridge.core.policy import ContextOverflowError, FinishReason, Generation, GenerationRequest, SamplingParams
+from gym_bridge.core.policy import Generation, GenerationRequest, SamplingParams
+from gym_bridge.core.conversation import FinishReason
 from gym_bridge.core.record import RolloutRecord, with_train_step
 from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.rollout_file import RolloutWriter
@@ -44,8 +45,7 @@ except ImportError as error:  # verl, or what its agent loop imports without dec
     raise MissingExtraError(f"gym_bridge.verl needs verl 0.9.1: pip install 'gym-bridge[verl]' ({error})") from None
 
 __all__ = [
-    "AGENT_LOOP_CONFIG", "AGENT_NAME", "REWARD_EXTRA_KEYS", "ROW_COLUMN", "GymBridgeAgentLoop", "GymBridgeDataset", "RolloutSlots",
-    "VerlServerPolicy", "repeat_index", "to_agent_loop_output",
+    "REWARD_EXTRA_KEYS", "GymBridgeAgentLoop", "GymBridgeDataset", "RolloutSlots", "VerlServerPolicy", "repeat_index", "to_agent_loop_output",
 ]
 
 REWARD_EXTRA_KEYS = (

@@ -16,7 +16,8 @@ from environments.harness_example import HarnessExampleEnvironment
 from gym_bridge.capture import HarnessEnvironment
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig
-from gym_bridge.core.policy import BackendError, ContextOverflowError, ScriptedPolicy, SamplingParams
+from gym_bridge.core.policy import ScriptedPolicy, SamplingParams
+from gym_bridge.core.errors import BackendError, ContextOverflowError
 from gym_bridge.core.task import load_tasks, parse_task
 
 EXAMPLE = Path(__file__).parents[2] / "environments" / "harness_example" / "data" / "example.jsonl"

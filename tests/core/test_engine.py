@@ -10,7 +10,8 @@ import pytest
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.environment import Environment
-from gym_bridge.core.policy import BackendError, ContextOverflowError, ScriptedPolicy
+from gym_bridge.core.policy import ScriptedPolicy
+from gym_bridge.core.errors import BackendError, ContextOverflowError
 from gym_bridge.core.registry import register
 from gym_bridge.core.task import parse_task
 from tests.support.invariants import assert_token_invariants

@@ -76,16 +76,13 @@ def test_every_error_derives_from_gym_bridge_error_on_exactly_one_branch():
     assert len(private) <= 4  # remote.py's retry signal, offload's stale worker: the few that never leave their module
 
 
-def test_the_user_errors_and_rollout_errors_importable_from_their_old_places_are_the_tree_s():
-    from gym_bridge.core.agent_loop import FailRollout as loop_failure
-    from gym_bridge.core.bounded.call import AbortedCall as bounded_aborted
-    from gym_bridge.core.environment import FailureKind, ToolError
-    from gym_bridge.core.policy import BackendError as policy_backend
-    from gym_bridge.core.policy import TokenPolicyRequiredError
+def test_the_user_errors_and_rollout_errors_are_the_tree_s():
+    """Each imports from its home only (issue 37: the old places no longer re-export them; tests/test_imports_lint.py)."""
+    from gym_bridge.core.environment import ToolError
+    from gym_bridge.core.errors import FailureKind, TokenPolicyRequiredError
     from gym_bridge.policies.embedded import EmbeddedModelUnavailableError
 
-    assert (loop_failure, bounded_aborted, policy_backend) == (FailRollout, AbortedCall, BackendError)
-    assert FailureKind is gym_bridge.FailureKind
+    assert FailureKind is gym_bridge.FailureKind and gym_bridge.BackendError is BackendError
     assert issubclass(ToolError, RolloutError) and ToolError.failure_kind == "env"
     assert issubclass(TokenPolicyRequiredError, UserError) and issubclass(TokenPolicyRequiredError, TypeError)
     assert issubclass(EmbeddedModelUnavailableError, UserError)  # a missing extra: the CLI exits 2 with the hint
@@ -183,12 +180,12 @@ def test_only_leaf_error_classes_are_raised():
     assert raised == []
 
 
-def test_fail_rollout_s_old_name_still_imports():
-    """`RolloutFailure` was renamed `FailRollout` (issue 29 item 7: one name beside the `RolloutError` family);
-    environments written against the old name keep working, and only the new one is in `__all__`."""
-    import gym_bridge
-    from gym_bridge import RolloutFailure as from_package
-    from gym_bridge.core.agent_loop import RolloutFailure as from_loop
+def test_fail_rollout_s_old_name_is_gone():
+    """`FailRollout` was renamed in issue 29 item 7 (one name beside the `RolloutError` family); its old name went in
+    issue 37 (0.1.0 promises no deprecation period), from the package, core.errors and core.agent_loop."""
+    from gym_bridge.core import agent_loop, errors
+    from tests.test_imports_lint import OLD_NAMES
 
-    assert from_package is from_loop is FailRollout
-    assert "FailRollout" in gym_bridge.__all__ and "RolloutFailure" not in gym_bridge.__all__
+    [old] = [name for name, new in OLD_NAMES.items() if new == "FailRollout"]
+    assert [module.__name__ for module in (gym_bridge, errors, agent_loop) if hasattr(module, old)] == []
+    assert gym_bridge.FailRollout is FailRollout and "FailRollout" in gym_bridge.__all__

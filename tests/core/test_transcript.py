@@ -142,7 +142,7 @@ def test_the_starter_picks_the_transcript_once_by_policy_kind(template):
 
 
 def test_a_token_transcript_refuses_what_does_not_fit_and_appends_nothing(template):
-    from gym_bridge.core.template.chat_template import ToolOutput
+    from gym_bridge.core.template.messages import ToolOutput
     from gym_bridge.core.trajectory import Trajectory
 
     task = parse_task({"responses_create_params": {"input": "Hi"}, "environment": "transcript_lookup"}, index=0)

@@ -13,17 +13,15 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.policy import (
-    BackendError,
     ChatRequest,
-    ContextOverflowError,
     SamplingParams,
     ScriptedPolicy,
-    TokenPolicyRequiredError,
     require_token_policy,
 )
+from gym_bridge.core.errors import BackendError, ContextOverflowError, TokenPolicyRequiredError
 from gym_bridge.core.task import parse_task
-from gym_bridge.core.dialects.responses import from_chat_messages
-from gym_bridge.policies.chat_api import ChatAPIPolicy, chat_turn_from_response
+from gym_bridge.core.dialects.responses import from_chat_messages, chat_turn_from_response
+from gym_bridge.policies.chat_api import ChatAPIPolicy
 from tests.support.http_server import app_in_thread
 from tests.support.invariants import assert_token_invariants
 

@@ -17,9 +17,11 @@ import pytest
 
 from gym_bridge.cli import main
 from gym_bridge.core.engine import Engine, EngineConfig
-from gym_bridge.core.policy import BackendError, GenerationRequest, SamplingParams
+from gym_bridge.core.policy import GenerationRequest, SamplingParams
+from gym_bridge.core.errors import BackendError
 from gym_bridge.core.task import parse_task
-from gym_bridge.policies.remote import RemotePolicy, ReplicaLostError
+from gym_bridge.policies.remote import RemotePolicy
+from gym_bridge.policies.http import ReplicaLostError
 from gym_bridge.policies.router import ReplicaRouter, merge_stats
 from tests.scale.stub_replicas import stub_replicas
 

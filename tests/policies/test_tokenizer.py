@@ -12,7 +12,8 @@ from tokenizers import Regex, normalizers, pre_tokenizers
 
 from gym_bridge.core.template.render import prepared_messages
 from gym_bridge.core.task import load_tasks
-from gym_bridge.core.template.chat_template import ChatTemplate, ToolOutput
+from gym_bridge.core.template.chat_template import ChatTemplate
+from gym_bridge.core.template.messages import ToolOutput
 from gym_bridge.core.template.check import check_append_only
 from gym_bridge.policies.embedded import embedded_model_path
 from gym_bridge.core.template.piece_encoder import _AFTER_NEWLINE, _BEFORE_LAST_NEWLINE, _Splitter
@@ -169,13 +170,13 @@ def test_the_chat_templates_piece_cache_gives_the_ids_of_a_whole_encode(smol_tok
 
 def test_one_load_tokenizer_for_the_whole_package(light):
     """Issue 29: a tokenizer folder is loaded one way. `load_tokenizer` is defined once (policies/tokenizer.py) and
-    the old import path (`gym_bridge.policies.remote`) gives that same function."""
+    the old import path (`gym_bridge.policies.remote`) no longer gives it (issue 37: imports point at the home)."""
     from gym_bridge.policies import remote, tokenizer
 
     defined = [path.relative_to(ROOT).as_posix() for path in (ROOT / "gym_bridge").rglob("*.py")
                if "def load_tokenizer(" in path.read_text(encoding="utf-8")]
     assert defined == ["gym_bridge/policies/tokenizer.py"]
-    assert remote.load_tokenizer is tokenizer.load_tokenizer and remote.LoadedTokenizer is tokenizer.LoadedTokenizer
+    assert not hasattr(remote, "load_tokenizer") and not hasattr(remote, "LoadedTokenizer")
     loaded = tokenizer.load_tokenizer(str(embedded_model_path()))
     assert loaded.light and isinstance(loaded.tokenizer, LightTokenizer)
     assert loaded.eos_token_ids == light.eos_token_ids and loaded.tokenizer.encode("Seattle") == light.encode("Seattle")

@@ -18,13 +18,12 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
 
 from gym_bridge.core.policy import (
-    BackendError,
-    ContextOverflowError,
     Generation,
     GenerationRequest,
     Policy,
     SamplingParams,
 )
+from gym_bridge.core.errors import BackendError, ContextOverflowError
 from gym_bridge.policies.transformers import TransformersPolicy, stop_string_end
 
 EOS_ID = 1

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import pytest
 
 from gym_bridge.core.engine import Engine, EngineConfig
-from gym_bridge.core.errors import MissingDependencyError
-from gym_bridge.core.policy import BackendError, ContextOverflowError, GenerationRequest, SamplingParams
+from gym_bridge.core.errors import MissingDependencyError, BackendError, ContextOverflowError
+from gym_bridge.core.policy import GenerationRequest, SamplingParams
 from gym_bridge.core.task import parse_task
 from gym_bridge.policies.vllm_engine import VLLMEnginePolicy
 from tests.support.invariants import assert_token_invariants

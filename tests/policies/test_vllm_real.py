@@ -10,7 +10,8 @@ import asyncio
 import pytest
 
 from gym_bridge.core.engine import Engine, EngineConfig
-from gym_bridge.core.policy import ContextOverflowError, GenerationRequest, SamplingParams
+from gym_bridge.core.policy import GenerationRequest, SamplingParams
+from gym_bridge.core.errors import ContextOverflowError
 from gym_bridge.core.task import parse_task
 from tests.support.invariants import assert_token_invariants
 from tests.support.vllm_engine import MAX_MODEL_LEN, close_vllm_engine, new_vllm_engine

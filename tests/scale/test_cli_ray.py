@@ -93,7 +93,7 @@ def test_a_port_that_is_no_ray_head_fails_within_the_connect_timeout(tmp_path, c
 
 def test_a_real_ray_head_passes_the_check():
     ray = pytest.importorskip("ray")
-    from gym_bridge.scale.ray_runner import check_reachable
+    from gym_bridge.scale.ray_cluster import check_reachable
 
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:

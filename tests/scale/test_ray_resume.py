@@ -49,7 +49,7 @@ class _Killed(BaseException):
 def test_a_group_sent_again_continues_on_another_worker_from_its_committed_turns(tmp_path):
     from ray import cloudpickle
 
-    from gym_bridge.scale.ray_runner import JournalSpec, RolloutWorker
+    from gym_bridge.scale.ray_worker import JournalSpec, RolloutWorker
 
     tasks = _tasks(1)
     baseline_log, log = tmp_path / "baseline.calls", tmp_path / "calls"
@@ -89,7 +89,7 @@ def test_a_worker_that_does_not_see_the_journal_directory_is_refused(tmp_path):
     from ray import cloudpickle
 
     from gym_bridge.core.journal import JournalError
-    from gym_bridge.scale.ray_runner import RolloutWorker
+    from gym_bridge.scale.ray_worker import RolloutWorker
 
     worker = RolloutWorker(cloudpickle.dumps(TurnEngine(str(tmp_path / "calls"), TURNS)), [])
     assert "does not see the journal directory" in str(worker.journal_visible(str(tmp_path / "elsewhere")))
@@ -100,7 +100,8 @@ def test_a_worker_that_does_not_see_the_journal_directory_is_refused(tmp_path):
 @pytest.mark.ray
 @pytest.mark.slow  # about 90 s with a local Ray cluster; by default: the in-process test above covers the mechanism
 def test_a_killed_ray_worker_s_episodes_continue_on_another_worker(tmp_path):
-    from gym_bridge.scale.ray_runner import RayOptions, RayRollouts, wait_for_workers
+    from gym_bridge.scale.ray_runner import RayRollouts, wait_for_workers
+    from gym_bridge.scale.ray_cluster import RayOptions
 
     os.environ.setdefault("PYTHONPATH", os.getcwd())
     ray.init(address="local", num_cpus=2, object_store_memory=100 * 1024**2, include_dashboard=False, log_to_driver=False,

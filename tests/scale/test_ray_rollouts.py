@@ -13,7 +13,8 @@ import pytest
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.errors import GymBridgeError
 from gym_bridge.eval.run import run_eval, select_tasks
-from gym_bridge.scale.ray_runner import RayOptions, RayRollouts, wait_for_workers
+from gym_bridge.scale.ray_runner import RayRollouts, wait_for_workers
+from gym_bridge.scale.ray_cluster import RayOptions
 from tests.scale.engines import ScriptedEngine, policy_settings, scripted_policy
 
 ray = pytest.importorskip("ray")
@@ -141,7 +142,7 @@ def test_trainer_path_workers_generate_on_the_replicas_with_affinity(smol_templa
     """What `RolloutOptions(ray=...)` runs: workers rebuilding the trainer's engine over its vLLM servers
     (stub replicas here); a batch's pairs come back in order, a task's repeats on one worker."""
     from gym_bridge.policies.factory import PolicySpec
-    from gym_bridge.scale.ray_runner import RemoteEngineFactory
+    from gym_bridge.scale.ray_worker import RemoteEngineFactory
     from tests.scale.stub_replicas import stub_replicas
 
     tasks = _weather_tasks(4)
@@ -165,7 +166,7 @@ def test_trainer_path_workers_keep_the_trainer_s_request_timeout_and_retries(smo
     worker builds: a replica slower than the timeout fails the rollouts as `infra` on the workers too
     (not after the policy's default of 120 s), and the worker's policy has the driver's settings, the
     tokenizer's size its answers' ids are checked against included."""
-    from gym_bridge.trl._rollout import RolloutOptions
+    from gym_bridge.trl._options import RolloutOptions
     from gym_bridge.trl._backend import on_ray
     from gym_bridge.policies.remote import RemotePolicy
     from tests.scale.stub_replicas import stub_replicas

@@ -11,9 +11,11 @@ import httpx
 import pytest
 
 from gym_bridge.core.engine import Engine, EngineConfig
-from gym_bridge.core.policy import ContextOverflowError, GenerationRequest, SamplingParams
+from gym_bridge.core.policy import GenerationRequest, SamplingParams
+from gym_bridge.core.errors import ContextOverflowError
 from gym_bridge.core.task import parse_task
-from gym_bridge.policies.remote import RemotePolicy, served_models
+from gym_bridge.policies.remote import RemotePolicy
+from gym_bridge.policies.discovery import served_models
 from gym_bridge.policies.transformers import TransformersPolicy
 from gym_bridge.serve.model_server import build_app
 from tests.support.http_server import app_in_thread

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gym_bridge.serve.model_server import ApiError, CompletionBody
+from gym_bridge.core.dialects.chat import ApiError
+from gym_bridge.core.dialects.completions import CompletionBody
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 
-from gym_bridge.trl._rollout import env_reward, make_rollout, reward_metrics
+from gym_bridge.trl._rollout import make_rollout
+from gym_bridge.trl._rewards import env_reward, reward_metrics
 from gym_bridge.trl._dataset import load_dataset
 from gym_bridge.core.health import HealthSettings
 from gym_bridge.core.policy import ScriptedPolicy

@@ -16,12 +16,12 @@ import threading
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Callable
 
-from gym_bridge.core.errors import AbortedCall, RolloutError, describe_error
+from gym_bridge.core.errors import AbortedCall, RolloutError
 
 if TYPE_CHECKING:
     from gym_bridge.core.environment import Environment
 
-__all__ = ["AbortedCall", "StuckCallsError", "call_bounded", "call_environment", "describe_error", "stuck_calls"]
+__all__ = ["StuckCallsError", "call_bounded", "call_environment", "stuck_calls"]
 
 MAX_STUCK_CALLS_PER_OWNER = 64
 """Calls of one owner still running past their timeout before its later calls are refused."""

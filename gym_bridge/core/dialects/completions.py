@@ -16,8 +16,8 @@ import orjson
 from pydantic import Field, StrictInt
 
 from gym_bridge.core.dialects.chat import SamplingBody
-from gym_bridge.core.errors import BackendAnswerError
-from gym_bridge.core.policy import BackendError, Generation, GenerationRequest, SamplingParams
+from gym_bridge.core.errors import BackendAnswerError, BackendError
+from gym_bridge.core.policy import Generation, GenerationRequest, SamplingParams
 
 _TOKEN_ID_PREFIX = "token_id:"
 

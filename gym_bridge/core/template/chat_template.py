@@ -4,7 +4,7 @@ The first prompt is rendered once; after that the stream only grows by sampled i
 deltas, each rendered once per shape on a probe and then filled in by string joins. Earlier turns
 reach the template as a chat server would give them (see `template_profile`), `tools` on every
 render; every template failure is a `TemplateError`. Layer: above `render`, `profile`, `codec`,
-`delta` and `messages`, whose names (`Tokenizer`, `ToolOutput`) still import from here; `check`
+`delta` and `messages` (`Tokenizer`, `ToolOutput` import from `codec`, `messages`); `check`
 (above it) says where streaming is append-only.
 """
 
@@ -18,9 +18,9 @@ import orjson
 from gym_bridge.core.conversation import TemplateMessage
 from gym_bridge.core.dialects.template_view import to_template_tool
 from gym_bridge.core.errors import TemplateError
-from gym_bridge.core.template.codec import TokenCodec, Tokenizer as Tokenizer, special_tokens
+from gym_bridge.core.template.codec import TokenCodec, Tokenizer, special_tokens
 from gym_bridge.core.template.delta import DeltaPlanner
-from gym_bridge.core.template.messages import ToolOutput as ToolOutput, conversation, tool_messages
+from gym_bridge.core.template.messages import ToolOutput, conversation, tool_messages
 from gym_bridge.core.template.parsers import get_reasoning_parser, get_tool_parser, tool_parser_candidates
 from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn
 from gym_bridge.core.template.profile import PROBE_USER, TemplateProfile, assistant_message, build_profile, is_short_id, short_call_id

@@ -16,7 +16,8 @@ import time
 import pytest
 
 from gym_bridge.core.bounded import call as bounded_call
-from gym_bridge.core.bounded.call import AbortedCall, StuckCallsError, call_bounded, describe_error, stuck_calls
+from gym_bridge.core.bounded.call import StuckCallsError, call_bounded, stuck_calls
+from gym_bridge.core.errors import AbortedCall, describe_error
 
 
 @pytest.fixture

@@ -14,7 +14,8 @@ from gym_bridge.core.environment import Environment, VerifyResult, tool
 from gym_bridge.core.policy import SamplingParams, ScriptedPolicy
 from gym_bridge.core.task import parse_task
 from gym_bridge.core.template import piece_encoder
-from gym_bridge.core.template.chat_template import ChatTemplate, ToolOutput
+from gym_bridge.core.template.chat_template import ChatTemplate
+from gym_bridge.core.template.messages import ToolOutput
 from tests.support.lab import call
 
 

@@ -5,7 +5,8 @@ for every family's template and markers, on the first and on repeated calls."""
 import pytest
 
 from gym_bridge import get_environment, load_tasks
-from gym_bridge.core.template.chat_template import ChatTemplate, ToolOutput
+from gym_bridge.core.template.chat_template import ChatTemplate
+from gym_bridge.core.template.messages import ToolOutput
 from tests.support.families import MINI_FAMILIES, REAL_FAMILIES, SHARED_TEMPLATES, family_tokenizer
 
 real_present = pytest.mark.skipif(not SHARED_TEMPLATES.is_dir(), reason=f"real chat templates not found at {SHARED_TEMPLATES}")

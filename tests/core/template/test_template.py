@@ -4,7 +4,8 @@ import pytest
 
 from gym_bridge import Engine, EngineConfig, ScriptedPolicy
 from gym_bridge.core.errors import TemplateError, UnknownParserError
-from gym_bridge.core.template.chat_template import ChatTemplate, ToolOutput
+from gym_bridge.core.template.chat_template import ChatTemplate
+from gym_bridge.core.template.messages import ToolOutput
 from gym_bridge.core.template.check import check_append_only, template_report
 from tests.support.families import MINI_FAMILIES, family_tokenizer
 

@@ -75,12 +75,13 @@ def test_the_checks_see_what_the_layering_removed():
     ]
 
 
-def test_the_template_s_parts_keep_importing_from_chat_template():
-    """Issue 29: chat_template.py held four concepts; `Tokenizer` and `ToolOutput` moved with theirs and still
-    import from chat_template, and a template's deltas and tool messages are those of the moved functions."""
+def test_the_template_s_parts_live_in_their_own_modules():
+    """Issue 29: chat_template.py held four concepts; `Tokenizer` and `ToolOutput` moved with theirs (issue 37: users
+    import them from there, pinned by tests/test_imports_lint.py), and a template's deltas and tool messages are those
+    of the moved functions."""
     from gym_bridge.core.template import chat_template, codec, delta, messages
 
-    assert chat_template.Tokenizer is codec.Tokenizer and chat_template.ToolOutput is messages.ToolOutput
+    assert codec.Tokenizer.__module__ == "gym_bridge.core.template.codec" and messages.ToolOutput.__module__ == "gym_bridge.core.template.messages"
     assert chat_template.ChatTemplate.__module__ == "gym_bridge.core.template.chat_template"
     assert {"DeltaPlanner", "DeltaPlan"} <= set(vars(delta)) and "_DeltaPlan" not in vars(chat_template)
     assert [name for name in ("_plan", "_render_delta", "_transform", "_previous_turn") if hasattr(chat_template.ChatTemplate, name)] == []
