@@ -1,0 +1,65 @@
+"""Shared by the BFCL tests: rows straight from the installed bfcl-eval, and BFCL's reference answers replayed
+through the real engine with a scripted policy (the embedded model's tokenizer and chat template)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from environments.bfcl import BfclEnvironment, BfclMultiTurnEnvironment, is_multi_turn, prepare_bfcl_rows
+from environments.bfcl.bridge import shared_worker, worker_python
+from environments.bfcl.reference import multi_turn_calls, single_turn_calls, tool_call_text
+from gym_bridge.core.agent_loop import Limits
+from gym_bridge.core.engine import Engine, EngineConfig
+from gym_bridge.core.policy import ScriptedPolicy
+from gym_bridge.core.record import RolloutRecord
+from gym_bridge.core.registry import register
+from gym_bridge.core.task import parse_task
+
+needs_bfcl = pytest.mark.skipif(worker_python() is None, reason="BFCL's virtualenv is missing: run `make install-bfcl`")
+NO_CALL = "None of the functions can answer this."
+
+
+def categories() -> list[str]:
+    return list(shared_worker().request("hello")["categories"])
+
+
+def reference_script(row: dict[str, Any], turn) -> list[Any]:
+    """The scripted model turns that give BFCL's reference answer for `row`."""
+    category = row["bfcl"]["category"]
+    if "irrelevance" in category:
+        return [turn(NO_CALL)]
+    if category == "live_relevance":  # BFCL has no ground truth here: any decodable call is right
+        return [turn(tool_call_text([{"name": row["responses_create_params"]["tools"][0]["name"], "arguments": "{}"}]))]
+    if not is_multi_turn(category):
+        tools = row["responses_create_params"]["tools"] if category in ("simple_java", "simple_javascript") else None
+        return [turn(tool_call_text(single_turn_calls(row["ground_truth"], tools)))]
+    opened = shared_worker().request("open", session="reference", id=row["bfcl"]["id"])
+    shared_worker().request("close", session="reference")
+    tools = [*row["responses_create_params"]["tools"], *(tool for added in opened["added"].values() for tool in added["tools"])]
+    script = []
+    for calls in multi_turn_calls(row["ground_truth"], tools):
+        script += [turn(tool_call_text(calls)), turn("Done.")] if calls else [turn(NO_CALL)]
+    return script
+
+
+def run_rows(rows: list[dict[str, Any]], scripts: list[list[Any]], template, *, max_concurrency: int = 8) -> list[RolloutRecord]:
+    """Rollouts of `rows` through the engine, row i answered by `scripts[i]`; records in row order."""
+    register(BfclEnvironment)
+    register(BfclMultiTurnEnvironment)
+    tasks = [parse_task(row, index=index) for index, row in enumerate(rows)]
+    policy = ScriptedPolicy({f"{index}-0": script for index, script in enumerate(scripts)})
+    limits = Limits(max_turns=200, max_completion_tokens=2_000_000, max_tool_output_chars=1_000_000)
+    engine = Engine(policy, template, EngineConfig(limits=limits, max_concurrency=max_concurrency, deadline_s=1800.0))
+
+    async def collect() -> list[RolloutRecord]:
+        return [record async for record in engine.stream(tasks)]
+
+    records = asyncio.run(collect())
+    return sorted(records, key=lambda record: record.task.index)
+
+
+def category_rows(category: str, size: int) -> list[dict[str, Any]]:
+    return prepare_bfcl_rows(size=size, task=category)
