@@ -1,8 +1,8 @@
 """BFCL's reference answers (a row's `ground_truth`) as the tool calls a model would make: what the conformance tests
 replay through the engine.
 
-Single-turn ground truth lists, per call, each parameter's acceptable values: the first one is taken ("" first means
-the parameter may be left out). Multi-turn ground truth is BFCL's call strings per turn, read with Python's `ast`
+Single-turn ground truth lists, per call, each parameter's acceptable values ("" marks one that may be left out): an
+optional parameter that may be left out is, else the first value that is not "" is taken. Multi-turn ground truth is BFCL's call strings per turn, read with Python's `ast`
 (literals only, never evaluated); positional arguments take the names of the tool's parameters in order.
 """
 
@@ -17,10 +17,22 @@ _DECLARED = re.compile(r"This is (Java|JavaScript) (\w+) type parameter")
 _ELEMENTS = re.compile(r"The list elements are of type (\w+)")
 
 
+def chosen(options: Any) -> tuple[bool, Any]:
+    """(given, value) from one parameter's acceptable values: the first one that is not "" (BFCL's mark for "may be
+    left out"); (False, None) when leaving it out is all there is. A value that is no list is its own only option."""
+    if not isinstance(options, list):
+        return True, first_choice(options)
+    for option in options:
+        if option != "":
+            return True, first_choice(option)
+    return False, None
+
+
 def first_choice(options: Any) -> Any:
     """A value BFCL accepts, from a possible-answer value: dicts hold per-key option lists, lists hold values."""
     if isinstance(options, dict):
-        return {key: first_choice(values[0]) for key, values in options.items() if values and values[0] != ""}
+        picked = {key: chosen(values) for key, values in options.items()}
+        return {key: value for key, (given, value) in picked.items() if given}
     if isinstance(options, list):
         return [first_choice(value) for value in options]
     return options
@@ -34,13 +46,23 @@ def java_text(value: Any, declared: str, element: str = "") -> str:
         return f"{value}L"
     if declared == "float":
         return f"{value}f"
-    if declared in ("Array", "ArrayList"):
-        items = ", ".join(java_text(item, element) if element else java_literal(item) for item in value)
+    if declared in ("Array", "ArrayList") and isinstance(value, list):
+        items = ", ".join(java_element(item, element, quoted=declared == "ArrayList") for item in value)
         return f"new {element or 'Object'}[]{{{items}}}" if declared == "Array" else f"new ArrayList<>(Arrays.asList({items}))"
     if declared == "HashMap" and isinstance(value, dict):
         puts = " ".join(f'put("{key}", {java_literal(item)});' for key, item in value.items())
         return f"new HashMap<String, Object>() {{{{ {puts} }}}}"
     return str(value)
+
+
+def java_element(value: Any, element: str, *, quoted: bool) -> str:
+    """One element of a Java collection of `element`s (String and char elements `quoted` where BFCL's converter
+    strips quotes: in an ArrayList, not in an array)."""
+    if element == "String":
+        return f'"{value}"' if quoted else str(value)
+    if element == "char":
+        return f"'{value}'" if quoted else str(value)
+    return java_text(value, element) if element else java_literal(value)
 
 
 def java_literal(value: Any) -> str:
@@ -74,18 +96,22 @@ def source_text(value: Any, description: str) -> Any:
     return javascript_text(value, kind)
 
 
-def single_turn_calls(ground_truth: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[dict[str, str]]:
-    """`[{name, arguments}]` for a single-turn ground truth (dots in names become underscores, as in the row's tools;
-    Java and JavaScript values become the source text `tools` ask for)."""
-    described = {tool["name"]: tool["parameters"].get("properties", {}) for tool in tools or []}
+def single_turn_calls(ground_truth: list[dict[str, Any]], tools: list[dict[str, Any]], *, source: bool = False) -> list[dict[str, str]]:
+    """`[{name, arguments}]` for a single-turn ground truth: dots in names become underscores, as in the row's `tools`;
+    a parameter that may be left out is, unless the tool requires it; with `source` (Java, JavaScript) values become
+    the source text the tools ask for."""
+    described = {tool["name"]: tool["parameters"] for tool in tools or []}
     calls = []
     for call in ground_truth:
         [(name, parameters)] = call.items()
         name = name.replace(".", "_")
-        arguments = {key: first_choice(values[0]) for key, values in parameters.items() if values and values[0] != ""}
-        properties = described.get(name, {})
-        arguments = {key: source_text(value, str(properties.get(key, {}).get("description", ""))) if key in properties else value
-                     for key, value in arguments.items()}
+        schema = described.get(name, {})
+        properties, required = schema.get("properties", {}), set(schema.get("required", []))
+        picked = {key: (False, None) if "" in values and key not in required else chosen(values) for key, values in parameters.items()}
+        arguments = {key: value for key, (given, value) in picked.items() if given}
+        if source:
+            arguments = {key: source_text(value, str(properties[key].get("description", ""))) if key in properties else value
+                         for key, value in arguments.items()}
         calls.append({"name": name, "arguments": json.dumps(arguments)})
     return calls
 

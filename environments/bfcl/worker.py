@@ -107,15 +107,16 @@ def rows(category: str) -> list[dict[str, Any]]:
     return result
 
 
-def _checked_call(call: dict[str, Any], names: set[str]) -> dict[str, Any]:
-    """`{name: arguments}` for BFCL's decoders; ValueError when the call is not one we may render as a call string."""
+def _checked_call(call: dict[str, Any], names: set[str], *, executable: bool = True) -> dict[str, Any]:
+    """`{name: arguments}` for BFCL's decoders; ValueError for a call of an unknown function, arguments that are not
+    a JSON object, or (`executable`: to be rendered as a call string) argument names that are not identifiers."""
     name, arguments = call.get("name"), call.get("arguments")
     if not isinstance(name, str) or name not in names:
         raise ValueError(f"unknown function {name!r}")
     parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
     if not isinstance(parsed, dict):
         raise ValueError(f"arguments of {name} are not a JSON object")
-    for key in parsed:
+    for key in parsed if executable else ():
         if not isinstance(key, str) or not key.isidentifier() or keyword.iskeyword(key):
             raise ValueError(f"argument name {key!r} of {name} is not an identifier")
     return {name: json.dumps(parsed)}
@@ -132,7 +133,8 @@ def ast_check(entry_id: str, calls: list[dict[str, Any]]) -> dict[str, Any]:
     category = category_of(entry_id)
     try:
         names = {name for name in _tool_names(item["function"]) if NAME.match(name)}
-        decoded = _handler.decode_ast([_checked_call(call, names) for call in calls], language=None, has_tool_call_tag=False) if calls else None
+        checked = [_checked_call(call, names, executable=False) for call in calls]
+        decoded = _handler.decode_ast(checked, language=None, has_tool_call_tag=False) if calls else None
     except Exception as error:  # BFCL: a result that does not decode is no function call
         decoded, decode_error = None, f"{type(error).__name__}: {error}"
     else:
@@ -147,7 +149,9 @@ def ast_check(entry_id: str, calls: list[dict[str, Any]]) -> dict[str, Any]:
         return {"valid": False, "error_type": "ast_decoder:decoder_wrong_output_format"}
     language = Language.JAVA if is_java(category) else Language.JAVASCRIPT if is_js(category) else Language.PYTHON
     verdict = ast_checker(item["function"], decoded, _answers[entry_id], language, category, MODEL)
-    return {"valid": bool(verdict["valid"]), "error_type": verdict.get("error_type", ""), "error": verdict.get("error", "")}
+    if verdict["valid"]:
+        return {"valid": True, "error_type": ""}
+    return {"valid": False, "error_type": verdict.get("error_type", ""), "error": verdict.get("error", "")}
 
 
 def _instance_prefix(model_name: str, entry_id: str) -> str:

@@ -34,8 +34,8 @@ def reference_script(row: dict[str, Any], turn) -> list[Any]:
     if category == "live_relevance":  # BFCL has no ground truth here: any decodable call is right
         return [turn(tool_call_text([{"name": row["responses_create_params"]["tools"][0]["name"], "arguments": "{}"}]))]
     if not is_multi_turn(category):
-        tools = row["responses_create_params"]["tools"] if category in ("simple_java", "simple_javascript") else None
-        return [turn(tool_call_text(single_turn_calls(row["ground_truth"], tools)))]
+        source = category in ("simple_java", "simple_javascript")
+        return [turn(tool_call_text(single_turn_calls(row["ground_truth"], row["responses_create_params"]["tools"], source=source)))]
     opened = shared_worker().request("open", session="reference", id=row["bfcl"]["id"])
     shared_worker().request("close", session="reference")
     tools = [*row["responses_create_params"]["tools"], *(tool for added in opened["added"].values() for tool in added["tools"])]
