@@ -107,15 +107,22 @@ def rows(category: str) -> list[dict[str, Any]]:
     return result
 
 
+class Undecodable(ValueError):
+    """Arguments that BFCL's decoder cannot read (not a JSON object): BFCL leaves the whole step out."""
+
+
 def _checked_call(call: dict[str, Any], names: set[str], *, executable: bool = True) -> dict[str, Any]:
     """`{name: arguments}` for BFCL's decoders; ValueError for a call of an unknown function, arguments that are not
     a JSON object, or (`executable`: to be rendered as a call string) argument names that are not identifiers."""
     name, arguments = call.get("name"), call.get("arguments")
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except json.JSONDecodeError as error:
+        raise Undecodable(f"arguments of {name} are not JSON: {error}") from None
+    if not isinstance(parsed, dict):
+        raise Undecodable(f"arguments of {name} are not a JSON object")
     if not isinstance(name, str) or name not in names:
         raise ValueError(f"unknown function {name!r}")
-    parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
-    if not isinstance(parsed, dict):
-        raise ValueError(f"arguments of {name} are not a JSON object")
     for key in parsed if executable else ():
         if not isinstance(key, str) or not key.isidentifier() or keyword.iskeyword(key):
             raise ValueError(f"argument name {key!r} of {name} is not an identifier")
@@ -207,8 +214,9 @@ def call(session_id: str, call: dict[str, Any]) -> str:
 
 
 def decode_turns(entry_id: str, turns: list[list[list[dict[str, Any]]]]) -> tuple[list[list[list[str]]], int]:
-    """The model's calls per turn and step as BFCL's call strings (empty steps dropped, as BFCL's runner drops them),
-    and how many calls could not be decoded (left out)."""
+    """The model's calls per turn and step as BFCL's call strings, and how many calls were left out. As in BFCL's
+    runner, a step whose arguments do not parse is left out whole, and so are steps without calls; a call of an unknown
+    function or with an argument name that is no identifier is left out alone (BFCL would `eval` it into an error)."""
     item = entry(entry_id)
     names = _tool_names(item["function"]) | {name for docs in item.get("missed_function", {}).values() for name in _tool_names(docs)}
     decoded_turns, malformed = [], 0
@@ -219,7 +227,11 @@ def decode_turns(entry_id: str, turns: list[list[list[dict[str, Any]]]]) -> tupl
             for one in step:
                 try:
                     good.append(_checked_call(one, names))
-                except Exception:
+                except Undecodable:  # BFCL's decoder fails on the step: the whole step is left out
+                    malformed += 1
+                    good = []
+                    break
+                except ValueError:  # an unknown function or argument name: BFCL's executor would fail it, changing nothing
                     malformed += 1
             strings = _handler.decode_execute(good, has_tool_call_tag=False) if good else []
             if strings:
@@ -244,6 +256,51 @@ def multi_turn_check(entry_id: str, turns: list[list[list[dict[str, Any]]]], che
         _forget(model_name + "_ground_truth_eval", entry_id)
     return {"valid": bool(verdict["valid"]), "error_type": verdict.get("error_type", ""),
             "error": verdict.get("error_message", ""), "malformed": malformed, "decoded": decoded}
+
+
+def _renderable(step: Any, item: dict[str, Any]) -> Any:
+    """A step of a model result without the calls BFCL's runner would `eval` though they name no function of the
+    entry or hold argument names that are no identifiers (arguments that are not JSON stay: BFCL never runs them)."""
+    if not isinstance(step, list):
+        return step
+    names = _tool_names(item["function"]) | {name for docs in item.get("missed_function", {}).values() for name in _tool_names(docs)}
+    kept = []
+    for call in step:
+        [(name, arguments)] = call.items()
+        try:
+            _checked_call({"name": name, "arguments": arguments}, names)
+        except Undecodable:
+            pass
+        except ValueError:
+            continue
+        kept.append(call)
+    return kept
+
+
+def runner_verdict(entry_id: str, result: Any) -> dict[str, Any]:
+    """BFCL's eval runner on one entry's model result in BFCL's own result format (single-turn: `[{name: arguments}]`
+    or the answer's text; multi-turn: per turn, per step, either of those), for the equivalence tests. Calls the
+    worker would not render as call strings must already be left out of a multi-turn result."""
+    from bfcl_eval.constants.enums import ReturnFormat
+    from bfcl_eval.eval_checker import eval_runner
+
+    item = copy.deepcopy(entry(entry_id))
+    category = category_of(entry_id)
+    if category in RELEVANCE_CATEGORIES:
+        verdict = eval_runner._evaluate_single_relevance_entry(_handler, entry_id, result, item, MODEL, category)
+    elif category in MULTI_TURN_CATEGORIES:
+        result = [[_renderable(step, item) for step in turn] for turn in result]
+        verdict = eval_runner._evaluate_single_multi_turn_entry(_handler, entry_id, result, _answers[entry_id], item, MODEL, category)
+        _forget(MODEL + "_eval", entry_id)
+        _forget(MODEL + "_ground_truth_eval", entry_id)
+    else:
+        language = Language.JAVA if is_java(category) else Language.JAVASCRIPT if is_js(category) else Language.PYTHON
+        return_format = ReturnFormat.JAVA if is_java(category) else ReturnFormat.JAVASCRIPT if is_js(category) else ReturnFormat.PYTHON
+        verdict = eval_runner._evaluate_single_ast_entry(_handler, entry_id, result, _answers[entry_id], item, MODEL, category,
+                                                         language=language, return_format=return_format)
+    error = verdict.get("error")
+    error_type = verdict.get("error_type") or (error.get("error_type", "") if isinstance(error, dict) else "")
+    return {"valid": bool(verdict["valid"]), "error_type": "" if verdict["valid"] else error_type}
 
 
 def close_session(session_id: str) -> None:
@@ -272,6 +329,8 @@ def handle(request: dict[str, Any]) -> Any:
         return multi_turn_check(request["id"], request["turns"], request["check"])
     if op == "close":
         return close_session(request["session"])
+    if op == "runner_verdict":
+        return runner_verdict(request["id"], request["result"])
     raise ValueError(f"unknown op {op!r}")
 
 

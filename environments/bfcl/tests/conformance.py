@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from environments.bfcl import BfclEnvironment, BfclMultiTurnEnvironment, is_multi_turn, prepare_bfcl_rows
+from environments.bfcl import BfclEnvironment, BfclMultiTurnEnvironment, calls_of, is_multi_turn, prepare_bfcl_rows, turns_of
 from environments.bfcl.bridge import shared_worker, worker_python
 from environments.bfcl.reference import multi_turn_calls, single_turn_calls, tool_call_text
 from gym_bridge.core.agent_loop import Limits
@@ -63,3 +63,24 @@ def run_rows(rows: list[dict[str, Any]], scripts: list[list[Any]], template, *, 
 
 def category_rows(category: str, size: int) -> list[dict[str, Any]]:
     return prepare_bfcl_rows(size=size, task=category)
+
+
+def bfcl_result(row: dict[str, Any], record: RolloutRecord) -> Any:
+    """A rollout's answer in BFCL's own result format for a function-calling model: single-turn, the calls as
+    `[{name: arguments}]` (the answer's text when there are none); multi-turn, per turn, per step, those calls."""
+    if is_multi_turn(row["bfcl"]["category"]):
+        return [[[{call["name"]: call["arguments"]} for call in step] for step in turn] for turn in turns_of(record.output)]
+    calls = calls_of(record.output)
+    if calls:
+        return [{call["name"]: call["arguments"]} for call in calls]
+    return next((part.get("text", "") for item in record.output if item["type"] == "message" for part in item.get("content", [])), "")
+
+
+def runner_disagreements(rows: list[dict[str, Any]], records: list[RolloutRecord]) -> dict[str, tuple[float, dict[str, Any]]]:
+    """The rollouts whose reward differs from BFCL's eval runner's verdict on the same answer: id -> (reward, verdict)."""
+    disagree = {}
+    for row, record in zip(rows, records):
+        verdict = shared_worker().request("runner_verdict", id=row["bfcl"]["id"], result=bfcl_result(row, record))
+        if record.reward != (1.0 if verdict["valid"] else 0.0):
+            disagree[row["bfcl"]["id"]] = (record.reward, verdict)
+    return disagree

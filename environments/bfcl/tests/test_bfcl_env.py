@@ -12,7 +12,7 @@ import pytest
 from environments.bfcl import BfclEnvironment, BfclMultiTurnEnvironment, turns_of
 from environments.bfcl.bridge import INSTALL_HINT, Worker, WorkerError, require_worker_python
 from environments.bfcl.reference import multi_turn_calls, single_turn_calls, tool_call_text
-from environments.bfcl.tests.conformance import NO_CALL, needs_bfcl, reference_script, run_rows
+from environments.bfcl.tests.conformance import NO_CALL, needs_bfcl, reference_script, run_rows, runner_disagreements
 from gym_bridge.core.errors import ConfigError, MissingExtraError
 from gym_bridge.core.items import function_call_item, message_item
 from gym_bridge.core.task import parse_task
@@ -103,6 +103,9 @@ def test_wrong_malformed_and_missing_answers_score_zero_by_bfcls_checkers(smol_t
     assert json.loads(next(item["output"] for item in records[5].output if item["type"] == "function_call_output"))["error"].startswith("unknown tool 'format_disk'")
     assert errors[6][:2] == (0.0, "env") and "bfcl: {id, category}" in records[6].failure_reason  # only that rollout fails
     assert errors[7] == (1.0, None, "")
+    # BFCL's own eval runner, fed the same answers, agrees on every scored rollout
+    assert runner_disagreements([row for row, record in zip(rows, records) if record.failure_kind is None],
+                                [record for record in records if record.failure_kind is None]) == {}
 
 
 @needs_bfcl
