@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from gym_bridge import ConfigError, Environment, FailRollout, Item, RolloutContext, Task, ToolError, VerifyResult
 
@@ -111,12 +111,12 @@ class _BfclBase(Environment):
         """The first `size` entries of BFCL category `task`. BFCL is one test set: `split` and `seed` change nothing."""
         return prepare_bfcl_rows(size=size, task=task)
 
-    def request(self, op: str, kind: str, **fields: Any) -> Any:
-        """A worker request whose failure fails the rollout as `kind` (`env` or `verifier`)."""
+    def request(self, op: str, kind: Literal["env", "verifier"], **fields: Any) -> Any:
+        """A worker request whose failure fails the rollout as `kind`."""
         try:
             return shared_worker().request(op, timeout_s=self.request_timeout_s, **fields)
         except WorkerError as error:
-            raise FailRollout("env" if kind == "env" else "verifier", f"BFCL worker, {op}: {error}") from None
+            raise FailRollout(kind, f"BFCL worker, {op}: {error}") from None
 
 
 class SingleAnswerLoop:
@@ -200,6 +200,7 @@ class BfclMultiTurnEnvironment(_BfclBase):
         if not added:
             return ctx
         self.request("add_functions", "env", session=self.session, turn=str(index))
+        # the context caches the offered names (`_tool_names`): a copy offering more tools starts without the cache
         return dataclasses.replace(ctx, tools=(*ctx.tools, *added["tools"]), _tool_names=None)
 
     def user_message(self, index: int) -> str:
