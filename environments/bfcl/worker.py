@@ -19,7 +19,6 @@ from typing import Any
 
 os.environ.setdefault("OPENAI_API_KEY", "unused")  # BFCL's OpenAI handler builds a client; nothing is sent
 
-from bfcl_eval.constants.category_mapping import TEST_COLLECTION_MAPPING  # noqa: E402
 from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING  # noqa: E402
 from bfcl_eval.constants.enums import Language  # noqa: E402
 from bfcl_eval.constants.type_mappings import GORILLA_TO_OPENAPI  # noqa: E402
@@ -72,12 +71,12 @@ def _load(category: str) -> None:
         raise ValueError(f"unknown BFCL category {category!r}; known: {', '.join(CATEGORIES)}")
     if category in _loaded:
         return
-    _loaded.add(category)
     for entry in load_dataset_entry(category, include_prereq=False, include_language_specific_hint=False):
         _entries[entry["id"]] = entry
     if category not in RELEVANCE_CATEGORIES:
         for answer in load_ground_truth_entry(category):
             _answers[answer["id"]] = answer["ground_truth"]
+    _loaded.add(category)
 
 
 def entry(entry_id: str) -> dict[str, Any]:
@@ -314,7 +313,7 @@ def handle(request: dict[str, Any]) -> Any:
     if op == "hello":
         from importlib.metadata import version
 
-        return {"bfcl_eval": version("bfcl-eval"), "categories": list(CATEGORIES), "collections": sorted(TEST_COLLECTION_MAPPING)}
+        return {"bfcl_eval": version("bfcl-eval"), "categories": list(CATEGORIES)}
     if op == "rows":
         return rows(request["category"])
     if op == "ast_check":
