@@ -160,13 +160,36 @@ install-deepspeed: $(STAMP)
 	$(PIP) install --quiet setuptools wheel ninja
 	DS_BUILD_OPS=0 $(PIP) install --quiet --no-build-isolation deepspeed==0.19.8
 
+# BFCL v4 (environments/bfcl): bfcl-eval pins numpy==1.26.4 and pulls sentence-transformers, faiss and torch, so it
+# lives in a virtualenv of its own that the environment runs as a JSON-lines worker (environments/bfcl/worker.py).
+# Installed without its declared dependencies: these are what importing its data loaders, checkers, multi-turn
+# backends and model registry (every model handler's SDK) needs; the memory and web-search categories' extras are left out.
+BFCL_VENV := .venv-bfcl
+BFCL_STAMP := $(BFCL_VENV)/.installed
+BFCL_REQUIREMENTS := numpy==1.26.4 'pandas<3' tree_sitter==0.21.3 tree-sitter-java==0.21.0 tree-sitter-javascript==0.21.4 \
+	mpmath==1.3.0 filelock==3.20.0 python-dotenv tqdm 'pydantic>=2.8.2' requests 'openai>=1.86.0' 'anthropic>=0.75.0' \
+	'tenacity>=8.5.0' overrides cohere==5.18.0 'google-genai>=1.52.0' mistralai==1.7.0 boto3 qwen-agent soundfile \
+	'writer-sdk>=2.1.0' datamodel-code-generator==0.25.7
+.PHONY: install-bfcl
+$(BFCL_STAMP): Makefile
+	$(PYTHON) -m venv $(BFCL_VENV)
+	$(BFCL_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(BFCL_VENV)/bin/python -m pip install --quiet --no-deps bfcl-eval==2026.3.23
+	$(BFCL_VENV)/bin/python -m pip install --quiet $(BFCL_REQUIREMENTS)
+	$(BFCL_VENV)/bin/python -c "import bfcl_eval.eval_checker.eval_runner"
+	touch $(BFCL_STAMP)
+
+install-bfcl: $(BFCL_STAMP)
+install: $(BFCL_STAMP)  # the default tests of environments/bfcl need it
+
+
 # The embedded model converted to safetensors (about 517 MB, written on its first use) lives outside the
 # repository, in ~/.cache/gym_bridge/smollm2-135m-instruct ($GYM_BRIDGE_CACHE instead of ~/.cache/gym_bridge when
 # set; gym_bridge.policies.embedded): `make clean` says so, `make clean-cache` removes it.
 MODEL_CACHE := $(or $(GYM_BRIDGE_CACHE),$(HOME)/.cache/gym_bridge)/smollm2-135m-instruct
 .PHONY: clean-cache
 clean:
-	rm -rf $(VENV) $(VERIFIERS_VENV) $(OPENENV_VENV) out site .pytest_cache
+	rm -rf $(VENV) $(VERIFIERS_VENV) $(OPENENV_VENV) $(BFCL_VENV) out site .pytest_cache
 	@if [ -d "$(MODEL_CACHE)" ]; then echo "note: the converted embedded model is kept in $(MODEL_CACHE) ($$(du -sh "$(MODEL_CACHE)" | cut -f1)); make clean-cache removes it"; fi
 
 clean-cache:
