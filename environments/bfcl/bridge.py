@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gym_bridge import MissingExtraError
+from gym_bridge import MissingExtraError, RolloutError
 
 INSTALL_HINT = "BFCL runs in a virtualenv of its own: run `make install-bfcl` in the gym_bridge checkout (creates .venv-bfcl), or set GYM_BRIDGE_BFCL_PYTHON to a python that has bfcl-eval==2026.3.23"
 WORKER = Path(__file__).with_name("worker.py")
@@ -25,8 +25,11 @@ START_TIMEOUT_S = 180.0
 """Bound on the first answer of a new worker: importing BFCL loads every model handler's SDK (about 10 s here)."""
 
 
-class WorkerError(RuntimeError):
-    """The worker failed (exited, hung, answered garbage) or refused a request; the message says which."""
+class WorkerError(RolloutError):
+    """The worker failed (exited, hung, answered garbage) or refused a request; the message says which. A rollout
+    that meets it fails as `env` (`BfclEnvironment.request` names the kind its step fails as)."""
+
+    failure_kind = "env"
 
 
 def worker_python() -> Path | None:

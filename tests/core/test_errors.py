@@ -27,13 +27,18 @@ ROOT = pathlib.Path(gym_bridge.__file__).parent.parent
 BUILTIN_EXCEPTIONS = {name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, BaseException)}
 
 
+OTHER_VENV_FILES = {"environments/bfcl/worker.py", "environments/verifiers/worker.py"}
+"""Workers that run in an ecosystem's own virtualenv (no gym_bridge there), as subprocesses: their exceptions never
+reach gym_bridge's code, only their JSON answers do."""
+
+
 def exception_classes() -> dict[str, tuple[str, str]]:
     """`module:Class` -> (module, class) of every class in gym_bridge/ and environments/ that derives from
     an exception, read from the source (a class is one when a base is a builtin exception or such a class)."""
     defined: list[tuple[str, str, set[str]]] = []
     for folder in ("gym_bridge", "environments"):
         for path in (ROOT / folder).rglob("*.py"):
-            if "tests" in path.relative_to(ROOT).parts:
+            if "tests" in path.relative_to(ROOT).parts or path.relative_to(ROOT).as_posix() in OTHER_VENV_FILES:
                 continue
             module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
             for node in ast.walk(ast.parse(path.read_text())):
