@@ -118,8 +118,12 @@ demo: $(DEMO_STAMP)
 	$(VENV)/bin/gym-bridge eval --env arithmetic --env weather --env multi_step --limit 8 --num-repeats 4 \
 		--max-new-tokens 96 --temperature 0.7 --seed 0 --output out/demo.jsonl --overwrite
 
+# The real-vLLM engine module runs in a process of its own, after the rest: inside the whole suite's process, its
+# first LLM.generate failed and the retry's engine loop never ended (2026-11-28, twice, at tests/policies/test_vllm_real.py;
+# the module alone, and after each folder that precedes it, passes; cause not found: docs/development/index.md).
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --ignore=tests/policies/test_vllm_real.py
+	$(PY) -m pytest -q tests/policies/test_vllm_real.py
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
