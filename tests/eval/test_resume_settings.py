@@ -24,7 +24,6 @@ from tests.support.scripted_model import finished_turns
 MultiStep = get_environment("multi_step")
 
 
-@register
 class Tunable(MultiStep):
     """multi_step with a setting of its own, as `--env-setting tunable_multi_step_for_test.level=N` changes it."""
 
@@ -34,6 +33,15 @@ class Tunable(MultiStep):
 
     def verify(self, task, output):
         return VerifyResult(reward=1.0)
+
+
+@pytest.fixture(autouse=True)
+def tunable_registered():
+    """Tunable takes multi_step's NeMo Gym aliases (its example rows route by them) for this module's tests only;
+    registered at import, it routed every later test's multi_step rows to this class."""
+    register(Tunable)
+    yield
+    register(MultiStep)
 
 
 class FailingAt(TurnPolicy):
