@@ -36,6 +36,14 @@ class PieceEncoder:
         self._vocab_size = -1
         self._refresh()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy for another process (a Ray worker gets the template): everything but the lock, which is per process."""
+        return {key: value for key, value in self.__dict__.items() if key != "_lock"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def _refresh(self) -> None:
         """Cut points and cache for the tokenizer's current added tokens (a token added later changes both)."""
         self._vocab_size = self.backend.get_vocab_size(with_added_tokens=True)
