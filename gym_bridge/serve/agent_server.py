@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-import json
 import math
 import os
 import re
@@ -36,7 +35,8 @@ from gym_bridge.core.policy import ChatPolicy, ChatRequest, ChatTurn, SamplingPa
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import get_environment, resolve_tasks, routing_names
 from gym_bridge.core.rollout_file import dump_line
-from gym_bridge.core.task import MAX_ROW_DEPTH, Task, parse_task
+from gym_bridge.core.request_body import BodyError, read_json
+from gym_bridge.core.task import Task, parse_task
 from gym_bridge.policies.router import ReplicaRouter
 from gym_bridge.serve.disconnect import ClientDisconnected, unless_disconnected
 
@@ -460,24 +460,21 @@ def build_app(settings: AgentServerSettings, *, policy: ChatPolicy | None = None
     def unprocessable(message: str, field: str) -> JSONResponse:
         return JSONResponse({"detail": message, "field": field}, status_code=422)
 
+    def body_error(error: BodyError) -> JSONResponse:
+        """413 for a body too large; 422 naming the field for the rest, as a row's problems are answered."""
+        if error.status == 413:
+            return JSONResponse({"detail": error.message}, status_code=413)
+        return unprocessable(error.message, error.field)
+
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "envs": sorted(set(settings.envs)), "in_flight": server.in_flight, "completed": server.completed})
 
     async def run(request: Request) -> Response:
-        declared = request.headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > settings.max_request_bytes):
-            return JSONResponse({"detail": f"request body is larger than {settings.max_request_bytes} bytes"}, status_code=413)
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > settings.max_request_bytes:
-                return JSONResponse({"detail": f"request body is larger than {settings.max_request_bytes} bytes"}, status_code=413)
         try:
-            row = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            return unprocessable(f"request body is not valid JSON: {error}", "body")
-        except RecursionError:
-            return unprocessable(f"request body is nested too deeply (a row may nest at most {MAX_ROW_DEPTH} levels)", "body")
+            row = await read_json(request.stream(), content_length=request.headers.get("content-length"),
+                                  max_bytes=settings.max_request_bytes)
+        except BodyError as error:
+            return body_error(error)
         try:  # written as records are: a NaN of the row (JSON has none) as null
             return Response(dump_line(await unless_disconnected(server.run(row), request.receive)), media_type="application/json")
         except ClientDisconnected:
@@ -491,9 +488,10 @@ def build_app(settings: AgentServerSettings, *, policy: ChatPolicy | None = None
 
     async def aggregate(request: Request) -> JSONResponse:
         try:
-            body = json.loads(await request.body())
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            return unprocessable(f"request body is not valid JSON: {error}", "body")
+            body = await read_json(request.stream(), content_length=request.headers.get("content-length"),
+                                   max_bytes=settings.max_request_bytes)
+        except BodyError as error:
+            return body_error(error)
         responses = body.get("verify_responses") if isinstance(body, Mapping) else None
         if not isinstance(responses, list) or not all(isinstance(response, Mapping) for response in responses):
             return unprocessable("must be a list of objects (NeMo Gym's AggregateMetricsRequest)", "verify_responses")

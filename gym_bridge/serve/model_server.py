@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
 import logging
 import socket
 import time
@@ -44,6 +43,7 @@ from gym_bridge.core.dialects.completions import CompletionBody, completion_logp
 from gym_bridge.core.dialects.template_view import template_messages
 from gym_bridge.serve.disconnect import ClientDisconnected, unless_disconnected
 from gym_bridge.core.errors import SetupError, ContextOverflowError
+from gym_bridge.core.request_body import BodyError, json_object, read_json
 from gym_bridge.core.policy import Generation, GenerationRequest, LogprobsMode, SamplingParams
 from gym_bridge.core.template.chat_template import ChatTemplate
 from gym_bridge.core.transcript import answer_message
@@ -51,8 +51,6 @@ from gym_bridge.core.transcript import answer_message
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 DEFAULT_CHAT_MAX_TOKENS = 1024
 """Chat requests without `max_tokens` generate up to this many tokens (or what fits the context)."""
-MAX_JSON_DEPTH = 64
-"""Nesting of a request body at most (objects and arrays); deeper bodies get a 400."""
 
 logger = logging.getLogger(__name__)
 
@@ -291,42 +289,17 @@ async def detokenize(request: Request) -> dict[str, Any]:
 
 
 async def _parse(request: Request, model: type[pydantic.BaseModel], state: ServerState) -> Any:
-    """The validated body; 413 when it is over the size limit, 400 when it is not valid."""
-    declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > state.max_request_bytes):
-        raise ApiError(413, f"request body is larger than {state.max_request_bytes} bytes", "RequestTooLarge")
-    raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > state.max_request_bytes:
-            raise ApiError(413, f"request body is larger than {state.max_request_bytes} bytes", "RequestTooLarge")
+    """The validated body; 413 when it is over the size limit, 400 when it is not valid (`read_json`)."""
     try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ApiError(400, f"request body is not valid JSON: {error}") from None
-    except RecursionError:
-        raise ApiError(400, f"request body is nested more than {MAX_JSON_DEPTH} levels deep") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "request body must be a JSON object")
-    if _depth_exceeds(data, MAX_JSON_DEPTH):
-        raise ApiError(400, f"request body is nested more than {MAX_JSON_DEPTH} levels deep")
+        data = json_object(await read_json(request.stream(), content_length=request.headers.get("content-length"),
+                                           max_bytes=state.max_request_bytes))
+    except BodyError as error:
+        raise ApiError(error.status, error.message, "RequestTooLarge" if error.status == 413 else "BadRequestError") from None
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as error:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in error.errors()[:5])
         raise ApiError(400, f"invalid request: {problems}") from None
-
-
-def _depth_exceeds(value: Any, limit: int) -> bool:
-    """Whether `value` nests objects and arrays more than `limit` levels deep (iteratively: no recursion)."""
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > limit:
-            return True
-        children = node.values() if isinstance(node, dict) else node
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return False
 
 
 def _check_model(name: str | None, state: ServerState) -> None:
