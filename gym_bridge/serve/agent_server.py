@@ -16,9 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-import math
 import os
-import re
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -26,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 from gym_bridge.capture.environment import HarnessEnvironment, row_command
 from gym_bridge.core.agent_loop import Limits
+from gym_bridge.core.dialects.nemo_gym import aggregate_metrics, from_aggregate_request, rollout_id, run_sampling, to_run_result
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import Environment
 from gym_bridge.core.errors import BackendAnswerError, ConfigError, DataError, MissingExtraError, UserError
-from gym_bridge.core.items import TOKEN_FIELDS
 from gym_bridge.core.journal import RunFingerprint, RunJournal, environment_settings
 from gym_bridge.core.policy import ChatPolicy, ChatRequest, ChatTurn, SamplingParams
 from gym_bridge.core.record import RolloutRecord
@@ -142,6 +140,11 @@ class RowError(UserError):
         super().__init__(f"{field}: {message}" if field else message)
         self.field = field
 
+    @classmethod
+    def from_data_error(cls, error: DataError) -> RowError:
+        """The row's problem `error` found (its message without source and field, and its field)."""
+        return cls(error.message, field=error.field)
+
 
 class AgentServer:
     """Turns `/run` rows into core rollouts and their records into NeMo Gym results."""
@@ -182,7 +185,7 @@ class AgentServer:
         try:
             task = parse_task(row, index=next(self._counter), source="/run")
         except DataError as error:
-            raise RowError(str(error).removeprefix("/run: ").removeprefix(f"{error.field}: "), field=error.field) from None
+            raise RowError.from_data_error(error) from None
         env_class = self.routes.get(task.env_name)
         if env_class is None:
             raise RowError(f"environment {task.env_name!r} is not served here; this server serves {sorted(set(self.settings.envs))}",
@@ -190,37 +193,24 @@ class AgentServer:
         try:
             resolve_tasks([task])  # the row's tool schemas must match the environment's tools
         except DataError as error:
-            raise RowError(str(error).removeprefix("/run: ").removeprefix(f"{error.field}: "), field=error.field) from None
+            raise RowError.from_data_error(error) from None
         if issubclass(env_class, HarnessEnvironment) and row_command(task.row) is not None:
             raise RowError("a /run body may not name the command its harness runs (it would run with this server's "
                            "permissions, whatever the environment allows elsewhere); the environment's own command runs",
                            field="harness.command")
         check_verifier_fields(task, env_class)
-        return task, env_class, self.sampling(task)
-
-    def sampling(self, task: Task) -> SamplingParams:
-        """The row's sampling: NeMo RL stamps `temperature`, `top_p` and `max_output_tokens` on every row,
-        and its server refuses a call whose temperature and top_p differ from the trainer's."""
-        params = task.create_params
-        values: dict[str, float] = {}
-        for name, default, low, high in (("temperature", 1.0, 0.0, 100.0), ("top_p", 1.0, 1e-9, 1.0)):
-            value = params.get(name, default)
-            if value is None:
-                value = default
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not low <= value <= high:
-                raise RowError(f"must be a number in [{low:g}, {high:g}], got {value!r}", field=f"responses_create_params.{name}")
-            values[name] = float(value)
-        max_tokens = params.get("max_output_tokens")
-        if max_tokens is None:
-            max_tokens = self.settings.max_new_tokens
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise RowError(f"must be a positive integer, got {max_tokens!r}", field="responses_create_params.max_output_tokens")
-        return SamplingParams(temperature=values["temperature"], top_p=values["top_p"], max_new_tokens=max_tokens)
+        try:
+            return task, env_class, run_sampling(task, default_max_new_tokens=self.settings.max_new_tokens)
+        except DataError as error:
+            raise RowError.from_data_error(error) from None
 
     async def run(self, row: Any) -> dict[str, Any]:
         """One `/run`: the NeMo Gym result of a rollout of `row`. Raises RowError before running."""
         task, env_class, sampling = self.check_row(row)
-        key = rollout_id(row) if self.journal is not None else None
+        try:
+            key = rollout_id(row) if self.journal is not None else None
+        except DataError as error:
+            raise RowError.from_data_error(error) from None
         if key in self._running:
             raise RolloutInFlight(f"rollout (_ng_task_index {key[0]}, _ng_rollout_index {key[1]}) is running already; "
                                   "send it again once that request has ended")
@@ -268,20 +258,6 @@ class RolloutInFlight(UserError):
     """A `/run` for a rollout id whose earlier request is still running; answered with 409."""
 
 
-def rollout_id(row: Any) -> tuple[int, int] | None:
-    """The rollout a `/run` row names, as NeMo Gym's rollout collection stamps it (`_ng_task_index`,
-    `_ng_rollout_index`: the key it resumes on); None when it names none. Raises RowError for a half or bad id."""
-    values = [row.get(name) for name in ("_ng_task_index", "_ng_rollout_index")] if isinstance(row, Mapping) else [None, None]
-    if values == [None, None]:
-        return None
-    checked: list[int] = []
-    for name, value in zip(("_ng_task_index", "_ng_rollout_index"), values):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise RowError(f"must be a non-negative integer with the other half of the rollout id, got {value!r}", field=name)
-        checked.append(value)
-    return checked[0], checked[1]
-
-
 def open_journal(settings: AgentServerSettings, env_classes: Iterable[type[Environment]], *,
                  model_identity: str | None = None) -> RunJournal:
     """The server's journal in `settings.journal_dir`, continuing what a killed server left there. Raises JournalError
@@ -302,139 +278,6 @@ def default_journal_dir(port: int) -> str | None:
     from gym_bridge.policies.embedded import cache_root
 
     return str(cache_root() / "serve_journal" / f"port-{port}")
-
-
-NEMO_GYM_FAILURE_KINDS = {"timeout": "agent_timeout", "verifier": "verifier_error"}
-"""gym_bridge failure kinds that have a name in NeMo Gym's shared vocabulary (`nemo_gym/failure_kinds.py`
-of NeMo Gym 0.7.0: a rollout past its deadline inside the agent server, a verifier that raised)."""
-NEMO_GYM_REGISTERED_KINDS = frozenset({
-    "transport_unreachable", "transport_peer_drop", "transport_timeout", "transport_local_resource", "agent_run_error",
-    "agent_request_failed", "agent_timeout", "agent_command_not_allowed", "judge_failed", "judge_unparseable", "verifier_error",
-    "provider_unavailable", "provider_quota_exhausted", "provider_oom_killed", "session_lost", "session_expired",
-    "session_release_failed", "cancelled", "kill_shaped", "shutdown", "persistence_failed", "cohort_incomplete",
-})
-"""NeMo Gym 0.7.0's registered failure kinds; an environment's own kind that is one of them passes as is."""
-_KIND = re.compile(r"[a-z][a-z0-9_]*")
-
-
-def nemo_gym_failure_kind(kind: str | None) -> str | None:
-    """A gym_bridge failure kind as NeMo Gym names it: its shared name where one means the same
-    (`timeout` -> `agent_timeout`, `verifier` -> `verifier_error`), a registered or already
-    namespaced kind unchanged, anything else in NeMo Gym's `<server>:<kind>` form for kinds outside
-    its vocabulary (`infra` -> `gym_bridge:infra`, `env`, `context_overflow`, an environment's own)."""
-    if kind is None or kind in NEMO_GYM_REGISTERED_KINDS:
-        return kind
-    if kind in NEMO_GYM_FAILURE_KINDS:
-        return NEMO_GYM_FAILURE_KINDS[kind]
-    server, _, name = kind.rpartition(":")
-    if server and _KIND.fullmatch(server) and _KIND.fullmatch(name):
-        return kind
-    name = re.sub(r"[^a-z0-9_]+", "_", kind.lower()).strip("_") or "unknown"
-    return f"gym_bridge:{name if name[0].isalpha() else 'kind_' + name}"
-
-
-def to_run_result(record: RolloutRecord) -> dict[str, Any]:
-    """A record as `/run` answers it: the row, `response`, `reward`, `reward_components`, `mask_sample`,
-    `failure_kind` (NeMo Gym's name, `nemo_gym_failure_kind`)/`failure_reason` and `metrics`, without
-    the flat `tokens` view (NeMo RL rebuilds it from the output items). `mask_sample` is also set in
-    `instance_config`, where NeMo RL reads it (`nemo_rl/experience/rollouts.py::_extract_mask_sample_flags`).
-    A harness that rewrote its history left calls whose ids do not continue each other, which NeMo RL
-    refuses ("Non-contiguous messages found!"); only the calls of its last segment keep their token
-    ids, so NeMo RL trains that segment, as TRL and verl do (`metrics.verify.rewrites` counts the rest)."""
-    result = record.to_dict()
-    del result["tokens"]
-    if record.tokens.segments:
-        result["response"] = {**result["response"], "output": _last_segment_only(result["response"]["output"])}
-    result["failure_kind"] = nemo_gym_failure_kind(record.failure_kind)
-    instance_config = result.get("instance_config")
-    if instance_config is None or isinstance(instance_config, Mapping):
-        result["instance_config"] = {**(instance_config or {}), "mask_sample": record.mask_sample}
-    return result
-
-
-def _last_segment_only(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`output` with the token fields dropped from the calls before a harness's last segment (see
-    `gym_bridge.capture.assembly`); the record's own items are left as they are."""
-    from gym_bridge.capture.assembly import CapturedCall, assemble
-
-    carrying = [item for item in output if item.get("generation_token_ids") is not None]
-    calls = [CapturedCall(prompt_ids=list(item.get("prompt_token_ids") or []), completion_ids=list(item["generation_token_ids"]),
-                          logprobs=list(item.get("generation_log_probs") or [])) for item in carrying]
-    kept = assemble(calls).calls_per_segment[-1] if calls else 0
-    earlier = {id(item) for item in carrying[: len(carrying) - kept]}
-    return [{key: value for key, value in item.items() if key not in TOKEN_FIELDS} if id(item) in earlier else item
-            for item in output]
-
-
-TASK_INDEX_KEY = "_ng_task_index"
-ROLLOUT_INDEX_KEY = "_ng_rollout_index"
-"""Where NeMo Gym's rollout collection numbers each result (its task and its repeat)."""
-
-
-def aggregate_metrics(verify_responses: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """NeMo Gym 0.7.0's `/aggregate_metrics` answer for the stripped `/run` results it collected
-    (`AggregateMetricsRequest.verify_responses`): `AggregateMetrics` with `agent_metrics` (mean, max,
-    min, median, sample std of `reward` and of every other top-level number over the measured rollouts),
-    `key_metrics` (the means, as NeMo Gym's default), `group_level_metrics` (the same per `_ng_task_index`) and
-    `repeat_level_metrics` (mean reward per `_ng_rollout_index`). Rollouts with `mask_sample` are
-    left out of the quality numbers and counted under `coverage/...`, as NeMo Gym does; when every
-    rollout was masked only the coverage is reported."""
-    scored = [response for response in verify_responses if not response.get("mask_sample")]
-    masked = len(verify_responses) - len(scored)
-    coverage: dict[str, Any] = {}
-    if masked:
-        tasks = {response.get(TASK_INDEX_KEY, 0) for response in verify_responses}
-        measured = {response.get(TASK_INDEX_KEY, 0) for response in scored}
-        coverage = {"coverage/measured_rollouts": len(scored), "coverage/masked_rollouts": masked,
-                    "coverage/measured_tasks": len(measured), "coverage/fully_masked_tasks": len(tasks - measured)}
-    empty: dict[str, Any] = {"group_level_metrics": [], "agent_metrics": {}, "key_metrics": {}, "repeat_level_metrics": []}
-    if not verify_responses:
-        return empty
-    if not scored:
-        return {**empty, "agent_metrics": dict(coverage), "key_metrics": dict(coverage)}
-    agent_metrics = {**_number_stats(scored), **coverage}
-    groups: dict[Any, list[Mapping[str, Any]]] = {}
-    repeats: dict[Any, list[Mapping[str, Any]]] = {}
-    for response in scored:
-        groups.setdefault(response.get(TASK_INDEX_KEY, 0), []).append(response)
-        repeats.setdefault(response.get(ROLLOUT_INDEX_KEY, 0), []).append(response)
-    group_level = [{TASK_INDEX_KEY: task, **_number_stats(rows)} for task, rows in sorted(groups.items(), key=lambda item: str(item[0]))]
-    repeat_level = [{ROLLOUT_INDEX_KEY: repeat, "mean/reward": _mean([_number(row.get("reward")) or 0.0 for row in rows])}
-                    for repeat, rows in sorted(repeats.items(), key=lambda item: str(item[0]))]
-    key_metrics = {name: value for name, value in agent_metrics.items() if name.startswith(("mean/", "coverage/"))}
-    return {"group_level_metrics": group_level, "agent_metrics": agent_metrics, "key_metrics": key_metrics,
-            "repeat_level_metrics": repeat_level}
-
-
-_NOT_METRICS = frozenset({TASK_INDEX_KEY, ROLLOUT_INDEX_KEY, "task_index", "repeat_index", "mask_sample"})
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
-
-
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values)
-
-
-def _number_stats(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """`mean/`, `max/`, `min/`, `median/`, `std/` of each top-level number of the rows (`reward` first)."""
-    names = ["reward"] + sorted({key for row in rows for key, value in row.items()
-                                 if key != "reward" and key not in _NOT_METRICS and not key.startswith("_") and _number(value) is not None})
-    stats: dict[str, float] = {}
-    for name in names:
-        values = [number for number in (_number(row.get(name)) for row in rows) if number is not None]
-        if not values:
-            continue
-        mean = _mean(values)
-        ordered = sorted(values)
-        middle = len(ordered) // 2
-        stats.update({
-            f"mean/{name}": mean, f"max/{name}": ordered[-1], f"min/{name}": ordered[0],
-            f"median/{name}": ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2,
-            f"std/{name}": math.sqrt(sum((value - mean) ** 2 for value in values) / (len(values) - 1)) if len(values) > 1 else 0.0,
-        })
-    return stats
 
 
 def build_app(settings: AgentServerSettings, *, policy: ChatPolicy | None = None, model_identity: str | None = None) -> Any:
@@ -492,10 +335,10 @@ def build_app(settings: AgentServerSettings, *, policy: ChatPolicy | None = None
                                    max_bytes=settings.max_request_bytes)
         except BodyError as error:
             return body_error(error)
-        responses = body.get("verify_responses") if isinstance(body, Mapping) else None
-        if not isinstance(responses, list) or not all(isinstance(response, Mapping) for response in responses):
-            return unprocessable("must be a list of objects (NeMo Gym's AggregateMetricsRequest)", "verify_responses")
-        return JSONResponse(aggregate_metrics(responses))
+        try:
+            return JSONResponse(aggregate_metrics(from_aggregate_request(body)))
+        except DataError as error:
+            return unprocessable(error.message, error.field)
 
     app.add_route("/health", health, methods=["GET"])
     app.add_route("/run", run, methods=["POST"])

@@ -503,7 +503,7 @@ def test_failure_kinds_use_nemo_gyms_shared_names_or_its_server_namespace():
     registered names nor `<server>:<kind>`."""
     import re
 
-    from gym_bridge.serve.agent_server import NEMO_GYM_REGISTERED_KINDS, nemo_gym_failure_kind
+    from gym_bridge.core.dialects.nemo_gym import NEMO_GYM_REGISTERED_KINDS, nemo_gym_failure_kind
 
     expected = {"timeout": "agent_timeout", "verifier": "verifier_error", "infra": "gym_bridge:infra", "env": "gym_bridge:env",
                 "context_overflow": "gym_bridge:context_overflow", "judge_failed": "judge_failed", "sandbox:oom": "sandbox:oom",
