@@ -1,14 +1,10 @@
 """`gym-bridge serve`: gym_bridge environments as NeMo Gym agent servers, the way NeMo RL uses them.
 
-NeMo RL POSTs each row to `/run` of the server its `agent_ref.name` names; each `/run` is one core
-rollout whose model calls go to NeMo RL's `/v1/chat/completions` as NeMo Gym's model servers make
-them (`ChatAPIPolicy(token_ids=True)`). A malformed row answers 422 naming the field; a failed
-rollout answers 200 with `mask_sample: true` (see `to_run_result` for what NeMo RL reads), its
-failure kind in NeMo Gym's shared vocabulary (`nemo_gym_failure_kind`). After collecting, NeMo Gym
-0.7.0's rollout collection POSTs the stripped results to `/aggregate_metrics` (`aggregate_metrics`).
-A client that disconnects from `/run` cancels its rollout; with a journal (`journal_dir`; `serve` keeps one by
-default), a row that names its rollout (`_ng_task_index`, `_ng_rollout_index`) and is sent again continues from its
-last turn, unless the model behind the server changed (its fingerprint: `served_model_identity`).
+NeMo RL POSTs each row to `/run` of the server its `agent_ref.name` names; each `/run` is one core rollout whose
+model calls go to NeMo RL's `/v1/chat/completions` (a routed chat policy with token ids). Here: the settings, the
+server (`AgentServer`: a row checked, run, answered in NeMo Gym's wire format, `gym_bridge.core.dialects.nemo_gym`),
+its journal (`open_journal`: a row that names its rollout and is sent again continues from its last turn), the app
+(`build_app`) and `serve`. A malformed row answers 422 naming the field; a failed rollout 200 with `mask_sample`.
 """
 
 from __future__ import annotations
@@ -16,10 +12,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-import os
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gym_bridge.capture.environment import HarnessEnvironment, row_command
@@ -37,6 +32,8 @@ from gym_bridge.core.request_body import BodyError, read_json
 from gym_bridge.core.task import Task, parse_task
 from gym_bridge.policies.router import ReplicaRouter
 from gym_bridge.serve.disconnect import ClientDisconnected, unless_disconnected
+from gym_bridge.serve.listen import bind_socket, run_app
+from gym_bridge.serve.request_limit import RequestLimit
 
 if TYPE_CHECKING:
     from gym_bridge.policies.chat_api import ChatAPIPolicy
@@ -353,11 +350,10 @@ def serve(settings: AgentServerSettings, *, host: str = "127.0.0.1", port: int =
     and `/aggregate_metrics` are always answered, however busy the server is. With a journal, the model servers are
     asked first what they serve (`served_model_identity`): a journal of another model is refused (JournalError)."""
     try:
-        import uvicorn
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
     except ImportError:
         raise MissingExtraError("gym-bridge serve needs FastAPI and uvicorn: pip install 'gym-bridge[serve]'") from None
-    from gym_bridge.serve.request_limit import RequestLimit
-    from gym_bridge.serve.model_server import bind_socket
 
     sock = bind_socket(host, port)  # a busy port fails first, before the model servers are asked
     try:
@@ -371,72 +367,11 @@ def serve(settings: AgentServerSettings, *, host: str = "127.0.0.1", port: int =
     except BaseException:
         sock.close()
         raise
-    bound_host, bound_port = sock.getsockname()[:2]
-    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=120)
-    if on_ready is not None:
-        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-        on_ready(f"http://{shown}:{bound_port}")
-    uvicorn.Server(config).run(sockets=[sock])
+    run_app(app, sock, on_ready=on_ready, timeout_keep_alive=120)
 
 
 def _busy(limit: int) -> dict[str, Any]:
     return {"detail": f"the server is running its limit of {limit} rollouts (--max-concurrency); retry later"}
-
-
-@dataclass(frozen=True)
-class NemoGymLaunch:
-    """Where and what to serve when NeMo Gym starts this server (see `from_nemo_gym_environ`)."""
-
-    settings: AgentServerSettings
-    host: str
-    port: int
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-_SETTING_KEYS = {
-    "max_turns": int, "max_new_tokens": int, "max_completion_tokens": int, "deadline_s": float,
-    "max_concurrency": int, "max_request_bytes": int, "request_timeout_s": float, "max_retries": int,
-}
-
-
-def from_nemo_gym_environ(environ: Mapping[str, str] | None = None) -> NemoGymLaunch:
-    """Settings from the environment NeMo Gym starts a server in: `NEMO_GYM_CONFIG_DICT` (the global
-    config as YAML) and `NEMO_GYM_CONFIG_PATH` (this server's top-level name). The server's own
-    entry (`<name>.responses_api_agents.<any>`) gives `host`, `port`, optional `envs` (default: the
-    name) and any `AgentServerSettings` number; `policy_base_url` and `policy_model_name`, which NeMo
-    RL puts in the global config (`nemo_rl/environments/nemo_gym.py::NemoGym._spinup`), give the
-    model servers. Raises GymBridgeError naming what is missing."""
-    import yaml
-
-    environ = os.environ if environ is None else environ
-    raw, name = environ.get("NEMO_GYM_CONFIG_DICT"), environ.get("NEMO_GYM_CONFIG_PATH")
-    if not raw or not name:
-        raise ConfigError("NEMO_GYM_CONFIG_DICT and NEMO_GYM_CONFIG_PATH are not set: this entry point is started by NeMo Gym")
-    config = yaml.safe_load(raw)
-    try:
-        entry = next(iter(next(iter(config[name].values())).values()))
-    except (KeyError, StopIteration, AttributeError, TypeError):
-        raise ConfigError(f"NeMo Gym's config has no server entry {name}.<server type>.<server name>") from None
-    urls = config.get("policy_base_url")
-    urls = [urls] if isinstance(urls, str) else list(urls or [])
-    if not urls:
-        raise ConfigError("NeMo Gym's config has no policy_base_url (NeMo RL sets it to its vLLM servers' URLs)")
-    if entry.get("host") is None or entry.get("port") is None:
-        raise ConfigError(f"the server entry {name} has no host and port")
-    envs = entry.get("envs") or [name]
-    numbers = {key: cast(entry[key]) for key, cast in _SETTING_KEYS.items() if entry.get(key) is not None}
-    journal = entry.get("journal_dir", default_journal_dir(int(entry["port"])))  # null in the entry: no journal
-    settings = AgentServerSettings(envs=tuple(envs), model_base_urls=tuple(str(url) for url in urls),
-                                   model=config.get("policy_model_name"), api_key=config.get("policy_api_key"),
-                                   journal_dir=None if journal is None else str(journal), **numbers)
-    return NemoGymLaunch(settings=settings, host=str(entry["host"]), port=int(entry["port"]))
-
-
-def main_from_nemo_gym(environ: Mapping[str, str] | None = None) -> None:
-    """What the NeMo Gym entry point (`recipes/nemo_rl/responses_api_agents/gym_bridge/app.py`) runs."""
-    launch = from_nemo_gym_environ(environ)
-    serve(launch.settings, host="0.0.0.0", port=launch.port,
-          on_ready=lambda url: print(f"gym-bridge serve: {', '.join(launch.settings.envs)} at {url}", flush=True))
 
 
 def settings_from_args(envs: Sequence[str], base_urls: Sequence[str], **values: Any) -> AgentServerSettings:
