@@ -15,28 +15,24 @@ import itertools
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gym_bridge.capture.environment import HarnessEnvironment, row_command
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.dialects.nemo_gym import aggregate_metrics, from_aggregate_request, rollout_id, run_sampling, to_run_result
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import Environment
-from gym_bridge.core.errors import BackendAnswerError, ConfigError, DataError, MissingExtraError, UserError
+from gym_bridge.core.errors import ConfigError, DataError, MissingExtraError, UserError
 from gym_bridge.core.journal import RunFingerprint, RunJournal, environment_settings
-from gym_bridge.core.policy import ChatPolicy, ChatRequest, ChatTurn, SamplingParams
+from gym_bridge.core.policy import ChatPolicy, SamplingParams
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import get_environment, resolve_tasks, routing_names
 from gym_bridge.core.rollout_file import dump_line
 from gym_bridge.core.request_body import BodyError, read_json
 from gym_bridge.core.task import Task, parse_task
-from gym_bridge.policies.router import ReplicaRouter
 from gym_bridge.serve.disconnect import ClientDisconnected, unless_disconnected
 from gym_bridge.serve.listen import bind_socket, run_app
 from gym_bridge.serve.request_limit import RequestLimit
-
-if TYPE_CHECKING:
-    from gym_bridge.policies.chat_api import ChatAPIPolicy
 
 DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
 
@@ -70,66 +66,6 @@ class AgentServerSettings:
     client that sends the same rollout again (after a disconnect or a server restart) continues it; None: no journal."""
 
 
-class ModelServers:
-    """The chat policy of `/run`: NeMo RL's chat endpoints with token ids, every call of one
-    rollout on the same server (its prefix cache), new rollouts on the least busy one: the
-    project's one routing rule, `gym_bridge.policies.router.ReplicaRouter`."""
-
-    def __init__(self, settings: AgentServerSettings) -> None:
-        if not settings.model_base_urls:
-            raise ConfigError("give at least one model base URL (--model-base-url)")
-        self.settings = settings
-        self.model_name = settings.model
-        """The served model's name (once asked from the server when not given)."""
-        self._policies: list[ChatAPIPolicy] | None = None
-        self.router: ReplicaRouter | None = None
-        """Which server each call goes to (set with the servers, on the first call)."""
-        self._lock = asyncio.Lock()
-
-    async def _servers(self) -> list[ChatAPIPolicy]:
-        if self._policies is None:
-            async with self._lock:
-                if self._policies is None:
-                    from gym_bridge.policies.chat_api import ChatAPIPolicy
-                    from gym_bridge.policies.discovery import served_models
-                    from gym_bridge.policies.http import normalize_base_url
-
-                    settings = self.settings
-                    urls = [normalize_base_url(url) for url in settings.model_base_urls]
-                    model = settings.model
-                    if model is None:
-                        models = await served_models(urls[0], api_key=settings.api_key, timeout_s=min(settings.request_timeout_s, 30.0))
-                        if not models:
-                            raise BackendAnswerError(f"{urls[0]} serves no model")
-                        model = str(models[0]["id"])
-                    self.model_name = model
-                    self._policies = [
-                        ChatAPIPolicy(model=model, base_url=url, api="chat", api_key=settings.api_key, token_ids=True,
-                                      request_timeout_s=settings.request_timeout_s, max_retries=settings.max_retries)
-                        for url in urls
-                    ]
-                    self.router = ReplicaRouter(urls)
-        return self._policies
-
-    async def chat(self, request: ChatRequest) -> ChatTurn:
-        servers = await self._servers()
-        router = self.router
-        assert router is not None  # set with the servers
-        server = router.choose(request.session_id)
-        router.started(server)
-        ok = False
-        try:
-            turn = await servers[server].chat(request)
-            ok = True
-        finally:
-            router.finished(server, ok=ok)
-        return turn
-
-    async def aclose(self) -> None:
-        for policy in self._policies or []:
-            await policy.aclose()
-
-
 class RowError(UserError):
     """A `/run` body that is not a usable row; answered with 422 naming `field`."""
 
@@ -161,7 +97,7 @@ class AgentServer:
         """The routing names a `/run` row may give (served names, their aliases and module paths), fixed at start:
         a row is routed only among these, so no body makes the server import a module."""
         ensure_ready(self.env_classes.values())  # a missing sandbox stops the server at start, not each /run
-        self.policy: Any = policy if policy is not None else ModelServers(settings)
+        self.policy: Any = policy if policy is not None else model_servers(settings)
         self.engine = Engine(self.policy, None, EngineConfig(
             limits=Limits(max_turns=settings.max_turns, max_completion_tokens=settings.max_completion_tokens),
             max_concurrency=settings.max_concurrency, deadline_s=settings.deadline_s, model_name=settings.model or "",
@@ -239,6 +175,19 @@ class AgentServer:
         self.journal.finish(key)
         self._tried.discard(key)
         return record
+
+
+def model_servers(settings: AgentServerSettings) -> ChatPolicy:
+    """The chat policy of `/run`: NeMo RL's chat endpoints with token ids (as NeMo Gym's model servers call them),
+    every call of one rollout on the same server, new rollouts on the least busy one (`build_policy`'s routed chat
+    policy). Raises ConfigError without a model base URL."""
+    if not settings.model_base_urls:
+        raise ConfigError("give at least one model base URL (--model-base-url)")
+    from gym_bridge.policies.factory import PolicySpec, build_chat_policy
+
+    return build_chat_policy(PolicySpec(kind="chat", model=settings.model, base_urls=settings.model_base_urls, api_key=settings.api_key,
+                                          token_ids=True, request_timeout_s=settings.request_timeout_s,
+                                          max_retries=settings.max_retries))
 
 
 def check_verifier_fields(task: Task, env_class: type[Environment]) -> None:
