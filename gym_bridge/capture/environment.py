@@ -34,7 +34,7 @@ from gym_bridge.core.bounded.deadline import HeldPolicy
 from gym_bridge.core.environment import Environment, RowProblem, VerifyResult, to_verify_result
 from gym_bridge.core.journal import ResumeKind
 from gym_bridge.core.items import Item
-from gym_bridge.core.policy import ChatPolicy, is_token_policy
+from gym_bridge.core.policy import Policy, by_policy_kind
 from gym_bridge.core.registry import module_paths_limited
 from gym_bridge.core.task import ROUTING_KEYS, Task
 from gym_bridge.core.dialects.chat import to_chat_tool
@@ -101,16 +101,15 @@ def _session(ctx: RolloutContext, model_name: str, max_parallel_calls: int) -> C
     """A token session in front of a token policy; a chat session in front of a chat policy (it must return token ids)."""
     common: dict[str, Any] = {"sampling": ctx.sampling, "limits": ctx.limits, "model_name": model_name, "label": ctx.session_id,
                               "max_parallel_calls": max_parallel_calls}
-    policy = ctx.policy
-    if is_token_policy(policy):
+
+    def tokens(policy: Policy) -> CaptureSession:
         if ctx.template is None:
             raise FailRollout("infra", "a harness environment over a token policy needs the run's chat template")
         if ctx.deadline is not None and ctx.deadline.parked:  # time a trainer parks a call is not the rollout's
             policy = HeldPolicy(policy, ctx.deadline)
         return CaptureSession(policy=policy, template=ctx.template, **common)
-    if isinstance(policy, ChatPolicy):
-        return ChatCaptureSession(policy=policy, **common)
-    raise FailRollout("infra", f"a harness environment needs a token policy or a chat policy, got {type(policy).__name__}")
+
+    return by_policy_kind(ctx.policy, token=tokens, chat=lambda policy: ChatCaptureSession(policy=policy, **common))
 
 
 def _fill_trajectory(ctx: RolloutContext, session: SessionState) -> None:

@@ -9,9 +9,10 @@ depend on streaming; an error found before generating is an ordinary JSON error 
 A session is named in the URL (`http://127.0.0.1:PORT/s/<token>/v1`) or by the API key (the
 same token, for harnesses that only let you set `OPENAI_API_KEY` with a fixed base URL). Errors
 use OpenAI's shape (`{"error": {message, type, param, code}}`) and status codes: 400 for what
-the endpoint cannot serve (a body nested too deeply to parse included), 401 for an unknown key,
-404 for an unknown model or session, 415 for a body sent as anything but JSON (`text/plain` or a
-form: what a browser page may send cross-site without asking; no OpenAI client sends one).
+the endpoint cannot serve (a body that is not JSON or nests too deeply: `gym_bridge.core.request_body`),
+401 for an unknown key, 404 for an unknown model or session, 413 for a body over 16 MiB, 415 for a
+body sent as anything but JSON (`text/plain` or a form: what a browser page may send cross-site
+without asking; no OpenAI client sends one).
 The server starts with the first open session and stops when the last one closes.
 """
 
@@ -29,6 +30,7 @@ from gym_bridge.capture.chat_session import ChatCaptureSession
 from gym_bridge.capture.session import CaptureSession
 from gym_bridge.core.dialects.chat import ApiError, completion_chunks
 from gym_bridge.core.dialects.responses_api import response_events
+from gym_bridge.core.request_body import BodyError, json_object, read_json
 
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
 
@@ -48,7 +50,7 @@ class CaptureServer:
         self._lock = asyncio.Lock()
 
     def _app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+        app = web.Application()  # the body is read as it streams in, its size bounded by `read_json`
         for root in ("/s/{token}/v1", "/v1"):
             app.router.add_post(f"{root}/chat/completions", self._chat)
             app.router.add_post(f"{root}/responses", self._responses)
@@ -126,21 +128,16 @@ class CaptureServer:
                 raise session.fail(415, f"Content-Type {request.headers['Content-Type']!r} is not supported: send the body as JSON "
                                         "with Content-Type: application/json", code="unsupported_media_type")
             try:
-                data = json.loads(await request.read())
-            except (UnicodeDecodeError, json.JSONDecodeError) as error:
-                raise session.fail(400, f"request body is not valid JSON: {error}") from None
-            if not isinstance(data, dict):
-                raise session.fail(400, "request body must be a JSON object")
+                data = json_object(await read_json(request.content.iter_any(), content_length=request.headers.get("Content-Length"),
+                                                   max_bytes=MAX_REQUEST_BYTES))
+            except BodyError as error:
+                raise session.fail(error.status, error.message) from None
             try:
                 return await answer(session, data)
             except RecursionError:  # JSON in a string field (tool call arguments) nested as deep
                 raise session.fail(400, "request is nested too deeply to parse") from None
-        except RecursionError:
-            return _error(session.fail(400, "request body is nested too deeply to parse"))
         except ApiError as error:
             return _error(error)
-        except web.HTTPException:
-            raise
         except Exception as error:  # one request fails, the server and the other sessions go on
             return _error(ApiError(500, f"{type(error).__name__}: {error}", "server_error"))
 

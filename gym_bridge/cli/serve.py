@@ -49,7 +49,8 @@ def _serve_model(args: argparse.Namespace) -> int:
         import uvicorn  # noqa: F401
     except ImportError:
         raise MissingExtraError("serve-model needs FastAPI and uvicorn: pip install 'gym-bridge[serve]'") from None
-    from gym_bridge.serve.model_server import bind_socket, serve
+    from gym_bridge.serve.listen import bind_socket
+    from gym_bridge.serve.model_server import serve
 
     if args.max_concurrency < 1:
         raise ConfigError(f"--max-concurrency must be at least 1, got {args.max_concurrency}")

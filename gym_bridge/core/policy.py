@@ -13,7 +13,7 @@ out) and are for evaluation only; training code calls `require_token_policy` to 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Protocol, Sequence, TypeGuard, TypeVar, runtime_checkable
+from typing import Any, Callable, Literal, Mapping, Protocol, Sequence, TypeGuard, TypeVar, runtime_checkable
 
 from gym_bridge.core.conversation import FinishReason, Message
 from gym_bridge.core.errors import BackendAnswerError, TokenPolicyRequiredError
@@ -143,6 +143,21 @@ class ChatPolicy(Protocol):
 def is_token_policy(policy: object) -> TypeGuard[Policy]:
     """Whether `policy` is token-in/token-out (has `generate`); chat policies are not."""
     return callable(getattr(policy, "generate", None))
+
+
+_FromToken = TypeVar("_FromToken")
+_FromChat = TypeVar("_FromChat")
+
+
+def by_policy_kind(policy: object, *, token: Callable[[Policy], _FromToken],
+                   chat: Callable[[ChatPolicy], _FromChat]) -> _FromToken | _FromChat:
+    """`token(policy)` for a token-in/token-out policy (it has `generate`), else `chat(policy)` for a chat policy (it
+    has `chat`): the one place a policy's kind is told apart. Raises TypeError for an object that is neither."""
+    if is_token_policy(policy):
+        return token(policy)
+    if isinstance(policy, ChatPolicy):
+        return chat(policy)
+    raise TypeError(f"{type(policy).__name__} is not a policy: it has neither generate() nor chat()")
 
 
 def require_token_policy(policy: object) -> Policy:

@@ -24,7 +24,7 @@ from gym_bridge.core.errors import FailRollout, RolloutError, classify
 from gym_bridge.core.journal import ResumeKind, RolloutKey, RunJournal
 from gym_bridge.core.template.parsers.call import ParsedCall
 from gym_bridge.core.policy import (
-    CallTokens, ChatPolicy, ChatRequest, ChatToolCall, ChatTurn, Generation, GenerationRequest, Policy, is_token_policy,
+    CallTokens, ChatPolicy, ChatRequest, ChatToolCall, ChatTurn, Generation, GenerationRequest, Policy, by_policy_kind,
 )
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.trajectory import Trajectory
@@ -91,11 +91,8 @@ class RolloutResume:
 
     def wrap(self, policy: Policy | ChatPolicy) -> Policy | ChatPolicy:
         """`policy` with committed calls answered from the journal and live ones journaled."""
-        if is_token_policy(policy):
-            return _ReplayingPolicy(self, policy)
-        if not isinstance(policy, ChatPolicy):
-            raise TypeError(f"{type(policy).__name__} is not a policy: it has neither generate() nor chat()")
-        return _ReplayingChatPolicy(self, policy)
+        return by_policy_kind(policy, token=lambda token: _ReplayingPolicy(self, token),
+                              chat=lambda chat: _ReplayingChatPolicy(self, chat))
 
     def restarted(self) -> RolloutResume:
         """A fresh attempt from turn 0 after this one's replay diverged or its restore failed (the record says why)."""

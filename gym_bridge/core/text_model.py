@@ -9,11 +9,11 @@ API is fine here. `gym_bridge.policies.text_model.load_text_model` builds one fr
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Sequence, cast
+from typing import Mapping, Sequence
 
 from gym_bridge.core.conversation import Message
 from gym_bridge.core.errors import ConfigError
-from gym_bridge.core.policy import ChatPolicy, ChatRequest, GenerationRequest, Policy, SamplingParams, is_token_policy
+from gym_bridge.core.policy import ChatPolicy, ChatRequest, GenerationRequest, Policy, SamplingParams, by_policy_kind, is_token_policy
 from gym_bridge.core.template.chat_template import ChatTemplate
 
 
@@ -40,17 +40,21 @@ class TextModel:
         sampling = self.sampling
         if max_new_tokens is not None and max_new_tokens != sampling.max_new_tokens:
             sampling = replace(sampling, max_new_tokens=max_new_tokens)
-        if not is_token_policy(self.policy):
-            chat_policy = cast(ChatPolicy, self.policy)  # no `generate`: the ChatPolicy of `Policy | ChatPolicy`
-            turn = await chat_policy.chat(ChatRequest(messages=conversation, tools=(), sampling=sampling, session_id=session_id))
-            return turn.text.strip()
-        assert self.template is not None
+        return await by_policy_kind(self.policy, token=lambda policy: self._generated_text(policy, conversation, sampling, session_id),
+                                    chat=lambda policy: _chat_text(policy, conversation, sampling, session_id))
+
+    async def _generated_text(self, policy: Policy, conversation: list[Message], sampling: SamplingParams, session_id: str) -> str:
+        assert self.template is not None  # checked at construction for a token policy
         prompt_ids = self.template.prompt_ids(conversation, None)
-        request = GenerationRequest(prompt_ids=prompt_ids, sampling=sampling, session_id=session_id)
-        generation = await self.policy.generate(request)
+        generation = await policy.generate(GenerationRequest(prompt_ids=prompt_ids, sampling=sampling, session_id=session_id))
         if generation.text is not None:
             return generation.text.strip()
         return self.template.tokenizer.decode(generation.token_ids, skip_special_tokens=True).strip()
+
+
+async def _chat_text(policy: ChatPolicy, conversation: list[Message], sampling: SamplingParams, session_id: str) -> str:
+    turn = await policy.chat(ChatRequest(messages=conversation, tools=(), sampling=sampling, session_id=session_id))
+    return turn.text.strip()
 
 
 def _text_message(message: Mapping[str, str]) -> Message:

@@ -26,7 +26,7 @@ from gym_bridge.core.errors import FailRollout
 from gym_bridge.core.items import (POLICY_VERSION_FIELD, TOKEN_FIELDS, Item, function_call_item, function_call_output_item, message_item,
                                    reasoning_item, user_message_item)
 from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn
-from gym_bridge.core.policy import CallTokens, ChatPolicy, ChatRequest, ChatTurn, Generation, GenerationRequest, Policy, SamplingParams, is_token_policy
+from gym_bridge.core.policy import CallTokens, ChatPolicy, ChatRequest, ChatTurn, Generation, GenerationRequest, Policy, SamplingParams, by_policy_kind
 from gym_bridge.core.task import Task
 from gym_bridge.core.template.chat_template import ChatTemplate
 from gym_bridge.core.template.messages import ToolOutput
@@ -390,25 +390,25 @@ class StartTranscript(Protocol):
 def transcript_starter(policy: Policy | ChatPolicy, template: ChatTemplate | None) -> StartTranscript:
     """How every rollout of `policy` starts its transcript: tokens for a token policy (which needs
     `template`), messages for a chat policy. Raises TypeError for an object that is neither."""
-    if is_token_policy(policy):
+    def tokens(token_policy: Policy) -> StartTranscript:
         if template is None:
             raise ValueError("a token-in/token-out policy needs a ChatTemplate")
-        token_policy, token_template = policy, template
+        token_template = template
 
         def start_tokens(*, task: Task, tools: tuple[dict[str, Any], ...], trajectory: Trajectory, session_id: str,
                          max_tokens: int) -> Transcript:
             return TokenTranscript(token_policy, token_template, task=task, tools=tools, trajectory=trajectory,
                                    session_id=session_id, max_tokens=max_tokens)
         return start_tokens
-    if not isinstance(policy, ChatPolicy):
-        raise TypeError(f"{type(policy).__name__} is not a policy: it has neither generate() nor chat()")
-    chat_policy = policy
 
-    def start_messages(*, task: Task, tools: tuple[dict[str, Any], ...], trajectory: Trajectory, session_id: str,
-                       max_tokens: int) -> Transcript:
-        return MessageTranscript(chat_policy, task=task, tools=tools, trajectory=trajectory, session_id=session_id,
-                                 max_tokens=max_tokens)
-    return start_messages
+    def messages(chat_policy: ChatPolicy) -> StartTranscript:
+        def start_messages(*, task: Task, tools: tuple[dict[str, Any], ...], trajectory: Trajectory, session_id: str,
+                           max_tokens: int) -> Transcript:
+            return MessageTranscript(chat_policy, task=task, tools=tools, trajectory=trajectory, session_id=session_id,
+                                     max_tokens=max_tokens)
+        return start_messages
+
+    return by_policy_kind(policy, token=tokens, chat=messages)
 
 
 def _answered_id(item_id: str, call: ParsedCall) -> str:

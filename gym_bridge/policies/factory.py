@@ -3,7 +3,8 @@
 `PolicySpec(kind=...)` names what to build: `embedded` (the embedded SmolLM2 through transformers),
 `transformers` (a local folder or hub id; none: the embedded model), `vllm` (a `vllm.LLM` built here
 on that model), `remote` (an OpenAI-compatible server spoken token-in/token-out) or `chat` (a chat
-API: evaluation only). The CLI, text models (`TextModel`) and TRL's server mode build through `build_policy`;
+API: evaluation only; over several servers, or with token ids for `gym-bridge serve`, routed per rollout). The CLI,
+text models (`TextModel`), `gym-bridge serve` and TRL's server mode build through `build_policy`;
 backends a trainer owns (its `vllm.LLM`, its training model) are wrapped where the trainer is.
 A backend whose extra is not installed raises `MissingDependencyError` with the install command.
 """
@@ -33,9 +34,11 @@ class PolicySpec:
     model: str | None = None
     """A folder or hub id (`transformers`, `vllm`; None: the embedded model); the served model's name (`remote`, `chat`)."""
     base_urls: tuple[str, ...] = ()
-    """The servers of `remote` (one or more) and `chat` (exactly one)."""
+    """The servers of `remote` and `chat` (one or more; several `chat` servers are routed per rollout)."""
     api: Literal["chat", "responses"] = "chat"
     """Which chat API `chat` speaks."""
+    token_ids: bool = False
+    """`chat`: ask for and require each call's token ids (NeMo RL's chat endpoint behind `gym-bridge serve`)."""
     api_key: str | None = None
     request_timeout_s: float | None = None
     max_retries: int | None = None
@@ -67,18 +70,32 @@ def build_policy(spec: PolicySpec) -> Policy | ChatPolicy:
         return _vllm(spec)
     if not spec.base_urls:
         raise ConfigError(f"a {spec.kind} policy needs at least one base URL")
+    if spec.kind == "chat":
+        return build_chat_policy(spec)
+    options = _timeouts(spec)
     if not spec.model:
         raise ConfigError(f"a {spec.kind} policy at {spec.base_urls[0]} needs the served model's name")
-    options = _timeouts(spec)
-    if spec.kind == "chat":
-        from gym_bridge.policies.chat_api import ChatAPIPolicy
-
-        if len(spec.base_urls) != 1:
-            raise ConfigError(f"a chat policy talks to exactly one base URL, got {len(spec.base_urls)}")
-        return ChatAPIPolicy(model=spec.model, base_url=spec.base_urls[0], api=spec.api, api_key=spec.api_key, **options)
     from gym_bridge.policies.remote import RemotePolicy
 
     return RemotePolicy(list(spec.base_urls), model=spec.model, api_key=spec.api_key, vocab_size=spec.vocab_size, **options)
+
+
+def build_chat_policy(spec: PolicySpec) -> ChatPolicy:
+    """The chat policy of a `chat` spec: over one server with a model name, a `ChatAPIPolicy`; over several, or with
+    no name (the first server's model, asked on the first call), a `RoutedChatPolicy`. Raises ConfigError for
+    another kind or no base URL."""
+    if spec.kind != "chat" or not spec.base_urls:
+        raise ConfigError(f"a chat policy needs kind 'chat' and at least one base URL, got {spec.kind!r} with {len(spec.base_urls)}")
+    options = _timeouts(spec)
+    if spec.token_ids:
+        options["token_ids"] = True
+    if len(spec.base_urls) == 1 and spec.model:
+        from gym_bridge.policies.chat_api import ChatAPIPolicy
+
+        return ChatAPIPolicy(model=spec.model, base_url=spec.base_urls[0], api=spec.api, api_key=spec.api_key, **options)
+    from gym_bridge.policies.routed_chat import RoutedChatPolicy
+
+    return RoutedChatPolicy(spec.base_urls, model=spec.model, api=spec.api, api_key=spec.api_key, **options)
 
 
 def _timeouts(spec: PolicySpec) -> dict[str, Any]:

@@ -15,15 +15,13 @@ Only the sampled token's log-prob is computed: `top_logprobs` holds just that to
 Chat completions also speak NeMo RL's token-id convention (its vLLM server behind NeMo Gym): an
 assistant message may carry the `prompt_token_ids` and `generation_token_ids` of its call, and the
 prompt is then those exact ids followed by the template's rendering of what came after that
-message (`splice_prefix`); with `logprobs` and `return_tokens_as_token_ids` the answer's message
+message (`gym_bridge.serve.prefix_splice`); with `logprobs` and `return_tokens_as_token_ids` the answer's message
 carries `prompt_token_ids`, `generation_token_ids` and `generation_log_probs`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
-import json
 import logging
 import socket
 import time
@@ -38,21 +36,23 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, StrictInt
 
-from gym_bridge.core.conversation import AssistantMessage, TemplateMessage
+from gym_bridge.core.conversation import AssistantMessage
 from gym_bridge.core.dialects.chat import MAX_CHOICES, ApiError, ChatBody, MessageIn, SamplingBody, ToolIn, answer_choice, chat_completion, from_chat_tool
 from gym_bridge.core.dialects.completions import CompletionBody, completion_logprobs
 from gym_bridge.core.dialects.template_view import template_messages
 from gym_bridge.serve.disconnect import ClientDisconnected, unless_disconnected
-from gym_bridge.core.errors import SetupError, ContextOverflowError
+from gym_bridge.core.errors import ContextOverflowError
+from gym_bridge.core.request_body import BodyError, json_object, read_json
 from gym_bridge.core.policy import Generation, GenerationRequest, LogprobsMode, SamplingParams
 from gym_bridge.core.template.chat_template import ChatTemplate
 from gym_bridge.core.transcript import answer_message
+from gym_bridge.serve.listen import bind_socket, run_app
+from gym_bridge.serve.prefix_splice import required_prefix, splice_prefix
+from gym_bridge.serve.request_limit import RequestLimit
 
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 DEFAULT_CHAT_MAX_TOKENS = 1024
 """Chat requests without `max_tokens` generate up to this many tokens (or what fits the context)."""
-MAX_JSON_DEPTH = 64
-"""Nesting of a request body at most (objects and arrays); deeper bodies get a 400."""
 
 logger = logging.getLogger(__name__)
 
@@ -291,42 +291,17 @@ async def detokenize(request: Request) -> dict[str, Any]:
 
 
 async def _parse(request: Request, model: type[pydantic.BaseModel], state: ServerState) -> Any:
-    """The validated body; 413 when it is over the size limit, 400 when it is not valid."""
-    declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > state.max_request_bytes):
-        raise ApiError(413, f"request body is larger than {state.max_request_bytes} bytes", "RequestTooLarge")
-    raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > state.max_request_bytes:
-            raise ApiError(413, f"request body is larger than {state.max_request_bytes} bytes", "RequestTooLarge")
+    """The validated body; 413 when it is over the size limit, 400 when it is not valid (`read_json`)."""
     try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ApiError(400, f"request body is not valid JSON: {error}") from None
-    except RecursionError:
-        raise ApiError(400, f"request body is nested more than {MAX_JSON_DEPTH} levels deep") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "request body must be a JSON object")
-    if _depth_exceeds(data, MAX_JSON_DEPTH):
-        raise ApiError(400, f"request body is nested more than {MAX_JSON_DEPTH} levels deep")
+        data = json_object(await read_json(request.stream(), content_length=request.headers.get("content-length"),
+                                           max_bytes=state.max_request_bytes))
+    except BodyError as error:
+        raise ApiError(error.status, error.message, "RequestTooLarge" if error.status == 413 else "BadRequestError") from None
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as error:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in error.errors()[:5])
         raise ApiError(400, f"invalid request: {problems}") from None
-
-
-def _depth_exceeds(value: Any, limit: int) -> bool:
-    """Whether `value` nests objects and arrays more than `limit` levels deep (iteratively: no recursion)."""
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > limit:
-            return True
-        children = node.values() if isinstance(node, dict) else node
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return False
 
 
 def _check_model(name: str | None, state: ServerState) -> None:
@@ -430,38 +405,6 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
 
 
-def required_prefix(body: ChatBody) -> list[int] | None:
-    """The ids a chat prompt must start with: `required_prefix_token_ids`, else the
-    `prompt_token_ids + generation_token_ids` of the last message that carries them (NeMo RL's rule)."""
-    if body.required_prefix_token_ids is not None:
-        return list(body.required_prefix_token_ids)
-    for message in reversed(body.messages):
-        if message.prompt_token_ids is not None:
-            return list(message.prompt_token_ids) + list(message.generation_token_ids or [])
-    return None
-
-
-def splice_prefix(template: ChatTemplate, messages: list[TemplateMessage], tools: list[dict[str, Any]] | None,
-                  prompt_ids: list[int], prefix: list[int]) -> list[int]:
-    """`prefix` (the exact ids of the conversation up to the last assistant message, its end-of-turn
-    token aside) followed by the rendered prompt from that message's end-of-turn token on.
-
-    The cut is found by counting end-of-turn tokens: the conversation up to and including the last
-    assistant message renders with N of them, and the prompt is cut at its N-th. Raises ApiError 400
-    when the rendering has fewer.
-    """
-    eos = template.tokenizer.eos_token_id
-    last = max((i for i, message in enumerate(messages) if message["role"] == "assistant"), default=None)
-    head = messages if last is None else messages[: last + 1]
-    count = template.conversation_ids(head, tools, add_generation_prompt=False).count(eos)
-    positions = [i for i, token in enumerate(prompt_ids) if token == eos]
-    if count == 0 or len(positions) < count:
-        raise ApiError(400, f"cannot keep the token prefix: the rendered conversation has {len(positions)} end-of-turn "
-                            f"tokens, the messages up to the last assistant one need {count}")
-    model = prefix[:-1] if prefix and prefix[-1] == eos else prefix
-    return model + prompt_ids[positions[count - 1]:]
-
-
 def _assistant_message(template: ChatTemplate, text: str, *, prompt_ids: list[int], tools: list[dict[str, Any]] | None) -> AssistantMessage:
     """The assistant message of a chat choice: `text` read with the model family's parsers, answered by the
     rule the capture endpoint answers with (`answer_message`), so one model answers alike through both;
@@ -471,25 +414,6 @@ def _assistant_message(template: ChatTemplate, text: str, *, prompt_ids: list[in
                              call_id=lambda n, call: template.call_id(uuid.uuid4().hex[:24], written=call.call_id))
     message.setdefault("tool_calls", [])
     return message
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening-ready socket on `host:port` (`port` 0 picks a free one).
-
-    Raises GymBridgeError when the port is in use or the address cannot be bound (before anything
-    slow, such as loading a model, happens)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as error:
-        sock.close()
-        if error.errno == errno.EADDRINUSE:
-            raise SetupError(f"port {port} on {host} is in use (is a server already running there?); stop it, or pick "
-                                 "another --port (0 picks a free one)") from None
-        raise SetupError(f"cannot listen on {host}:{port}: {error.strerror or error}; check --host and --port") from None
-    return sock
 
 
 def serve(
@@ -511,19 +435,8 @@ def serve(
     only those past it; `/health` and `/v1/models` are always answered. `sock`: a socket bound already
     (`bind_socket`, so a busy port is found before the model loads); else `host:port`.
     """
-    import uvicorn
-
-    from gym_bridge.serve.request_limit import RequestLimit
-
     app = RequestLimit(build_app(policy, model_name=model_name, model_root=model_root, logprobs_mode=logprobs_mode,
                                  max_request_bytes=max_request_bytes),
                        limit=max_requests, limited=lambda path: path not in ("/health", "/v1/models"), refusal=_busy)
-    sock = sock or bind_socket(host, port)
-    bound_host, bound_port = sock.getsockname()[:2]
-    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30,
-                            h11_max_incomplete_event_size=64 * 1024)
-    server = uvicorn.Server(config)
-    if on_ready is not None:
-        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-        on_ready(f"http://{shown}:{bound_port}/v1")
-    server.run(sockets=[sock])
+    run_app(app, sock or bind_socket(host, port), on_ready=on_ready, url_path="/v1", timeout_keep_alive=30,
+            h11_max_incomplete_event_size=64 * 1024)

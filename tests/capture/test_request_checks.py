@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from gym_bridge.capture.server import capture_server
+from gym_bridge.capture.server import MAX_REQUEST_BYTES, capture_server
 from gym_bridge.capture.session import CaptureSession
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.policy import SamplingParams, ScriptedPolicy
@@ -88,3 +88,15 @@ def test_an_orphan_function_call_output_is_a_400_naming_its_call_id(smol_templat
     session, refused, answered = asyncio.run(main())
     assert refused.status_code == 400 and "'call_nowhere'" in refused.message and "input[1]" in refused.message
     assert answered == "42" and [e.status for e in session.errors] == [400] and len(session.calls) == 1
+
+
+def test_a_body_over_the_size_limit_is_a_413_in_openais_shape(smol_template, turn) -> None:
+    """Issue 37 item 5: the capture endpoint reads its body with the servers' one reader (`read_json`): a body over
+    16 MiB is a 413 in OpenAI's error shape, recorded on the session (aiohttp answered it as plain text before),
+    and the next call of the session is served."""
+    big = json.dumps({**HELLO, "padding": "x" * (MAX_REQUEST_BYTES + 1)}).encode()
+    session, answers = post(smol_template, turn, "/chat/completions", [(big, {"Content-Type": "application/json"}),
+                                                                       (json.dumps(HELLO).encode(), {"Content-Type": "application/json"})])
+    assert [answer.status_code for answer in answers] == [413, 200]
+    assert f"larger than {MAX_REQUEST_BYTES} bytes" in answers[0].json()["error"]["message"]
+    assert [error.status for error in session.errors] == [413] and len(session.calls) == 1

@@ -14,6 +14,7 @@ from gym_bridge.core.policy import GenerationRequest, Policy, SamplingParams
 from gym_bridge.policies.chat_api import ChatAPIPolicy
 from gym_bridge.policies.factory import PolicySpec, build_policy
 from gym_bridge.policies.remote import RemotePolicy
+from gym_bridge.policies.routed_chat import RoutedChatPolicy
 from gym_bridge.policies.transformers import TransformersPolicy
 from gym_bridge.policies.vllm_engine import VLLMEnginePolicy
 
@@ -65,10 +66,24 @@ def test_chat_kind_builds_a_chat_api_policy() -> None:
     assert (policy.model, policy.api, policy.max_retries) == ("gpt", "responses", 0)
 
 
+def test_chat_kind_over_several_servers_or_without_a_name_builds_the_routed_chat_policy() -> None:
+    """Issue 37 item 7: the routed chat policy `gym-bridge serve` calls NeMo RL through is built here (it was built
+    beside the agent server); its servers' policies are made on the first call, with the spec's options."""
+    routed = build_policy(PolicySpec(kind="chat", model="m", base_urls=("http://a:1/v1", "http://b:1"), token_ids=True,
+                                     request_timeout_s=7.0, max_retries=1))
+    assert isinstance(routed, RoutedChatPolicy) and not isinstance(routed, Policy)
+    assert routed.base_urls == ["http://a:1/v1", "http://b:1/v1"] and routed.router.urls == routed.base_urls
+    servers = asyncio.run(routed._servers())
+    assert [(s.model, s.base_url, s.token_ids, s.request_timeout_s, s.max_retries) for s in servers] == [
+        ("m", "http://a:1/v1", True, 7.0, 1), ("m", "http://b:1/v1", True, 7.0, 1)]
+    unnamed = build_policy(PolicySpec(kind="chat", base_urls=("http://a:1/v1",)))
+    assert isinstance(unnamed, RoutedChatPolicy) and unnamed.model_name is None  # asks the server on the first call
+
+
 @pytest.mark.parametrize("spec, message", [
     (PolicySpec(kind="remote", model="m"), "base URL"),
     (PolicySpec(kind="remote", base_urls=("http://a:1/v1",)), "served model's name"),
-    (PolicySpec(kind="chat", model="m", base_urls=("http://a:1/v1", "http://b:1/v1")), "exactly one"),
+    (PolicySpec(kind="chat", model="m"), "base URL"),
     (PolicySpec(kind="gpu"), "policy kind must be one of"),  # type: ignore[arg-type]
 ])
 def test_settings_that_do_not_fit_the_kind_are_named(spec: PolicySpec, message: str) -> None:

@@ -25,7 +25,8 @@ import math
 import httpx
 import pytest
 
-from gym_bridge.serve.agent_server import AgentServerSettings, build_app, from_nemo_gym_environ
+from gym_bridge.serve.agent_server import AgentServerSettings, build_app
+from gym_bridge.serve.nemo_gym_launch import from_nemo_gym_environ
 from gym_bridge.core.policy import Generation
 from gym_bridge.core.task import MAX_ROW_DEPTH
 from gym_bridge.serve.model_server import build_app as build_model_app
@@ -503,7 +504,7 @@ def test_failure_kinds_use_nemo_gyms_shared_names_or_its_server_namespace():
     registered names nor `<server>:<kind>`."""
     import re
 
-    from gym_bridge.serve.agent_server import NEMO_GYM_REGISTERED_KINDS, nemo_gym_failure_kind
+    from gym_bridge.core.dialects.nemo_gym import NEMO_GYM_REGISTERED_KINDS, nemo_gym_failure_kind
 
     expected = {"timeout": "agent_timeout", "verifier": "verifier_error", "infra": "gym_bridge:infra", "env": "gym_bridge:env",
                 "context_overflow": "gym_bridge:context_overflow", "judge_failed": "judge_failed", "sandbox:oom": "sandbox:oom",
@@ -625,7 +626,8 @@ def test_runs_with_different_temperatures_share_one_engine_and_its_bound(monkeyp
 
 
 def test_model_servers_keep_each_rollout_on_one_server_through_the_project_router(smol_tokenizer):
-    """Issue 29: `/run`'s model calls are routed by `policies/router.py`, not a `crc32 % n` of their own. Every call of
+    """Issue 29: `/run`'s model calls are routed by `policies/router.py`, not a `crc32 % n` of their own (issue 37:
+    through the routed chat policy `build_policy` builds). Every call of
     one rollout (session) goes to the server of its first call (sticky: that server's prefix cache), and a new rollout
     goes to the least busy server: two sessions whose first calls overlap land on different servers, even when their
     ids hash to the same server (what the old `crc32(session_id) % n` rule did)."""
@@ -633,7 +635,7 @@ def test_model_servers_keep_each_rollout_on_one_server_through_the_project_route
 
     from gym_bridge.core.policy import ChatRequest, SamplingParams
     from gym_bridge.policies.router import ReplicaRouter
-    from gym_bridge.serve.agent_server import ModelServers
+    from gym_bridge.serve.agent_server import model_servers
 
     candidates = [f"{task}-0" for task in range(64)]
     first, second = next((a, b) for a in candidates for b in candidates if a < b and zlib.crc32(a.encode()) % 2 == zlib.crc32(b.encode()) % 2)
@@ -641,7 +643,7 @@ def test_model_servers_keep_each_rollout_on_one_server_through_the_project_route
     apps = [recording(build_model_app(ScriptedModel(smol_tokenizer, by_turn(turn_of(smol_tokenizer, "Hello."))), model_name="scripted"),
                       seen) for seen in bodies]
     with app_in_thread(apps[0]) as url_a, app_in_thread(apps[1]) as url_b:
-        servers = ModelServers(AgentServerSettings(envs=("weather",), model_base_urls=(url_a + "/v1", url_b + "/v1"), model="scripted"))
+        servers = model_servers(AgentServerSettings(envs=("weather",), model_base_urls=(url_a + "/v1", url_b + "/v1"), model="scripted"))
 
         def request(session: str) -> ChatRequest:
             return ChatRequest(messages=[{"role": "user", "content": f"session {session}"}], tools=(),

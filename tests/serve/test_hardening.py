@@ -12,7 +12,8 @@ import pytest
 from gym_bridge.core.policy import GenerationRequest, SamplingParams
 from gym_bridge.policies import transformers as transformers_policy
 from gym_bridge.policies.transformers import TransformersPolicy
-from gym_bridge.serve.model_server import MAX_JSON_DEPTH, build_app
+from gym_bridge.core.task import MAX_ROW_DEPTH
+from gym_bridge.serve.model_server import build_app
 from tests.support.http_server import app_in_thread
 
 
@@ -35,16 +36,29 @@ def test_a_client_that_disconnects_cancels_its_generation(server):
     assert time.monotonic() - started < 8
 
 
-@pytest.mark.parametrize("depth", [100_000, MAX_JSON_DEPTH + 1])
+def tool_nested(depth: int) -> str:
+    """A chat body whose tool parameters hold `depth` nested lists, the innermost `depth + 5` levels down
+    (body 1, tools 2, tool 3, function 4, parameters 5)."""
+    nested = "[" * depth + "]" * depth
+    return ('{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "tools": [{"type": "function", "function": '
+            '{"name": "f", "parameters": {"x": ' + nested + "}}}]}")
+
+
+@pytest.mark.parametrize("depth", [100_000, MAX_ROW_DEPTH - 4])
 def test_deeply_nested_json_is_a_400(server, depth):
     """Item 11: a body nested 100,000 deep (which overflows the JSON parser's recursion) and one just
-    over the limit, inside a tool's parameters, are both 400s naming the limit, not 500s."""
-    nested = "[" * depth + "]" * depth
-    body = ('{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": '
-            '{"name": "f", "parameters": {"x": ' + nested + "}}}]}")
-    answer = httpx.post(server + "/v1/chat/completions", content=body, headers={"content-type": "application/json"}, timeout=30)
+    over the limit (201 levels), inside a tool's parameters, are both 400s naming the limit, not 500s."""
+    answer = httpx.post(server + "/v1/chat/completions", content=tool_nested(depth), headers={"content-type": "application/json"}, timeout=30)
     assert answer.status_code == 400
-    assert f"nested more than {MAX_JSON_DEPTH} levels deep" in answer.json()["error"]["message"]
+    assert f"nested too deeply: more than {MAX_ROW_DEPTH} levels" in answer.json()["error"]["message"]
+
+
+def test_a_body_nested_to_the_limit_is_served(server):
+    """Issue 37 item 5: the three servers share one depth limit (a row's, 200 levels); serve-model's was 64, so
+    this body (200 levels) was a 400 before; it renders and generates now."""
+    answer = httpx.post(server + "/v1/chat/completions", content=tool_nested(MAX_ROW_DEPTH - 5),
+                        headers={"content-type": "application/json"}, timeout=60)
+    assert answer.status_code == 200, answer.text
 
 
 def generate_all(policy, requests):

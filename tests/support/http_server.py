@@ -21,7 +21,7 @@ def app_in_thread(app) -> Iterator[str]:  # type: ignore[no-untyped-def]
     """Serve an ASGI app with uvicorn in a background thread; yields its base URL (`http://127.0.0.1:P`)."""
     import uvicorn
 
-    from gym_bridge.serve.model_server import bind_socket
+    from gym_bridge.serve.listen import bind_socket
 
     sock = bind_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
