@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine, Mapping, Sequence, T
 from gym_bridge.cli.common import EXIT_OK, EXIT_TOO_MANY_FAILED, _HelpFormatter, _json_object, _module_path_arguments, check_urls
 from gym_bridge.cli.common import number, whole_number
 from gym_bridge.core.errors import ConfigError
-from gym_bridge.cli.common import check_local_model
+from gym_bridge.cli.common import TrustSettings, check_local_model, trusting
 from gym_bridge.cli.eval_engine import _apply_env_options, _base_urls, _build_engine, _ray_options, _ray_rollouts, _warn_admission
 from gym_bridge.view import cli as view_cli
 
@@ -123,6 +123,7 @@ def _eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     _ray_arguments(p)
     _module_path_arguments(p)
     view_cli.health_arguments(p)
+    p.set_defaults(func=_eval_command)
 
 
 def _ray_arguments(p: argparse.ArgumentParser) -> None:
@@ -140,6 +141,12 @@ def _ray_arguments(p: argparse.ArgumentParser) -> None:
 
 async def _close(policy: Any) -> None:
     await policy.aclose()
+
+
+def _eval_command(args: argparse.Namespace) -> int:
+    """`gym-bridge eval`, with the module paths and row commands its options allow for the run."""
+    with trusting(TrustSettings.from_args(args)):
+        return _run_fast(_eval(args))
 
 
 async def _eval(args: argparse.Namespace) -> int:
@@ -411,6 +418,13 @@ def _verify_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     v.add_argument("--data", required=True, help="rollout records (JSONL), or ATIF trajectories written by gym-bridge export --format atif")
     v.add_argument("--output", required=True, help="where to write the re-scored records")
     _module_path_arguments(v)
+    v.set_defaults(func=_verify_command)
+
+
+def _verify_command(args: argparse.Namespace) -> int:
+    """`gym-bridge verify`, with the module paths its options allow for the run."""
+    with trusting(TrustSettings.from_args(args)):
+        return asyncio.run(_verify(args))
 
 
 async def _verify(args: argparse.Namespace) -> int:
