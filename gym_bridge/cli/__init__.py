@@ -31,13 +31,6 @@ from gym_bridge.cli.serve import _agent_serve_parser, _serve_parser
 from gym_bridge.core.errors import GymBridgeError, RolloutError
 from gym_bridge.view import cli as view_cli
 
-# What other modules and tests import from `gym_bridge.cli` (written `X as X`: re-exported).
-from gym_bridge.cli.common import EXIT_CRASH as EXIT_CRASH, EXIT_OK as EXIT_OK, EXIT_TOO_MANY_FAILED as EXIT_TOO_MANY_FAILED
-from gym_bridge.cli.common import check_hosts_resolve as check_hosts_resolve, check_urls as check_urls
-from gym_bridge.cli.common import torch_threads as torch_threads
-from gym_bridge.cli.eval import progress_format as progress_format
-from gym_bridge.cli.eval_engine import _apply_env_options as _apply_env_options, _matching_tokenizer as _matching_tokenizer
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gym-bridge", description="RL environments for language models, inside your trainer.")
