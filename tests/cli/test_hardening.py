@@ -29,7 +29,7 @@ from gym_bridge.core.rollout_file import input_row, prepare_resume, read_records
 from gym_bridge.core.task import load_tasks
 from gym_bridge.eval.run import run_eval, select_tasks
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
 
 
@@ -219,7 +219,7 @@ def test_verify_rescores_environments_loaded_by_module_path(tmp_path, smol_templ
 
 
 def test_exit_codes_are_documented_in_eval_help(capsys):
-    """Item 12 (the code itself is pinned in test_cli.py::test_failures_set_the_exit_code)."""
+    """Item 12 (the code itself is pinned in test_eval_verify_envs.py::test_failures_set_the_exit_code)."""
     with pytest.raises(SystemExit):
         main(["eval", "--help"])
     out = capsys.readouterr().out
