@@ -21,6 +21,7 @@ from gym_bridge.view import cli as view_cli
 
 if TYPE_CHECKING:
     from gym_bridge.core.registry import TaskSet
+    from gym_bridge.eval.run import EvalResult
     from gym_bridge.core.task import Task as _Task
 
 _T = TypeVar("_T")
@@ -203,7 +204,6 @@ def check_output_free(output: str, *, resume: bool, overwrite: bool) -> None:
 
 async def _eval_locked(args: argparse.Namespace, ready: TaskSet) -> int:
     from gym_bridge.core.engine import freeze_startup_objects
-    from gym_bridge.core.metrics import format_table
     from gym_bridge.eval.progress import RunProgress
     from gym_bridge.eval.run import run_eval_locked
 
@@ -229,12 +229,19 @@ async def _eval_locked(args: argparse.Namespace, ready: TaskSet) -> int:
         await _close(policy)
         if args.ray is not None:
             engine.shutdown()
+    return _report(result, max_failure_fraction=args.max_failure_fraction)
+
+
+def _report(result: EvalResult, *, max_failure_fraction: float) -> int:
+    """Print the run's metrics table and files; the exit code by the fraction of rollouts that failed."""
+    from gym_bridge.core.metrics import format_table
+
     summary = result.summary
     print(format_table(summary))
     print(f"records: {result.output}\nmetrics: {result.metrics_path}")
     failed_fraction = summary["failed"] / max(1, summary["rollouts"])
-    if failed_fraction > args.max_failure_fraction:
-        print(f"error: {summary['failed']} of {summary['rollouts']} rollouts failed (more than --max-failure-fraction {args.max_failure_fraction})", file=sys.stderr)
+    if failed_fraction > max_failure_fraction:
+        print(f"error: {summary['failed']} of {summary['rollouts']} rollouts failed (more than --max-failure-fraction {max_failure_fraction})", file=sys.stderr)
         return EXIT_TOO_MANY_FAILED
     return EXIT_OK
 
