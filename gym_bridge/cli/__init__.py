@@ -42,8 +42,6 @@ def build_parser() -> argparse.ArgumentParser:
     _agent_serve_parser(sub)
     _data_parser(sub)
     view_cli.add_parsers(sub)
-    for name in view_cli.COMMANDS:
-        sub.choices[name].set_defaults(func=view_cli.run)
     _env_parser(sub)
     for command in sub.choices.values():  # so an unknown option is reported by the command it was given to
         command.set_defaults(command_parser=command)
