@@ -11,33 +11,25 @@ mixes task-row files (`gym_bridge.data`) and writes them as the parquet file ver
 `env check` exercises an environment's tools and verifier without a model (`gym_bridge.eval.env_check`).
 
 This package holds the parser (`build_parser` registers every subcommand, in the order `--help`
-lists them) and `main`, which dispatches to one module per command family: `eval` (eval and
-verify) with `eval_engine` (the model it runs: local, a server, Ray), `serve` (serve-model and
-serve), `data`, `envs` (envs and env check); `common` holds what they share.
+lists them; each sets its handler as `func`) and `main`, which calls it. One module per command
+family: `eval` (eval and verify) with `eval_engine` (the model it runs: local, a server, Ray),
+`serve` (serve-model and serve), `data`, `envs` (envs and env check); `common` holds what they share.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
-from typing import Sequence
+from typing import Callable, Sequence
 
-from gym_bridge.cli.common import EXIT_BAD_INPUT, EXIT_INTERRUPTED, _allow_row_commands, _limit_module_paths
-from gym_bridge.cli.data import _data, _data_parser
-from gym_bridge.cli.envs import _env_check, _env_parser, _envs, _envs_parser
-from gym_bridge.cli.eval import _eval, _eval_parser, _run_fast, _verify, _verify_parser
-from gym_bridge.cli.serve import _agent_serve, _agent_serve_parser, _serve_model, _serve_parser
+from gym_bridge.cli.common import EXIT_BAD_INPUT, EXIT_INTERRUPTED
+from gym_bridge.cli.data import _data_parser
+from gym_bridge.cli.envs import _env_parser, _envs_parser
+from gym_bridge.cli.eval import _eval_parser, _verify_parser
+from gym_bridge.cli.serve import _agent_serve_parser, _serve_parser
 from gym_bridge.core.errors import GymBridgeError, RolloutError
 from gym_bridge.view import cli as view_cli
-
-# What other modules and tests import from `gym_bridge.cli` (written `X as X`: re-exported).
-from gym_bridge.cli.common import EXIT_CRASH as EXIT_CRASH, EXIT_OK as EXIT_OK, EXIT_TOO_MANY_FAILED as EXIT_TOO_MANY_FAILED
-from gym_bridge.cli.common import check_hosts_resolve as check_hosts_resolve, check_urls as check_urls
-from gym_bridge.cli.common import torch_threads as torch_threads
-from gym_bridge.cli.eval import progress_format as progress_format
-from gym_bridge.cli.eval_engine import _apply_env_options as _apply_env_options, _matching_tokenizer as _matching_tokenizer
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,35 +78,17 @@ def _import_from_working_directory() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command `argv` names (its parser's `func`); returns the exit code. A GymBridgeError that is not a
+    rollout's, or a missing file, is printed as `error: ...` (exit 2); Ctrl-C exits 130."""
     import faulthandler
 
-    from gym_bridge.core.registry import allow_module_paths
-
     args = parse_arguments(argv)
+    command: Callable[[argparse.Namespace], int] = vars(args).pop("func")  # not a setting: kept out of what runs see
     _import_from_working_directory()
     if not faulthandler.is_enabled():  # a segfault in environment or model code prints where it happened
         faulthandler.enable()
-    limited = args.command in ("eval", "verify", "env") and bool(args.no_module_paths or args.allow_module)
-    previous = _limit_module_paths(args) if limited else None
-    row_commands_set, previous_row_commands = False, None
     try:
-        if args.command == "eval" and args.allow_row_commands:
-            previous_row_commands, row_commands_set = _allow_row_commands(args), True
-        if args.command == "eval":
-            return _run_fast(_eval(args))
-        if args.command == "verify":
-            return asyncio.run(_verify(args))
-        if args.command == "serve-model":
-            return _serve_model(args)
-        if args.command == "serve":
-            return _agent_serve(args)
-        if args.command == "data":
-            return _data(args)
-        if args.command in view_cli.COMMANDS:
-            return view_cli.run(args)
-        if args.command == "env":
-            return _env_check(args)
-        return _envs(args)
+        return command(args)
     except RolloutError:  # a rollout's failure outside a rollout (a backend gone at start-up): a crash, as any bug
         raise
     except GymBridgeError as error:  # a UserError (or a bare GymBridgeError): the message says what to fix
@@ -127,10 +101,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f": finished rollouts are in {args.output}; rerun with --resume to finish" if args.command == "eval" else ""
         print(f"interrupted{where}", file=sys.stderr)
         return EXIT_INTERRUPTED
-    finally:
-        if limited:
-            allow_module_paths(previous)
-        if row_commands_set:
-            from gym_bridge.capture.environment import allow_row_commands
-
-            allow_row_commands(previous_row_commands)

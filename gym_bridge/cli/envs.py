@@ -7,11 +7,11 @@ import argparse
 import asyncio
 import sys
 
-from gym_bridge.cli.common import _module_path_arguments
+from gym_bridge.cli.common import TrustSettings, _module_path_arguments, trusting
 
 
 def _envs_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    sub.add_parser("envs", help="list the registered environments")
+    sub.add_parser("envs", help="list the registered environments").set_defaults(func=_envs)
 
 
 def _envs(_: argparse.Namespace) -> int:
@@ -40,11 +40,13 @@ def _env_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                    help="a tool call of the scripted trajectory, run on each row's session, e.g. lookup='{\"order_id\": \"42\"}' (repeatable, in order)")
     c.add_argument("--answer", default=None, help="final answer to verify (default: the row's expected_answer, ground_truth, answer, ...)")
     _module_path_arguments(c)
+    c.set_defaults(func=_env_check)
 
 
 def _env_check(args: argparse.Namespace) -> int:
     from gym_bridge.eval.env_check import check_environment, parse_call
 
     calls = [parse_call(text) for text in args.call]
-    problems = asyncio.run(check_environment(args.env, data_paths=args.data, calls=calls, answer=args.answer, limit=args.limit))
+    with trusting(TrustSettings.from_args(args)):
+        problems = asyncio.run(check_environment(args.env, data_paths=args.data, calls=calls, answer=args.answer, limit=args.limit))
     return 1 if problems else 0

@@ -1,7 +1,7 @@
 """`gym-bridge eval` and `gym-bridge verify`: their options, the run (records, metrics table, exit code
-by failed fraction; an --output holding records needs --resume or --overwrite), the progress bar (an
-ETA per environment, log lines kept off it), and re-scoring stored rollouts. The engine a run uses (a
-local model, a server, Ray workers) is built in `gym_bridge.cli.eval_engine`."""
+by failed fraction; an --output holding records needs --resume or --overwrite; tasks interleaved by
+environment for an honest ETA), and re-scoring stored rollouts. The engine a run uses (a local model, a
+server, Ray workers) is built in `gym_bridge.cli.eval_engine`; the progress bar is `gym_bridge.eval.progress`."""
 
 from __future__ import annotations
 
@@ -9,19 +9,19 @@ import argparse
 import asyncio
 import gc
 import sys
-import time
-from collections import Counter, defaultdict, deque
-from typing import TYPE_CHECKING, Any, Callable, Coroutine, Mapping, Sequence, TypeVar
+from collections import defaultdict, deque
+from typing import TYPE_CHECKING, Any, Coroutine, Sequence, TypeVar
 
 from gym_bridge.cli.common import EXIT_OK, EXIT_TOO_MANY_FAILED, _HelpFormatter, _json_object, _module_path_arguments, check_urls
 from gym_bridge.cli.common import number, whole_number
 from gym_bridge.core.errors import ConfigError
-from gym_bridge.cli.common import check_local_model
+from gym_bridge.cli.common import TrustSettings, check_local_model, trusting
 from gym_bridge.cli.eval_engine import _apply_env_options, _base_urls, _build_engine, _ray_options, _ray_rollouts, _warn_admission
 from gym_bridge.view import cli as view_cli
 
 if TYPE_CHECKING:
     from gym_bridge.core.registry import TaskSet
+    from gym_bridge.eval.run import EvalResult
     from gym_bridge.core.task import Task as _Task
 
 _T = TypeVar("_T")
@@ -123,6 +123,7 @@ def _eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     _ray_arguments(p)
     _module_path_arguments(p)
     view_cli.health_arguments(p)
+    p.set_defaults(func=_eval_command)
 
 
 def _ray_arguments(p: argparse.ArgumentParser) -> None:
@@ -140,6 +141,12 @@ def _ray_arguments(p: argparse.ArgumentParser) -> None:
 
 async def _close(policy: Any) -> None:
     await policy.aclose()
+
+
+def _eval_command(args: argparse.Namespace) -> int:
+    """`gym-bridge eval`, with the module paths and row commands its options allow for the run."""
+    with trusting(TrustSettings.from_args(args)):
+        return _run_fast(_eval(args))
 
 
 async def _eval(args: argparse.Namespace) -> int:
@@ -197,7 +204,7 @@ def check_output_free(output: str, *, resume: bool, overwrite: bool) -> None:
 
 async def _eval_locked(args: argparse.Namespace, ready: TaskSet) -> int:
     from gym_bridge.core.engine import freeze_startup_objects
-    from gym_bridge.core.metrics import format_table
+    from gym_bridge.eval.progress import RunProgress
     from gym_bridge.eval.run import run_eval_locked
 
     if args.ray is not None:
@@ -211,29 +218,30 @@ async def _eval_locked(args: argparse.Namespace, ready: TaskSet) -> int:
     else:
         _warn_admission(args, engine)
     tasks = ready.ordered(interleave_by_env(ready.tasks))  # the first rollouts to finish then stand for every environment (an honest ETA)
-    progress = None
-    if not args.no_progress:
-        progress = RunProgress(Counter(ready.env_classes[task.env_name].name for task in tasks.tasks), repeats=args.num_repeats,
-                               concurrency=args.concurrency, interactive=sys.stderr.isatty())
-    on_record = progress.add if progress is not None else None
+    progress = None if args.no_progress else RunProgress(concurrency=args.concurrency, interactive=sys.stderr.isatty())
 
     freeze_startup_objects()
     try:
-        result = await run_eval_locked(engine, tasks, output=args.output, num_repeats=args.num_repeats, resume=args.resume, on_record=on_record,
-                                health=view_cli.health_settings(args), journal=journal_setting(args))
+        result = await run_eval_locked(engine, tasks, output=args.output, num_repeats=args.num_repeats, resume=args.resume, observer=progress,
+                                       health=view_cli.health_settings(args), journal=journal_setting(args))
     finally:
         gc.unfreeze()
-        if progress is not None:
-            progress.close()
         await _close(policy)
         if args.ray is not None:
             engine.shutdown()
+    return _report(result, max_failure_fraction=args.max_failure_fraction)
+
+
+def _report(result: EvalResult, *, max_failure_fraction: float) -> int:
+    """Print the run's metrics table and files; the exit code by the fraction of rollouts that failed."""
+    from gym_bridge.core.metrics import format_table
+
     summary = result.summary
     print(format_table(summary))
     print(f"records: {result.output}\nmetrics: {result.metrics_path}")
     failed_fraction = summary["failed"] / max(1, summary["rollouts"])
-    if failed_fraction > args.max_failure_fraction:
-        print(f"error: {summary['failed']} of {summary['rollouts']} rollouts failed (more than --max-failure-fraction {args.max_failure_fraction})", file=sys.stderr)
+    if failed_fraction > max_failure_fraction:
+        print(f"error: {summary['failed']} of {summary['rollouts']} rollouts failed (more than --max-failure-fraction {max_failure_fraction})", file=sys.stderr)
         return EXIT_TOO_MANY_FAILED
     return EXIT_OK
 
@@ -246,108 +254,6 @@ def journal_setting(args: argparse.Namespace) -> bool | None:
     if args.journal is not None:
         return bool(args.journal)
     return True if _base_urls(args) or args.ray is not None else None
-
-
-PROGRESS_LOG_EVERY_S = 30.0
-"""How often the progress bar is written when stderr is not a terminal (a log file, a pipe): a line a second there
-is noise; on a terminal it is redrawn every second."""
-
-
-class RunProgress:
-    """The progress bar of an eval run: rollouts finished, mean reward, failures and an ETA (`Eta`), per environment
-    by its name (never a NeMo Gym alias its rows route by). On a terminal it is redrawn every second; into a log file
-    (not `interactive`) at most every `PROGRESS_LOG_EVERY_S`, and when the run ends. Log lines go above it."""
-
-    def __init__(self, tasks_per_env: Mapping[str, int], *, repeats: int, concurrency: int, interactive: bool) -> None:
-        from tqdm import tqdm
-
-        every_s = 1.0 if interactive else PROGRESS_LOG_EVERY_S
-        total = sum(tasks_per_env.values()) * repeats
-        self.eta = Eta(dict(tasks_per_env), repeats=repeats, concurrency=concurrency)
-        self.first_wave = min(concurrency, total)
-        self.bar = tqdm(total=total, desc="rollouts", unit="rollout", file=sys.stderr, smoothing=0,
-                        mininterval=0.1 if interactive else every_s, bar_format=progress_format(0, first_wave=self.first_wave))
-        self.bar.set_postfix_str("generating the first batch", refresh=False)
-        self.scored, self.reward = 0, 0.0
-        self._ticker = asyncio.ensure_future(_tick(self.redraw, every_s=every_s))
-        self._quiet_logs = _logs_above_the_bar(self.bar)
-
-    def _format(self, finished: int) -> str:
-        return progress_format(finished, first_wave=self.first_wave, remaining_s=self.eta.remaining_s(now_s=time.monotonic()),
-                               unseen=self.eta.unseen())
-
-    def redraw(self) -> None:
-        self.bar.bar_format = self._format(int(self.bar.n))
-        self.bar.refresh()
-
-    def add(self, row: dict[str, Any]) -> None:
-        """One record written. No redraw here: `update` redraws at most every `mininterval`, not once per record."""
-        if not row["mask_sample"]:
-            self.scored += 1
-            self.reward += row["reward"]
-        self.eta.add(str(row.get("env")), float((row.get("metrics") or {}).get("latency_s") or 0.0), at_s=time.monotonic())
-        self.bar.set_postfix(mean_reward=f"{self.reward / self.scored:.3f}" if self.scored else "n/a",
-                             failed=self.bar.n + 1 - self.scored, refresh=False)
-        self.bar.bar_format = self._format(int(self.bar.n) + 1)
-        self.bar.update(1)
-
-    def close(self) -> None:
-        self._ticker.cancel()
-        self._quiet_logs()
-        self.bar.close()
-
-
-def progress_format(finished: int, *, first_wave: int, remaining_s: float | None = None, unseen: Sequence[str] = ()) -> str:
-    """The progress bar's layout: no ETA until the first wave of rollouts (as many as run at once) has
-    finished. Rollouts start together and finish together, so the rate of the first few to finish says
-    nothing about the rest (it showed an hour for a run that took minutes). After it, the ETA is
-    `remaining_s` (see `Eta`), none while environments in `unseen` have no finished rollout, or tqdm's
-    average rate when neither is given."""
-    if finished < first_wave:
-        return "{desc}: {n_fmt}/{total_fmt} [{elapsed} elapsed, ETA after the first " + str(first_wave) + " rollouts{postfix}]"
-    if unseen:
-        return "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed} elapsed, ETA after a first rollout of " + ", ".join(unseen) + "{postfix}]"
-    if remaining_s is None:
-        return "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
-    from tqdm import tqdm
-
-    return "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<" + tqdm.format_interval(remaining_s) + ", {rate_fmt}{postfix}]"
-
-
-class Eta:
-    """Time left in a run of several environments whose rollouts take very different times.
-
-    tqdm's estimate (rollouts left over the average rate) was off about 5x when fast and slow environments
-    mixed. Here each environment's rollouts left count at that environment's mean latency so far (the mean
-    of all finished rollouts for one with none finished yet; latencies are measured under the run's load),
-    and that work is divided over the rollouts in flight at once: `concurrency`, or all that are left."""
-
-    def __init__(self, tasks_per_env: dict[str, int], *, repeats: int = 1, concurrency: int = 1) -> None:
-        self.planned = {env: count * repeats for env, count in tasks_per_env.items()}
-        self.concurrency = max(1, concurrency)
-        self.done: Counter[str] = Counter()
-        self.latency_s: dict[str, float] = defaultdict(float)
-        self.last_s = 0.0
-
-    def add(self, env: str, latency_s: float, *, at_s: float) -> None:
-        """One rollout of `env` finished after `latency_s`, at `at_s` (a monotonic clock)."""
-        self.done[env] += 1
-        self.latency_s[env] += latency_s
-        self.last_s = at_s
-
-    def unseen(self) -> list[str]:
-        """Environments with rollouts planned but none finished: their cost is unknown, so there is no ETA yet."""
-        return [env for env, planned in self.planned.items() if planned and not self.done[env]]
-
-    def remaining_s(self, *, now_s: float) -> float | None:
-        """Seconds left at `now_s` (counting down from the last finished rollout); None while `unseen()` is not empty."""
-        finished, work_s = sum(self.done.values()), sum(self.latency_s.values())
-        if not finished or self.unseen():
-            return None
-        mean_s = work_s / finished
-        left = {env: max(0, planned - self.done[env]) for env, planned in self.planned.items()}
-        left_s = sum(count * (self.latency_s[env] / self.done[env] if self.done[env] else mean_s) for env, count in left.items())
-        return max(0.0, left_s / max(1, min(self.concurrency, sum(left.values()))) - (now_s - self.last_s))
 
 
 def interleave_by_env(tasks: Sequence[_Task]) -> list[_Task]:
@@ -363,36 +269,6 @@ def interleave_by_env(tasks: Sequence[_Task]) -> list[_Task]:
             if not queues[env]:
                 del queues[env]
     return ordered
-
-
-def _logs_above_the_bar(progress: Any) -> Callable[[], None]:
-    """Print gym_bridge's log lines (a tool-call alarm, say) on lines of their own above the progress bar, not
-    glued to it; returns the function that undoes this."""
-    import logging
-
-    logger = logging.getLogger("gym_bridge")
-
-    class AboveTheBar(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            progress.write(self.format(record), file=sys.stderr)
-
-    handler = AboveTheBar(logging.WARNING)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    logger.addHandler(handler)
-    propagate, logger.propagate = logger.propagate, False
-
-    def undo() -> None:
-        logger.removeHandler(handler)
-        logger.propagate = propagate
-
-    return undo
-
-
-async def _tick(redraw: Callable[[], None], every_s: float = 1.0) -> None:
-    """Redraw the bar every second, so its clock moves while the first batch is still generating."""
-    while True:
-        await asyncio.sleep(every_s)
-        redraw()
 
 
 def _run_fast(coroutine: Coroutine[Any, Any, _T]) -> _T:
@@ -411,6 +287,13 @@ def _verify_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     v.add_argument("--data", required=True, help="rollout records (JSONL), or ATIF trajectories written by gym-bridge export --format atif")
     v.add_argument("--output", required=True, help="where to write the re-scored records")
     _module_path_arguments(v)
+    v.set_defaults(func=_verify_command)
+
+
+def _verify_command(args: argparse.Namespace) -> int:
+    """`gym-bridge verify`, with the module paths its options allow for the run."""
+    with trusting(TrustSettings.from_args(args)):
+        return asyncio.run(_verify(args))
 
 
 async def _verify(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from gym_bridge.cli.common import (EMBEDDED_MODEL_NAME, _allow_row_commands, _limit_module_paths, _load_average, model_flag_errors,
+from gym_bridge.cli.common import (EMBEDDED_MODEL_NAME, TrustSettings, _load_average, model_flag_errors,
                                    torch_threads)
 from gym_bridge.core.errors import ConfigError, SetupError
 
@@ -228,10 +228,7 @@ class EvalEngineFactory:
 
         args = argparse.Namespace(**self.args)
         _apply_env_options(args.env_setting, args.env_url)
-        if args.no_module_paths or args.allow_module:
-            _limit_module_paths(args)
-        if getattr(args, "allow_row_commands", False):
-            _allow_row_commands(args)
+        TrustSettings.from_args(args).apply()  # for the worker's life: it runs this driver's rollouts only
         with ThreadPoolExecutor(1) as thread:  # an actor's own event loop may already run in this thread
             return thread.submit(asyncio.run, _build_engine(args)).result()
 

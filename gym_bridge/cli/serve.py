@@ -41,6 +41,7 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads of one generation (default: torch's, or 1 when the machine is already busier than "
                         "its cores: threads that wait for each other then made generation 10-20x slower)")
+    p.set_defaults(func=_serve_model)
 
 
 def _serve_model(args: argparse.Namespace) -> int:
@@ -109,6 +110,7 @@ def _agent_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
                               "port-PORT (off with --port 0)")
     journal.add_argument("--no-journal", action="store_true", help="journal nothing (a rollout sent again starts from turn 0)")
     p.add_argument("--api-key-env", default=None, metavar="VAR", help="environment variable holding the model server's API key")
+    p.set_defaults(func=_agent_serve)
 
 
 def _agent_serve(args: argparse.Namespace) -> int:

@@ -156,51 +156,11 @@ class RolloutContext:
         return ToolOutput(name=call.name, content=content, call_id=call_id)
 
     def _tool_content(self, call: ParsedCall) -> Coroutine[Any, Any, str]:
-        """The coroutine of `call`'s output: `_run_tool`'s itself (no frame of its own on every call), or an
-        error text for the model."""
-        spec = type(self.env).tool_specs().get(call.name)
+        """The coroutine of `call`'s output (`tool_output`, with this rollout's tools and limits)."""
         offered = self._tool_names
         if offered is None:
             offered = self._tool_names = frozenset(schema["name"] for schema in self.tools)
-        if call.error:
-            return _text(json.dumps({"error": f"malformed tool call: {call.error}"}))
-        if call.name not in offered or (spec is None and not type(self.env).tools_from_row):
-            return _text(json.dumps({"error": f"unknown tool {call.name!r}; available tools: {sorted(offered)}"}))
-        return self._run_tool(call.name, call.arguments, spec)
-
-    async def _run_tool(self, name: str, arguments: str, spec: ToolSpec | None) -> str:
-        """The tool's output as the model reads it (`Environment.call_tool`'s text, or its JSON, cut at
-        `max_tool_output_chars`; a ToolError, invalid arguments included, as `{"error": ...}`)."""
-        env_class = type(self.env)
-        timeout_s = env_class.tool_timeout_s
-        try:
-            if spec is not None and not env_class.isolate_tools and spec.is_async:
-                result = await call_bounded(self._call_async_tool, name, arguments, timeout_s=timeout_s, owner=env_class.name)
-            elif spec is not None and not env_class.isolate_tools and env_class.inline_sync_tools:
-                try:
-                    result = self.env.call_tool(name, arguments)
-                except (SystemExit, KeyboardInterrupt, asyncio.CancelledError) as error:
-                    raise AbortedCall(error) from None
-            else:
-                result = await call_environment(self.env, "call_tool", (name, arguments), timeout_s=timeout_s)
-        except ToolError as error:
-            return json.dumps({"error": str(error)})
-        except Exception as error:
-            raise classify(error, step="tool", what=f"tool {name!r}", timeout_s=timeout_s) from None
-        max_chars = self.limits.max_tool_output_chars
-        if isinstance(result, str):
-            return capped_output(result, max_chars)
-        try:
-            if _few_values(result, INLINE_ENCODE_VALUES):
-                return capped_output(json.dumps(result), max_chars)
-            encoded: str = await call_bounded(encode_capped, result, max_chars, timeout_s=TOKENIZE_TIMEOUT_S, owner="tool output")
-            return encoded
-        except (TypeError, ValueError) as error:
-            raise FailRollout("env", f"tool {name!r} returned a value that is not JSON-serializable: {error}") from None
-
-    async def _call_async_tool(self, name: str, arguments: str) -> Any:
-        """`call_tool` of an async tool, awaited on the event loop."""
-        return await self.env.call_tool(name, arguments)
+        return tool_output(self.env, call, offered=offered, max_chars=self.limits.max_tool_output_chars)
 
     async def append_tool_outputs_async(self, outputs: Sequence[ToolOutput]) -> bool:
         """Append the tool outputs for the model to read next (for a token policy: rendered, with the
@@ -218,8 +178,53 @@ class RolloutContext:
         return await self.transcript.append_user_message(content)
 
 
-async def _text(content: str) -> str:
-    return content
+async def tool_output(env: Environment, call: ParsedCall, *, offered: frozenset[str], max_chars: int) -> str:
+    """The output the model reads for `call` on the session `env`, of the tools `offered` to it: the tool's text, or
+    its JSON, cut at `max_chars`; error text for a malformed call, a tool not offered, or a ToolError (invalid
+    arguments included, from `Environment.call_tool`). `env check` runs its scripted calls through it too.
+
+    Raises FailRollout(`env`) when the tool itself crashes, hangs or returns non-JSON.
+    """
+    spec = type(env).tool_specs().get(call.name)
+    if call.error:
+        return json.dumps({"error": f"malformed tool call: {call.error}"})
+    if call.name not in offered or (spec is None and not type(env).tools_from_row):
+        return json.dumps({"error": f"unknown tool {call.name!r}; available tools: {sorted(offered)}"})
+    return await _run_tool(env, call.name, call.arguments, spec, max_chars)
+
+
+async def _run_tool(env: Environment, name: str, arguments: str, spec: ToolSpec | None, max_chars: int) -> str:
+    """`tool_output` of a call that reaches the tool."""
+    env_class = type(env)
+    timeout_s = env_class.tool_timeout_s
+    try:
+        if spec is not None and not env_class.isolate_tools and spec.is_async:
+            result = await call_bounded(_call_async_tool, env, name, arguments, timeout_s=timeout_s, owner=env_class.name)
+        elif spec is not None and not env_class.isolate_tools and env_class.inline_sync_tools:
+            try:
+                result = env.call_tool(name, arguments)
+            except (SystemExit, KeyboardInterrupt, asyncio.CancelledError) as error:
+                raise AbortedCall(error) from None
+        else:
+            result = await call_environment(env, "call_tool", (name, arguments), timeout_s=timeout_s)
+    except ToolError as error:
+        return json.dumps({"error": str(error)})
+    except Exception as error:
+        raise classify(error, step="tool", what=f"tool {name!r}", timeout_s=timeout_s) from None
+    if isinstance(result, str):
+        return capped_output(result, max_chars)
+    try:
+        if _few_values(result, INLINE_ENCODE_VALUES):
+            return capped_output(json.dumps(result), max_chars)
+        encoded: str = await call_bounded(encode_capped, result, max_chars, timeout_s=TOKENIZE_TIMEOUT_S, owner="tool output")
+        return encoded
+    except (TypeError, ValueError) as error:
+        raise FailRollout("env", f"tool {name!r} returned a value that is not JSON-serializable: {error}") from None
+
+
+async def _call_async_tool(env: Environment, name: str, arguments: str) -> Any:
+    """`call_tool` of an async tool, awaited on the event loop."""
+    return await env.call_tool(name, arguments)
 
 
 class AgentLoop(Protocol):

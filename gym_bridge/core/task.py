@@ -3,14 +3,16 @@
 A row holds `responses_create_params` (`input`, `tools`, sampling fields) or plain chat
 `messages`/`prompt`, a routing key (`agent_ref.name`, `environment`, `env_class`,
 `task_source`), and any verifier metadata, which flows through untouched in `Task.row`.
+A row's identity across runs and processes is its `task_key`, a digest of its canonical JSON.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from gym_bridge.core.errors import DataError
 from gym_bridge.core.dialects.chat import ApiError
@@ -64,6 +66,22 @@ class Task:
 
     def __contains__(self, key: object) -> bool:
         return key in self.row
+
+
+TASK_KEY_LENGTH = 16
+"""Hex digits of a `task_key`."""
+
+
+def canonical_json(row: Mapping[str, Any]) -> str:
+    """The row as JSON with sorted keys and no spaces: equal rows give equal text."""
+    return json.dumps(row, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def task_key(row: Mapping[str, Any]) -> str:
+    """A row's identity: the first `TASK_KEY_LENGTH` hex digits of the SHA-256 of its `canonical_json`. The one task key:
+    TRL's dataset tags its prompts with it (and stores it in its `task_key` column), and `gym-bridge view` matches the
+    tasks of two runs by it."""
+    return hashlib.sha256(canonical_json(row).encode("utf-8")).hexdigest()[:TASK_KEY_LENGTH]
 
 
 def routing_field(row: dict[str, Any]) -> str | None:

@@ -2,9 +2,10 @@
 
 An author runs it on a class (`my_env:MyEnv`) and a few rows before spending minutes of generation:
 each row is checked as `gym-bridge data validate` checks it, the prompt and tools the model would be
-shown are printed, the scripted tool calls (`--call NAME=JSON`) run on the row's own session with
-their arguments validated as a model's would be, and `verify` scores the row's known answer (or
-`--answer`) and an empty one, so a verifier that cannot tell them apart stands out.
+shown are printed, the scripted tool calls (`--call NAME=JSON`) run on the row's own session through
+the rollout's own tool dispatch (`agent_loop.tool_output`, with the engine's limits), so each prints
+what a model would read, and `verify` scores the row's known answer (or `--answer`) and an empty one,
+so a verifier that cannot tell them apart stands out.
 """
 
 from __future__ import annotations
@@ -15,15 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pydantic
-
-from gym_bridge.core.agent_loop import capped_output
+from gym_bridge.core.agent_loop import Limits, tool_output
 from gym_bridge.core.bounded.call import call_environment
-from gym_bridge.core.errors import describe_error, ConfigError, DataError
-from gym_bridge.core.environment import Environment, ToolError, to_verify_result
+from gym_bridge.core.engine import EngineConfig
+from gym_bridge.core.errors import describe_error, ConfigError, DataError, FailRollout
+from gym_bridge.core.environment import Environment, to_verify_result
 from gym_bridge.core.items import Item, function_call_item, function_call_output_item, message_item
 from gym_bridge.core.registry import get_environment
 from gym_bridge.core.task import Task, iter_jsonl, parse_task
+from gym_bridge.core.template.parsers.call import ParsedCall
 
 ANSWER_FIELDS = ("expected_answer", "ground_truth", "answer", "expected", "target")
 """Row fields taken as the known answer when `--answer` is not given."""
@@ -62,40 +63,29 @@ def _tool_line(schema: dict[str, Any]) -> str:
     return f"{schema['name']}({params}): {schema.get('description', '')}"
 
 
+def _offered(task: Task, env_class: type[Environment]) -> list[dict[str, Any]]:
+    """The tools a rollout of `task` offers the model: the row's, else its environment's (as the engine picks them)."""
+    return list(task.tools) if task.tools is not None else [spec.schema for spec in env_class.tool_specs().values()]
+
+
 def _shown(task: Task, env_class: type[Environment]) -> list[str]:
     """What the model is shown: the prompt messages and the tools offered."""
     lines = [f"    {message['role']}: {_short(str(message.get('content') or ''))}" for message in task.messages]
-    tools = list(task.tools) if task.tools is not None else [spec.schema for spec in env_class.tool_specs().values()]
-    lines += [f"    tool {_tool_line(schema)}" for schema in tools] or ["    tools: none"]
+    lines += [f"    tool {_tool_line(schema)}" for schema in _offered(task, env_class)] or ["    tools: none"]
     return lines
 
 
-async def _call(env: Environment, call: ScriptedCall) -> tuple[str, str | None]:
-    """The tool output the model would read, and a problem (the rollout would fail as `env`) or None."""
-    env_class = type(env)
-    spec = env_class.tool_specs().get(call.name)
-    if spec is None and not env_class.tools_from_row:
-        return json.dumps({"error": f"unknown tool {call.name!r}"}), f"the environment has no tool {call.name!r} (its tools: {sorted(env_class.tool_specs())})"
-    arguments = call.arguments
-    if spec is not None:
-        try:
-            arguments = spec.arguments_model.model_validate(arguments).model_dump()
-        except pydantic.ValidationError as error:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in error.errors())
-            return json.dumps({"error": f"invalid arguments for {call.name}: {problems}"}), None
-    method, args = ("call_row_tool", (call.name,)) if spec is None else (call.name, ())
+async def _call(env: Environment, call: ScriptedCall, *, offered: frozenset[str], limits: Limits) -> tuple[str, str | None]:
+    """The tool output the model would read (the rollout's own dispatch, `tool_output`), and a problem or None: the
+    rollout would fail as `env` (the tool crashed, hung or returned non-JSON), or the row offers no such tool."""
+    parsed = ParsedCall(name=call.name, arguments=json.dumps(call.arguments))
     try:
-        result = await call_environment(env, method, args, arguments, timeout_s=env_class.tool_timeout_s)
-    except ToolError as error:
-        return json.dumps({"error": str(error)}), None
-    except TimeoutError:
-        return "", f"tool {call.name!r} did not return within {env_class.tool_timeout_s:g} s"
-    except Exception as error:
-        return "", f"tool {call.name!r} raised {describe_error(error)}"
-    try:
-        return capped_output(result if isinstance(result, str) else json.dumps(result), 100_000), None
-    except (TypeError, ValueError) as error:
-        return "", f"tool {call.name!r} returned a value that is not JSON-serializable: {error}"
+        content = await tool_output(env, parsed, offered=offered, max_chars=limits.max_tool_output_chars)
+    except FailRollout as error:
+        return "", error.reason
+    if call.name not in offered:
+        return content, f"the row offers no tool {call.name!r} (its tools: {sorted(offered)})"
+    return content, None
 
 
 async def _verify(env_class: type[Environment], task: Task, output: list[Item]) -> tuple[str, float | None]:
@@ -114,15 +104,16 @@ async def _verify(env_class: type[Environment], task: Task, output: list[Item]) 
 
 
 async def _check_task(task: Task, env_class: type[Environment], *, calls: Sequence[ScriptedCall], answer: str | None,
-                      out: Callable[[str], None]) -> int:
+                      limits: Limits, out: Callable[[str], None]) -> int:
     """Run the scripted calls and verify on one task; returns the number of problems."""
     problems = 0
     output: list[Item] = []
+    offered = frozenset(schema["name"] for schema in _offered(task, env_class))
     env = env_class()
     try:
         await call_environment(env, "setup", (task,), timeout_s=env_class.tool_timeout_s)
         for position, call in enumerate(calls):
-            content, problem = await _call(env, call)
+            content, problem = await _call(env, call, offered=offered, limits=limits)
             out(f"  call {call.name}({json.dumps(call.arguments)}) -> {_short(content) if problem is None else 'PROBLEM: ' + problem}")
             problems += problem is not None
             call_id = f"call_check_{position}"
@@ -165,8 +156,9 @@ def _rows(env_class: type[Environment], data_paths: Sequence[str]) -> list[tuple
 
 
 async def check_environment(env: str, *, data_paths: Sequence[str] = (), calls: Sequence[ScriptedCall] = (), answer: str | None = None,
-                            limit: int | None = 3, out: Callable[[str], None] = print) -> int:
+                            limit: int | None = 3, limits: Limits | None = None, out: Callable[[str], None] = print) -> int:
     """Check `env` (a name or `module:Class`) on its rows; prints a report with `out` and returns the number of problems.
+    Tool outputs are cut as a rollout with `limits` cuts them (default: an `EngineConfig`'s).
 
     Raises UnknownEnvironmentError / DataError for what must be fixed before anything can be checked.
     """
@@ -189,7 +181,7 @@ async def check_environment(env: str, *, data_paths: Sequence[str] = (), calls: 
         out("  the model is shown:")
         for line in _shown(task, routed):
             out(line)
-        problems += await _check_task(task, routed, calls=calls, answer=answer, out=out)
+        problems += await _check_task(task, routed, calls=calls, answer=answer, limits=limits or EngineConfig().limits, out=out)
     checked = len(rows[:limit])
     out(f"{checked} of {len(rows)} row(s) checked: " + ("ok" if not problems else f"{problems} problem(s)"))
     return problems

@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Iterable, Protocol, Sequence
+from typing import Any, AsyncIterator, Iterable, Protocol, Sequence
 
 from gym_bridge.core.bounded.call import call_environment
 from gym_bridge.core.errors import describe_error, ConfigError, DataError, UnknownEnvironmentError, classify
@@ -26,6 +26,7 @@ from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import TaskSet, get_environment, remote_url, resolve_tasks
 from gym_bridge.core.rollout_file import RolloutWriter, input_row, keep_only, locked_output, read_records, resume_records
 from gym_bridge.core.task import Task, iter_jsonl, parse_task, routing_name
+from gym_bridge.eval.progress import RunObserver
 
 
 def select_tasks(*, env_names: Sequence[str] = (), data_paths: Sequence[str | Path] = (), limit: int | None = None) -> list[Task]:
@@ -138,7 +139,7 @@ async def run_eval(
     output: str | Path,
     num_repeats: int = 1,
     resume: bool = False,
-    on_record: Callable[[dict[str, Any]], None] | None = None,
+    observer: RunObserver | None = None,
     health: HealthSettings | None = None,
     journal: bool | None = None,
 ) -> EvalResult:
@@ -148,7 +149,8 @@ async def run_eval(
     `resume` continues the episodes a killed run left in flight from their last finished turn (`gym_bridge.core.resume`).
     None: on only when resuming a run that left a journal (`gym-bridge eval` turns it on where a server generates).
 
-    Tool-call health is watched as records arrive (`health`: when to warn, see `ToolCallAlarm`);
+    `observer` (a progress bar: `gym_bridge.eval.progress.RunProgress`) is told when the rollouts start, of each
+    record written, and when the run stops. Tool-call health is watched as records arrive (`health`: when to warn, see `ToolCallAlarm`);
     the summary holds it under `tool_call_health` and the warnings raised under `alarms`.
 
     Tasks given as a `TaskSet` (`select_ready_tasks`) are not routed or checked again. Raises
@@ -158,7 +160,7 @@ async def run_eval(
     """
     ready = ready_tasks(tasks)  # a refused run (no sandbox, say) leaves `output` as it was
     with locked_output(output):
-        return await run_eval_locked(engine, ready, output=output, num_repeats=num_repeats, resume=resume, on_record=on_record,
+        return await run_eval_locked(engine, ready, output=output, num_repeats=num_repeats, resume=resume, observer=observer,
                                      health=health, journal=journal)
 
 
@@ -169,7 +171,7 @@ async def run_eval_locked(
     output: str | Path,
     num_repeats: int = 1,
     resume: bool = False,
-    on_record: Callable[[dict[str, Any]], None] | None = None,
+    observer: RunObserver | None = None,
     health: HealthSettings | None = None,
     journal: bool | None = None,
 ) -> EvalResult:
@@ -191,6 +193,8 @@ async def run_eval_locked(
     this_run: list[dict[str, Any]] = []
     alarm = ToolCallAlarm(health or HealthSettings())
     complete, kept_in_journal = False, 0
+    if observer is not None:
+        observer.started(tasks, repeats=num_repeats)
     try:
         with RolloutWriter(output, append=resume) as writer:
             async for record in engine.stream(tasks, repeats=num_repeats, skip=skip):
@@ -205,10 +209,12 @@ async def run_eval_locked(
                         run_journal.finish((record.task_index, record.repeat_index))
                 this_run.append(row)
                 alarm.observe(row)
-                if on_record is not None:
-                    on_record(row)
+                if observer is not None:
+                    observer.record_done(row)
         complete = not kept_in_journal
     finally:
+        if observer is not None:
+            observer.finished()
         if run_journal is not None:
             await run_journal.close(complete=complete)
             _detach_journal(engine)

@@ -1,7 +1,7 @@
 """Task rows as a TRL dataset whose `prompt` column carries each task's identity.
 
 TRL hands a rollout function nothing but the `prompt` column, so every prompt starts with a
-compact, stable key (a hash of the row's canonical JSON) before a readable preview:
+compact, stable key (`gym_bridge.core.task.task_key`: a hash of the row's canonical JSON) before a readable preview:
 `[gym_bridge weather 3f9a1c2b7d4e5f60] What is the weather in Seattle?`. The full row rides in
 the `task_row` column and in an in-process registry that `load_dataset` fills, so the rollout
 function finds the row from the key alone, on every rank. Rows are checked with gym_bridge's own
@@ -10,7 +10,6 @@ parsing and routing when they are loaded: a bad row fails there, naming file:lin
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import re
@@ -21,27 +20,16 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 from gym_bridge.core.errors import DataError
 from gym_bridge.core.mixing import check_weights, weighted_mix
 from gym_bridge.core.registry import resolve_tasks
-from gym_bridge.core.task import ROUTING_KEYS, Task, iter_jsonl, parse_task, routing_name
+from gym_bridge.core.task import ROUTING_KEYS, Task, canonical_json, iter_jsonl, parse_task, routing_name, task_key
 
 if TYPE_CHECKING:
     import datasets
 
-KEY_LENGTH = 16
 _PROMPT_TAG = re.compile(r"\[gym_bridge (?P<env>\S+) (?P<key>[0-9a-f]{16})\]")
 _INPUT_FIELDS = ("responses_create_params", "messages", "prompt", *ROUTING_KEYS)
 PREVIEW_CHARS = 200
 COLUMNS = ("prompt", "task_key", "env_name", "task_row", "source", "metadata")
 """Columns of a dataset built by `load_dataset`; all hold strings."""
-
-
-def canonical_json(row: Mapping[str, Any]) -> str:
-    """The row as JSON with sorted keys and no spaces: equal rows give equal text."""
-    return json.dumps(row, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-
-
-def task_key(row: Mapping[str, Any]) -> str:
-    """A stable 16-hex-digit key for a row: the start of the SHA-256 of its canonical JSON."""
-    return hashlib.sha256(canonical_json(row).encode("utf-8")).hexdigest()[:KEY_LENGTH]
 
 
 def to_prompt(task: Task, key: str) -> str:

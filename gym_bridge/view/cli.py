@@ -17,7 +17,6 @@ from gym_bridge.core.health import HealthSettings
 if TYPE_CHECKING:
     from gym_bridge.view.reading import Skipped
 
-COMMANDS = ("show", "view", "export")
 
 
 def health_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +51,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     s.add_argument("-n", type=int, default=5, metavar="N", help="rollouts to print at most (0: all) (default: 5)")
     s.add_argument("--tokens", action="store_true", help="also print the completion as trained (model) and masked (env) token runs")
     s.add_argument("--color", choices=["auto", "always", "never"], default="auto", help="colour (default: auto, when the output is a terminal)")
+    s.set_defaults(func=_show)
     v = sub.add_parser("view", help="write one self-contained HTML report of rollouts (two files: compared side by side)")
     v.add_argument("rollouts", nargs="+", metavar="ROLLOUTS.jsonl", help="one file, or two to compare (A B: per-task reward differences)")
     _selection_arguments(v)
@@ -59,19 +59,13 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     v.add_argument("--max-detail", type=int, default=2000, metavar="N",
                    help="rollouts whose conversation and tokens are embedded, at most; beyond it a seeded sample (default: 2000)")
     v.add_argument("--seed", type=int, default=0, help="seed of that sample (default: 0)")
+    v.set_defaults(func=_view)
     e = sub.add_parser("export", help="write rollouts in another format: Harbor's ATIF v1.7 trajectories")
     e.add_argument("rollouts", metavar="ROLLOUTS.jsonl")
     e.add_argument("--format", choices=["atif"], required=True, help="atif: ATIF-v1.7 (one trajectory per rollout)")
     e.add_argument("--output", required=True, metavar="OUT",
                    help="a .jsonl file (one trajectory per line) or a folder (one <env>-<task>-<repeat>.json each)")
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.command == "show":
-        return _show(args)
-    if args.command == "view":
-        return _view(args)
-    return _export(args)
+    e.set_defaults(func=_export)
 
 
 def _report_skipped(skipped: list[Skipped]) -> int:

@@ -12,7 +12,6 @@ per-task table of mean-reward differences (tasks matched by their input row).
 
 from __future__ import annotations
 
-import hashlib
 import html
 import json
 import random
@@ -27,6 +26,7 @@ from typing import Any
 from gym_bridge.core.health import tool_call_health
 from gym_bridge.core.metrics import summarize
 from gym_bridge.core.rollout_file import input_row
+from gym_bridge.core.task import task_key
 from gym_bridge.view.decode import Decoder, decoder_for
 from gym_bridge.core.errors import DataError
 from gym_bridge.view.reading import SORT_KEYS, Skipped, iter_rollouts, policy_versions, require_some, segments, record_turns
@@ -123,11 +123,11 @@ def _detail(record: Mapping[str, Any], vocabulary: dict[int, str], decoder: Deco
     }
 
 
-def task_key(record: Mapping[str, Any]) -> str:
-    """A task's identity across runs: its environment and a digest of its input row (without a trainer's `step`)."""
+def compared_task(record: Mapping[str, Any]) -> str:
+    """Which task a record is a rollout of, across runs: its environment and the `task_key` of its input row
+    (without a trainer's `step`). Computed when the records are read, never stored: nothing reads an older one."""
     row = {key: value for key, value in input_row(dict(record)).items() if key != "step"}  # trainer records carry their step
-    digest = hashlib.sha1(json.dumps(row, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    return f"{record.get('env')}:{digest}"
+    return f"{record.get('env')}:{task_key(row)}"
 
 
 def _task_means(records: Sequence[Mapping[str, Any]]) -> dict[str, tuple[float | None, int, Mapping[str, Any]]]:
@@ -168,7 +168,7 @@ def _light(record: Mapping[str, Any]) -> dict[str, Any]:
     light["response"] = {"model": (record.get("response") or {}).get("model"), "output": []}
     light["token_counts"] = {"prompt": len(tokens.get("prompt_ids") or []), "model": model_tokens,
                              "env": len(tokens.get("completion_ids") or []) - model_tokens}
-    light["task_key"] = task_key(record)
+    light["task_key"] = compared_task(record)
     return light
 
 

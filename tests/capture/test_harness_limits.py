@@ -128,7 +128,7 @@ def test_a_malformed_limit_is_refused_before_a_run(value) -> None:
 
 
 def test_eval_s_env_setting_changes_or_lifts_a_limit() -> None:
-    from gym_bridge.cli import _apply_env_options
+    from gym_bridge.cli.eval_engine import _apply_env_options
     from gym_bridge.core.registry import get_environment
 
     register(Limited)

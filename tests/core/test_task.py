@@ -67,3 +67,19 @@ def test_malformed_json_lines_are_said_for_a_person(line, said):
     with pytest.raises(DataError) as error:
         parse_json_line(line, source="rows.jsonl:4")
     assert str(error.value) == f"rows.jsonl:4: {said}"
+
+
+def test_one_task_key_for_trl_datasets_and_the_report():
+    """Issue 37 item 5: TRL's dataset and `gym-bridge view` had a `task_key` each, with different digests (SHA-256
+    of compact JSON; SHA-1 of spaced JSON). Now both use `core.task.task_key`, whose digest is TRL's, so the keys in
+    datasets saved before stay the keys of their rows."""
+    from gym_bridge.core.task import task_key
+    from gym_bridge.trl._dataset import load_dataset
+    from gym_bridge.view.report import compared_task
+
+    row = {"prompt": "Weather in Oslo?", "environment": "weather", "expected_answer": "é 1.5"}
+    assert task_key(row) == "8d5630270080ace7"  # sha256 of {"environment":"weather","expected_answer":"é 1.5","prompt":...}
+    assert task_key(dict(reversed(list(row.items())))) == task_key(row)  # key order does not matter
+    assert load_dataset([row])["task_key"] == [task_key(row)]
+    record = {**row, "env": "weather", "step": 3, "reward": 1.0, "response": {"output": []}, "task_index": 0}
+    assert compared_task(record) == f"weather:{task_key(row)}"  # the record's fields and a trainer's step left out

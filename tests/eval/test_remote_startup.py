@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from fastapi import FastAPI, Request
 
-from gym_bridge.cli import _matching_tokenizer
+from gym_bridge.cli.eval_engine import _matching_tokenizer
 from gym_bridge.core.errors import GymBridgeError
 from gym_bridge.policies.embedded import embedded_model_path
 from gym_bridge.policies.tokenizer import load_light_tokenizer

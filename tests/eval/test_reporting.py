@@ -77,7 +77,8 @@ def _simulate(order: list[str], latency_s: dict[str, float], concurrency: int) -
 
 
 def test_the_eta_holds_with_fast_and_slow_environments_mixed():
-    from gym_bridge.cli.eval import Eta, interleave_by_env
+    from gym_bridge.cli.eval import interleave_by_env
+    from gym_bridge.eval.progress import Eta
     from gym_bridge.core.task import parse_task
 
     latency_s = {"weather": 0.5, "multi_step": 5.0}

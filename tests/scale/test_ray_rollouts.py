@@ -65,12 +65,19 @@ def _run_and_kill(tmp_path, *, max_retries: int):  # type: ignore[no-untyped-def
     rollouts.start(tasks, group_size=2)
     victims = wait_for_workers(rollouts)[:1]
 
-    def kill_once(row: dict) -> None:
-        while victims:
-            os.kill(victims.pop(), signal.SIGKILL)
+    class KillOnce:  # a RunObserver: kills the worker once the first record is written
+        def started(self, tasks, *, repeats):  # type: ignore[no-untyped-def]
+            pass
+
+        def record_done(self, row: dict) -> None:
+            while victims:
+                os.kill(victims.pop(), signal.SIGKILL)
+
+        def finished(self) -> None:
+            pass
 
     try:
-        result = asyncio.run(run_eval(rollouts, tasks, output=tmp_path / "out.jsonl", num_repeats=2, on_record=kill_once))
+        result = asyncio.run(run_eval(rollouts, tasks, output=tmp_path / "out.jsonl", num_repeats=2, observer=KillOnce()))
     finally:
         rollouts.shutdown()
     records = [line for line in (tmp_path / "out.jsonl").read_text().splitlines()]

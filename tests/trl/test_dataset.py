@@ -6,7 +6,8 @@ from collections import Counter
 
 import pytest
 
-from gym_bridge.trl._dataset import TaskIndex, key_from_prompt, load_dataset, task_key
+from gym_bridge.core.task import task_key
+from gym_bridge.trl._dataset import TaskIndex, key_from_prompt, load_dataset
 from gym_bridge.core.errors import DataError, UnknownEnvironmentError
 
 WEATHER = {"responses_create_params": {"input": "Weather in Oslo?"}, "agent_ref": {"type": "responses_api_agents", "name": "weather"}}

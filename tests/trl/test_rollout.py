@@ -9,7 +9,8 @@ import pytest
 import gym_bridge
 from gym_bridge.trl._rollout import make_rollout, repeat_indices, sampling_from_args, to_trl_batch
 from gym_bridge.trl._rewards import env_reward, reward_metrics
-from gym_bridge.trl._dataset import REGISTRY, load_dataset, task_key
+from gym_bridge.core.task import task_key
+from gym_bridge.trl._dataset import REGISTRY, load_dataset
 from gym_bridge.core.errors import DataError, GymBridgeError, UnknownEnvironmentError, BackendError, TokenPolicyRequiredError
 from gym_bridge.core.policy import Generation, ScriptedPolicy
 from tests.support.invariants import assert_token_invariants

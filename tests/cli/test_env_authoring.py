@@ -17,7 +17,7 @@ from gym_bridge.core.errors import DataError, UnknownEnvironmentError
 from gym_bridge.core.task import parse_task
 from gym_bridge.eval.run import select_tasks
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ORDER_ENV = textwrap.dedent('''
     from gym_bridge import Environment, Task, ToolError, VerifyResult, final_text, tool
 

@@ -19,7 +19,8 @@ import pytest
 
 from gym_bridge.core.metrics import format_table
 
-from gym_bridge.cli import _limit_module_paths, build_parser, main
+from gym_bridge.cli import build_parser, main
+from gym_bridge.cli.common import TrustSettings
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.errors import DataError, UnknownEnvironmentError
 from gym_bridge.core.policy import ScriptedPolicy
@@ -28,7 +29,7 @@ from gym_bridge.core.rollout_file import input_row, prepare_resume, read_records
 from gym_bridge.core.task import load_tasks
 from gym_bridge.eval.run import run_eval, select_tasks
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
 
 
@@ -218,7 +219,7 @@ def test_verify_rescores_environments_loaded_by_module_path(tmp_path, smol_templ
 
 
 def test_exit_codes_are_documented_in_eval_help(capsys):
-    """Item 12 (the code itself is pinned in test_cli.py::test_failures_set_the_exit_code)."""
+    """Item 12 (the code itself is pinned in test_eval_verify_envs.py::test_failures_set_the_exit_code)."""
     with pytest.raises(SystemExit):
         main(["eval", "--help"])
     out = capsys.readouterr().out
@@ -251,7 +252,7 @@ def test_module_paths_in_data_can_be_refused_or_limited(tmp_path, capsys):
         with pytest.raises(UnknownEnvironmentError, match="module paths are turned off"):
             get_environment("tests.support.failing_env:AlwaysRight")
         args = build_parser().parse_args(["eval", "--env", "tests.support.failing_env:AlwaysRight", "--no-module-paths"])
-        _limit_module_paths(args)  # what `main` does: the command line's own module path is trusted
+        TrustSettings.from_args(args).apply()  # what `eval` does: the command line's own module path is trusted
         assert get_environment("tests.support.failing_env:AlwaysRight").name == "always_right"
         with pytest.raises(UnknownEnvironmentError, match=r"'json' is not under an allowed prefix \(tests.support.failing_env\)"):
             get_environment("json:JSONDecoder")

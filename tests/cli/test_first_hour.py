@@ -58,7 +58,7 @@ def test_the_progress_bar_shows_no_eta_until_the_first_wave_has_finished():
 
     from tqdm import tqdm
 
-    from gym_bridge.cli import progress_format
+    from gym_bridge.eval.progress import progress_format
 
     bar = tqdm(total=11, desc="rollouts", file=io.StringIO(), bar_format=progress_format(0, first_wave=11))
     bar.set_postfix_str("generating the first batch", refresh=False)
@@ -102,7 +102,7 @@ def test_no_lock_file_is_left_behind(tmp_path):
     (3, 15.0, 3),     # --threads wins
 ])
 def test_serve_model_threads(requested, load, expected):
-    from gym_bridge.cli import torch_threads
+    from gym_bridge.cli.common import torch_threads
 
     assert torch_threads(requested, default=2, cores=2, load=load) == expected
 
