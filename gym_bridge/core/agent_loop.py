@@ -229,7 +229,8 @@ class AgentLoop(Protocol):
 
 
 class ToolCallingLoop:
-    """Generate; if the turn calls tools, run them and continue; stop on an answer or a limit."""
+    """Generate; if the turn calls tools, run them and continue; stop on an answer, the environment's end of the
+    episode (`Environment.episode_ended`) or a limit."""
 
     async def run(self, ctx: RolloutContext) -> LoopFinish:
         for turn in range(ctx.limits.max_turns):
@@ -244,6 +245,8 @@ class ToolCallingLoop:
             outputs = []
             for call in parsed.calls:  # a loop, not an async comprehension: no closure and frame per turn
                 outputs.append(await ctx.call_tool(call))
+            if ctx.env.episode_ended():
+                return "answer"
             if turn == ctx.limits.max_turns - 1:
                 return "max_turns"
             if not await ctx.append_tool_outputs_async(outputs):

@@ -359,6 +359,11 @@ class Environment:
     def close(self) -> Any:
         """Release the session's resources (may be async). Called even when the rollout failed."""
 
+    def episode_ended(self) -> bool:
+        """Whether the environment has ended the episode (a game won or lost, a server's `done`): the default
+        loop checks it after each turn's tool calls and finishes with `answer`. Default: never."""
+        return False
+
     def snapshot(self) -> Any:
         """The session's state as JSON-able data, taken at a turn boundary (only with `resume = "snapshot"`; runs in a
         worker thread under `tool_timeout_s`)."""
