@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from gym_bridge._lazy import lazy_homes
 from gym_bridge.core.answer import last_boxed, last_tagged
-from gym_bridge.core.agent_loop import AgentLoop, Limits, RolloutContext, ToolCallingLoop
+from gym_bridge.core.agent_loop import AgentLoop, Limits, RolloutContext, ToolCallingLoop, generate_turn
 from gym_bridge.core.engine import Engine, EngineConfig
-from gym_bridge.core.environment import Environment, RowProblem, ToolError, Toolset, VerifyResult, schema_problems, tool
+from gym_bridge.core.environment import Environment, RowProblem, ToolError, Toolset, VerifyResult, schema_problems, tool, without_titles
 from gym_bridge.core.errors import (
     BackendError,
     ConfigError,
@@ -58,9 +58,9 @@ __all__ = [
     # writing an environment
     "Environment", "FailureKind", "Item", "RowProblem", "TOKEN_FIELDS", "Task", "ToolError", "Toolset", "VerifyResult",
     "draw_split", "final_text", "last_boxed", "last_tagged", "output_text", "remote_url", "run_in_process",
-    "schema_problems", "tool",
+    "schema_problems", "tool", "without_titles",
     # an environment's own agent loop, text models
-    "AgentLoop", "FailRollout", "Limits", "RolloutContext", "TextModel", "ToolCallingLoop",
+    "AgentLoop", "FailRollout", "Limits", "RolloutContext", "TextModel", "ToolCallingLoop", "generate_turn",
     # routing and running
     "ChatTemplate", "Engine", "EngineConfig", "RolloutRecord", "configure", "get_environment", "known_environments",
     "load_tasks", "parse_task", "register", "summarize",

@@ -10,12 +10,11 @@ worker process (worker.py); rows come from the installed package: `gym-bridge da
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from gym_bridge import ConfigError, Environment, FailRollout, Item, RolloutContext, Task, ToolError, VerifyResult
+from gym_bridge import ConfigError, Environment, FailRollout, Item, RolloutContext, Task, ToolError, VerifyResult, generate_turn
 
 from environments.bfcl.bridge import INSTALL_HINT, Worker, WorkerError, require_worker_python, shared_worker, worker_python
 
@@ -165,15 +164,13 @@ class BfclTurnsLoop:
                 if calls_left == 0:
                     return "max_turns"
                 calls_left -= 1
-                step = await ctx.generate()
-                if step is None:
-                    return "budget"
-                generation, parsed = step
-                if generation.finish_reason == "length":
-                    return "length"
-                if not parsed.calls:
+                step = await generate_turn(ctx)
+                if isinstance(step, str):
+                    return step
+                calls = step[1].calls
+                if not calls:
                     break
-                outputs = [await ctx.call_tool(call) for call in parsed.calls]
+                outputs = [await ctx.call_tool(call) for call in calls]
                 if not await ctx.append_tool_outputs_async(outputs):
                     return "budget"
             else:
@@ -200,8 +197,7 @@ class BfclMultiTurnEnvironment(_BfclBase):
         if not added:
             return ctx
         self.request("add_functions", "env", session=self.session, turn=str(index))
-        # the context caches the offered names (`_tool_names`): a copy offering more tools starts without the cache
-        return dataclasses.replace(ctx, tools=(*ctx.tools, *added["tools"]), _tool_names=None)
+        return ctx.with_tools(added["tools"])
 
     def user_message(self, index: int) -> str:
         """The user message of turn `index` (BFCL's turns hold one); a held-out-function turn has BFCL's message

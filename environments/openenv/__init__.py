@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal
 
 import pydantic
 
-from gym_bridge import ConfigError, Environment, FailRollout, Item, MissingExtraError, RolloutContext, Task, ToolError, VerifyResult
+from gym_bridge import ConfigError, Environment, FailRollout, Item, MissingExtraError, Task, ToolError, VerifyResult
 
 from environments.openenv.rows import build_rows
 from environments.openenv.server import ServerSpec, server_url
@@ -56,31 +56,6 @@ class RowSchema(pydantic.BaseModel):
     openenv: OpenEnvRow = OpenEnvRow()
 
 
-class OpenEnvLoop:
-    """The tool-calling loop, which also ends when the OpenEnv episode is done (finish reason `answer`)."""
-
-    async def run(self, ctx: RolloutContext) -> str:
-        env = ctx.env
-        assert isinstance(env, OpenEnvEnvironment)
-        for turn in range(ctx.limits.max_turns):
-            step = await ctx.generate()
-            if step is None:
-                return "budget"
-            generation, parsed = step
-            if generation.finish_reason == "length":
-                return "length"
-            if not parsed.calls:
-                return "answer"
-            outputs = [await ctx.call_tool(call) for call in parsed.calls]
-            if env.done:
-                return "answer"
-            if turn == ctx.limits.max_turns - 1:
-                return "max_turns"
-            if not await ctx.append_tool_outputs_async(outputs):
-                return "budget"
-        return "max_turns"
-
-
 class OpenEnvEnvironment(Environment):
     name = "openenv"
     description = "Any OpenEnv environment server (simulation: the action is one `act` tool; MCP: the server's tools); OpenEnv's reward."
@@ -89,7 +64,6 @@ class OpenEnvEnvironment(Environment):
     example_data = HERE / "data" / "example.jsonl"
     row_schema = RowSchema
     tools_from_row = True
-    agent_loop = OpenEnvLoop()
     settings = ("base_url", "server_app", "server_app_dir", "server_python", "start_timeout_s", "request_timeout_s")
     tool_timeout_s: ClassVar[float] = 30.0
     base_url: ClassVar[str | None] = None
@@ -173,6 +147,10 @@ class OpenEnvEnvironment(Environment):
             answer = observation.get("result")
             observation = {"result": answer.get("data", answer) if isinstance(answer, dict) else answer}
         return {"observation": observation, "reward": result.reward, "done": result.done}
+
+    def episode_ended(self) -> bool:
+        """The server said `done`: the default loop finishes the rollout after this turn's calls."""
+        return self.done
 
     def verify(self, task: Task, output: list[Item]) -> VerifyResult:
         reward = self.rewards[-1] if self.rewards else 0.0

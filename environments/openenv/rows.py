@@ -12,18 +12,12 @@ from typing import Any
 
 import httpx
 
+from gym_bridge import without_titles
+
 from environments.openenv.session import OpenEnvError, OpenEnvSession
 
 INSTRUCTIONS = ("You are acting in an environment. Take each action by calling a tool; its result shows the new observation, "
                 "the reward and whether the episode is done. Keep acting until it is done.")
-
-
-def _strip_titles(schema: Any) -> Any:
-    if isinstance(schema, dict):
-        return {key: _strip_titles(value) for key, value in schema.items() if key != "title"}
-    if isinstance(schema, list):
-        return [_strip_titles(value) for value in schema]
-    return schema
 
 
 async def simulation_tool(url: str, *, name: str, timeout_s: float) -> dict[str, Any]:
@@ -34,7 +28,7 @@ async def simulation_tool(url: str, *, name: str, timeout_s: float) -> dict[str,
         action = dict(answer["action"])
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as error:
         raise OpenEnvError(f"{url}/schema did not give an action schema: {type(error).__name__}: {error}") from None
-    parameters = _strip_titles(action)
+    parameters = without_titles(action)
     parameters["properties"] = {key: value for key, value in parameters.get("properties", {}).items() if key != "metadata"}
     parameters["required"] = [key for key in parameters.get("required", []) if key != "metadata"]
     description = str(parameters.pop("description", "") or "Take one action in the environment.")

@@ -9,10 +9,12 @@ reward is the model's entry of `env.close()`'s rewards (README.md has the detail
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
+import random
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Iterator, Literal
 
 import pydantic
 
@@ -27,6 +29,7 @@ from gym_bridge import (
     Task,
     TextModel,
     VerifyResult,
+    generate_turn,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -94,9 +97,28 @@ class Game:
         self.opponent = opponent
         self.moves = list(row.opponent_moves)
         self.env = textarena.make(row.game)
-        self.env.reset(num_players=row.num_players or check_game(row.game), seed=row.seed)
+        self.random_state = random.getstate()
+        with self._own_random():
+            self.env.reset(num_players=row.num_players or check_game(row.game), seed=row.seed)
         self.done = False
         self.shown = ""
+
+    @contextlib.contextmanager
+    def _own_random(self) -> Iterator[None]:
+        """TextArena draws from Python's global `random` (and seeds it at reset): each game call runs on the game's own
+        state of it, and leaves the caller's as it was, so concurrent rollouts never draw from each other's stream."""
+        outside = random.getstate()
+        random.setstate(self.random_state)
+        try:
+            yield
+        finally:
+            self.random_state = random.getstate()
+            random.setstate(outside)
+
+    def _step(self, move: str) -> bool:
+        with self._own_random():
+            done, _ = self.env.step(action=move)
+        return bool(done)
 
     async def first_observation(self) -> str:
         """The observation the model starts from (the opponent's first moves played when it moves first)."""
@@ -104,17 +126,18 @@ class Game:
 
     async def play(self, move: str) -> str | None:
         """Play the model's move; returns what the game shows the model next, or None once the game is over."""
-        self.done, _ = self.env.step(action=move)
+        self.done = self._step(move)
         return None if self.done else await self._until_model_turn()
 
     async def _until_model_turn(self) -> str | None:
         while True:
-            player, observation = self.env.get_observation()
+            with self._own_random():
+                player, observation = self.env.get_observation()
             if player == self.row.player:
                 text = new_text(self.shown, observation)
                 self.shown = observation
                 return text
-            self.done, _ = self.env.step(action=await self._opponent_move(observation))
+            self.done = self._step(await self._opponent_move(observation))
             if self.done:
                 return None
 
@@ -125,7 +148,8 @@ class Game:
         return self.moves.pop(0) if self.moves else ""
 
     def close(self) -> tuple[dict[int, float] | None, dict[int, Any]]:
-        rewards, info = self.env.close()
+        with self._own_random():
+            rewards, info = self.env.close()
         return rewards, info or {}
 
 
@@ -136,15 +160,12 @@ class GameLoop:
         env = ctx.env
         assert isinstance(env, TextArenaEnvironment)
         for turn in range(ctx.limits.max_turns):
-            step = await ctx.generate()
-            if step is None:
-                return "budget"
-            generation, parsed = step
-            observation = await env.game.play(parsed.content)
+            step = await generate_turn(ctx)
+            if isinstance(step, str):
+                return step  # a cut answer is not played, as a cut turn's calls are not run
+            observation = await env.game.play(step[1].content)
             if observation is None:
                 return "answer"
-            if generation.finish_reason == "length":
-                return "length"
             if turn == ctx.limits.max_turns - 1:
                 return "max_turns"
             if not await ctx.append_user_message_async(observation):

@@ -140,6 +140,11 @@ class RolloutContext:
         async with deadline.model_call():
             return await self.transcript.generate(sampling)
 
+    def with_tools(self, tools: Sequence[dict[str, Any]]) -> RolloutContext:
+        """A copy of this context that also offers `tools` (functions an environment adds mid-episode); the loop goes
+        on with the copy. The transcript is shared: the model learns of them from what the environment tells it."""
+        return replace(self, tools=(*self.tools, *tools), _tool_names=None)
+
     async def call_tool(self, call: ParsedCall, call_id: str | None = None) -> ToolOutput:
         """Run one tool call (`call_id`: the call's own, as `generate` returned it, unless given);
         bad calls become error text for the model.
@@ -227,6 +232,17 @@ async def _call_async_tool(env: Environment, name: str, arguments: str) -> Any:
     return await env.call_tool(name, arguments)
 
 
+async def generate_turn(ctx: RolloutContext) -> tuple[Generation, ParsedTurn] | LoopFinish:
+    """One model turn (`ctx.generate`), or the finish reason that ends the loop instead: `budget` when no token is
+    left, `length` when the turn was cut at its token limit (a cut turn is not acted on). Loops share it."""
+    step = await ctx.generate()
+    if step is None:
+        return "budget"
+    if step[0].finish_reason == "length":
+        return "length"
+    return step
+
+
 class AgentLoop(Protocol):
     """Drives one rollout; returns its finish reason (`answer`, `max_turns`, `length`, `budget`)."""
 
@@ -234,21 +250,22 @@ class AgentLoop(Protocol):
 
 
 class ToolCallingLoop:
-    """Generate; if the turn calls tools, run them and continue; stop on an answer or a limit."""
+    """Generate; if the turn calls tools, run them and continue; stop on an answer, the environment's end of the
+    episode (`Environment.episode_ended`) or a limit."""
 
     async def run(self, ctx: RolloutContext) -> LoopFinish:
         for turn in range(ctx.limits.max_turns):
-            step = await ctx.generate()
-            if step is None:
-                return "budget"
-            generation, parsed = step
-            if generation.finish_reason == "length":
-                return "length"
+            step = await generate_turn(ctx)
+            if isinstance(step, str):
+                return step
+            parsed = step[1]
             if not parsed.calls:
                 return "answer"
             outputs = []
             for call in parsed.calls:  # a loop, not an async comprehension: no closure and frame per turn
                 outputs.append(await ctx.call_tool(call))
+            if ctx.env.episode_ended():
+                return "answer"
             if turn == ctx.limits.max_turns - 1:
                 return "max_turns"
             if not await ctx.append_tool_outputs_async(outputs):

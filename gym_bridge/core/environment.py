@@ -136,11 +136,12 @@ def _parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
     return description, params
 
 
-def _strip_titles(schema: Any) -> Any:
+def without_titles(schema: Any) -> Any:
+    """A JSON schema with pydantic's `title` keys left out at every level (tool parameters as the model reads them)."""
     if isinstance(schema, dict):
-        return {key: _strip_titles(value) for key, value in schema.items() if key != "title"}
+        return {key: without_titles(value) for key, value in schema.items() if key != "title"}
     if isinstance(schema, list):
-        return [_strip_titles(value) for value in schema]
+        return [without_titles(value) for value in schema]
     return schema
 
 
@@ -165,7 +166,7 @@ def tool_spec(method: Callable[..., Any], *, name: str) -> ToolSpec:
     model = pydantic.create_model(
         f"{name}_arguments", __config__=pydantic.ConfigDict(extra="forbid"), **fields
     )
-    parameters = _strip_titles(model.model_json_schema())
+    parameters = without_titles(model.model_json_schema())
     parameters.pop("additionalProperties", None)
     parameters.setdefault("properties", {})
     parameters["required"] = [key for key, spec in fields.items() if spec[1].is_required()]
@@ -358,6 +359,11 @@ class Environment:
 
     def close(self) -> Any:
         """Release the session's resources (may be async). Called even when the rollout failed."""
+
+    def episode_ended(self) -> bool:
+        """Whether the environment has ended the episode (a game won or lost, a server's `done`): the default
+        loop checks it after each turn's tool calls and finishes with `answer`. Default: never."""
+        return False
 
     def snapshot(self) -> Any:
         """The session's state as JSON-able data, taken at a turn boundary (only with `resume = "snapshot"`; runs in a

@@ -111,3 +111,30 @@ def test_a_model_opponent_gets_its_observation_and_its_reply_is_its_move(smol_te
     assert record.reward == textarena_loop("TicTacToe-v0", 0, ["[0]", "[1]", "[2]"], ["I take the centre: [4]", "[8]"], 2)
     seen = opponent.requests[0].messages[-1]["content"]
     assert "You are Player 1" in seen and "[Player 0] [0]" in seen     # TextArena's observation for the opponent's player
+
+
+def test_concurrent_games_each_draw_from_their_own_random_stream() -> None:
+    import random
+
+    from environments.textarena import Game
+
+    moves = ["[Up]", "[Left]", "[Down]", "[Right]"] * 3
+
+    def start(seed: int) -> tuple[Game, list[str | None]]:
+        game = Game(TextArenaRow(game="2048-v0", seed=seed), None)
+        return game, [asyncio.run(game.first_observation())]
+
+    alone = {}
+    for seed in (3, 4):
+        game, shown = start(seed)
+        shown += [asyncio.run(game.play(move)) for move in moves]
+        alone[seed] = shown
+    random.seed(99)
+    outside = random.getstate()
+    (first, seen_first), (second, seen_second) = start(3), start(4)
+    for move in moves:  # interleaved, as two rollouts on one event loop: each step of one between the other's
+        seen_first.append(asyncio.run(first.play(move)))
+        seen_second.append(asyncio.run(second.play(move)))
+    assert sum(shown is not None for shown in alone[3]) > 4      # the games went on, spawning random tiles
+    assert (seen_first, seen_second) == (alone[3], alone[4])
+    assert random.getstate() == outside                           # the caller's generator left as it was
