@@ -116,7 +116,7 @@ def test_settings_come_from_configure_and_are_checked() -> None:
             configure("llm_judge", judge_api="telepathy").check_ready()
         with pytest.raises(Exception, match="has no setting 'judge_colour'"):
             configure("llm_judge", judge_colour="red")
-        from gym_bridge.cli import _apply_env_options
+        from gym_bridge.cli.eval_engine import _apply_env_options
 
         _apply_env_options(["llm_judge.judge_max_new_tokens=64", "llm_judge.judge_base_url=http://127.0.0.1:9/v1"], [])
         configured = get_environment("llm_judge")

@@ -103,7 +103,7 @@ def test_rows_route_by_agent_ref_remote_and_by_env_url(server) -> None:
     with pytest.raises(DataError, match="data.jsonl:2: agent_ref.remote"):
         resolve_tasks([task, local])
 
-    from gym_bridge.cli import _apply_env_options
+    from gym_bridge.cli.eval_engine import _apply_env_options
     from gym_bridge.eval.run import select_tasks
 
     original = get_environment("weather")
