@@ -1,6 +1,7 @@
 """What several `gym-bridge` commands share: exit codes, the help formatter, the module-path options
-(`--no-module-paths`, `--allow-module`), URL checks, JSON-object options, and the checks and CPU-thread
-choice of a local model (`eval --model`, `serve-model --model`)."""
+(`--no-module-paths`, `--allow-module`) and the `TrustSettings` a command's options make (applied for its
+run only), URL checks, JSON-object options, and the checks and CPU-thread choice of a local model
+(`eval --model`, `serve-model --model`)."""
 
 from __future__ import annotations
 
