@@ -65,7 +65,7 @@ def parse_args() -> argparse.Namespace:
 def dataset_sources(entries: list[dict[str, Any]], config_dir: Path, work_dir: Path) -> tuple[list[Path], list[float] | None]:
     """Paths and weights of the `datasets` entries (None when no entry has a weight: the files are
     concatenated as they are); relative paths are relative to the config, then to the cwd.
-    `{env: NAME, prepare: {split, size, seed}}` generates rows with the environment's
+    `{env: NAME, prepare: {split, size, seed, task, ...}}` generates rows with the environment's
     `prepare_rows` into `work_dir`."""
     import gym_bridge
     from gym_bridge.data import prepare, write_rows
@@ -75,7 +75,8 @@ def dataset_sources(entries: list[dict[str, Any]], config_dir: Path, work_dir: P
         if "prepare" in entry:
             options = dict(entry["prepare"])
             rows = prepare(entry["env"], **options)
-            name = f"{entry['env']}.{options.get('split', 'train')}.seed{options.get('seed', 0)}.jsonl"
+            task = f".{options['task']}" if options.get("task") else ""  # two tasks of one environment: two files
+            name = f"{entry['env']}{task}.{options.get('split', 'train')}.seed{options.get('seed', 0)}.jsonl"
             path = write_rows(rows, work_dir / name)
         elif "env" in entry:
             [path] = gym_bridge.trl.example_data_paths([entry["env"]])

@@ -1,6 +1,6 @@
 """`gym-bridge serve-model` (a transformers model over an OpenAI-compatible HTTP API, `gym_bridge.serve.model_server`)
 and `gym-bridge serve` (environments as NeMo Gym agent servers for NeMo RL,
-`gym_bridge.serve.agent_server`): their options and start-up checks.
+`gym_bridge.serve.agent_server`, started by `gym_bridge.serve.agent_launch`): their options and start-up checks.
 
 The two names stay as they are (issue 29 weighed a rename and kept them, the cheap option): `serve` is what NeMo RL
 recipes and scripts already run, and each command's help line says what it serves (a model, or environments).
@@ -119,7 +119,7 @@ def _agent_serve(args: argparse.Namespace) -> int:
         import uvicorn  # noqa: F401
     except ImportError:
         raise MissingExtraError("gym-bridge serve needs FastAPI and uvicorn: pip install 'gym-bridge[serve]'") from None
-    from gym_bridge.serve.agent_server import default_journal_dir, serve, settings_from_args
+    from gym_bridge.serve.agent_launch import default_journal_dir, serve, settings_from_args
 
     urls = [url.strip() for entry in args.model_base_url for url in entry.split(",") if url.strip()]
     check_urls(urls, flag="--model-base-url")

@@ -3,16 +3,15 @@
 NeMo RL POSTs each row to `/run` of the server its `agent_ref.name` names; each `/run` is one core rollout whose
 model calls go to NeMo RL's `/v1/chat/completions` (a routed chat policy with token ids). Here: the settings, the
 server (`AgentServer`: a row checked, run, answered in NeMo Gym's wire format, `gym_bridge.core.dialects.nemo_gym`),
-its journal (`open_journal`: a row that names its rollout and is sent again continues from its last turn), the app
-(`build_app`) and `serve`. A malformed row answers 422 naming the field; a failed rollout 200 with `mask_sample`.
+its journal (`open_journal`: a row that names its rollout and is sent again continues from its last turn) and the
+app (`build_app`; `agent_launch` starts it). A malformed row answers 422 naming the field; a failed rollout 200.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import itertools
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +21,7 @@ from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.dialects.nemo_gym import aggregate_metrics, from_aggregate_request, rollout_id, run_sampling, to_run_result
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import Environment
-from gym_bridge.core.errors import ConfigError, DataError, MissingExtraError, UserError
+from gym_bridge.core.errors import ConfigError, DataError, UserError
 from gym_bridge.core.journal import RunFingerprint, RunJournal, environment_settings
 from gym_bridge.core.policy import ChatPolicy, SamplingParams
 from gym_bridge.core.record import RolloutRecord
@@ -31,8 +30,6 @@ from gym_bridge.core.rollout_file import dump_line
 from gym_bridge.core.request_body import BodyError, read_json
 from gym_bridge.core.task import Task, parse_task
 from gym_bridge.serve.disconnect import ClientDisconnected, unless_disconnected
-from gym_bridge.serve.listen import bind_socket, run_app
-from gym_bridge.serve.request_limit import RequestLimit
 
 DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
 
@@ -216,16 +213,6 @@ def open_journal(settings: AgentServerSettings, env_classes: Iterable[type[Envir
     return RunJournal.prepare(settings.journal_dir, fingerprint, resume=True)
 
 
-def default_journal_dir(port: int) -> str | None:
-    """Where `serve` journals when not told: `<cache>/serve_journal/port-<port>` (a server restarted on its port finds
-    it; `$GYM_BRIDGE_CACHE`, else `~/.cache/gym_bridge`); None for port 0, a new port at every start."""
-    if port == 0:
-        return None
-    from gym_bridge.policies.embedded import cache_root
-
-    return str(cache_root() / "serve_journal" / f"port-{port}")
-
-
 def build_app(settings: AgentServerSettings, *, policy: ChatPolicy | None = None, model_identity: str | None = None) -> Any:
     """The FastAPI app: `POST /run`, `POST /aggregate_metrics`, `GET /health`. `policy` replaces the
     model servers (tests); `model_identity` is what the journal fingerprints (`AgentServer`)."""
@@ -290,40 +277,3 @@ def build_app(settings: AgentServerSettings, *, policy: ChatPolicy | None = None
     app.add_route("/run", run, methods=["POST"])
     app.add_route("/aggregate_metrics", aggregate, methods=["POST"])
     return app
-
-
-def serve(settings: AgentServerSettings, *, host: str = "127.0.0.1", port: int = 9000,
-          on_ready: Callable[[str], None] | None = None) -> None:
-    """Serve until interrupted; `on_ready` gets `http://host:port` once bound. Past `max_concurrency`
-    `/run`s in flight, a new one gets a 503 with `Retry-After` (NeMo Gym's client retries); `/health`
-    and `/aggregate_metrics` are always answered, however busy the server is. With a journal, the model servers are
-    asked first what they serve (`served_model_identity`): a journal of another model is refused (JournalError)."""
-    try:
-        import fastapi  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError:
-        raise MissingExtraError("gym-bridge serve needs FastAPI and uvicorn: pip install 'gym-bridge[serve]'") from None
-
-    sock = bind_socket(host, port)  # a busy port fails first, before the model servers are asked
-    try:
-        identity = None
-        if settings.journal_dir:
-            from gym_bridge.policies.discovery import served_model_identity
-
-            identity = asyncio.run(served_model_identity(settings.model_base_urls, model=settings.model, api_key=settings.api_key))
-        app = RequestLimit(build_app(settings, model_identity=identity), limit=settings.max_concurrency,
-                           limited=lambda path: path == "/run", refusal=_busy)
-    except BaseException:
-        sock.close()
-        raise
-    run_app(app, sock, on_ready=on_ready, timeout_keep_alive=120)
-
-
-def _busy(limit: int) -> dict[str, Any]:
-    return {"detail": f"the server is running its limit of {limit} rollouts (--max-concurrency); retry later"}
-
-
-def settings_from_args(envs: Sequence[str], base_urls: Sequence[str], **values: Any) -> AgentServerSettings:
-    """Settings from the command line (`--model-base-url` may be repeated or comma-separated)."""
-    urls = tuple(url.strip() for entry in base_urls for url in entry.split(",") if url.strip())
-    return AgentServerSettings(envs=tuple(envs), model_base_urls=urls, **{k: v for k, v in values.items() if v is not None})

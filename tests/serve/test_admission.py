@@ -19,7 +19,7 @@ import pytest
 import uvicorn
 
 from gym_bridge.serve.agent_server import AgentServerSettings
-from gym_bridge.serve.agent_server import serve as serve_agents
+from gym_bridge.serve.agent_launch import serve as serve_agents
 from gym_bridge.serve.listen import bind_socket
 from gym_bridge.serve.model_server import serve as serve_model
 from tests.support.http_server import app_in_thread

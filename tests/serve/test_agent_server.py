@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from gym_bridge.serve.agent_server import AgentServerSettings, build_app
-from gym_bridge.serve.nemo_gym_launch import from_nemo_gym_environ
+from gym_bridge.serve.agent_launch import from_nemo_gym_environ
 from gym_bridge.core.policy import Generation
 from gym_bridge.core.task import MAX_ROW_DEPTH
 from gym_bridge.serve.model_server import build_app as build_model_app

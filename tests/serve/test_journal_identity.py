@@ -102,7 +102,7 @@ def test_serve_journals_by_default_under_its_port_and_no_journal_opts_out(model_
 def test_a_server_nemo_gym_starts_journals_by_default_unless_its_entry_says_null(tmp_path, monkeypatch):
     import yaml
 
-    from gym_bridge.serve.nemo_gym_launch import from_nemo_gym_environ
+    from gym_bridge.serve.agent_launch import from_nemo_gym_environ
 
     monkeypatch.setenv("GYM_BRIDGE_CACHE", str(tmp_path))
     entry = {"entrypoint": "app.py", "host": "10.0.0.1", "port": 5123, "envs": ["math"]}

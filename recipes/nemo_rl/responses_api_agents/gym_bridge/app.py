@@ -5,7 +5,7 @@ built from requirements.txt, with its global config in NEMO_GYM_CONFIG_DICT: thi
 port, the environments to serve (`envs`), and NeMo RL's vLLM URLs (`policy_base_url`).
 """
 
-from gym_bridge.serve.nemo_gym_launch import main_from_nemo_gym
+from gym_bridge.serve.agent_launch import main_from_nemo_gym
 
 if __name__ == "__main__":
     main_from_nemo_gym()
