@@ -17,7 +17,7 @@ from typing import Any
 
 import pydantic
 
-from gym_bridge.core.agent_loop import capped_output
+from gym_bridge.core.session import capped_output
 from gym_bridge.core.bounded.call import call_environment
 from gym_bridge.core.errors import describe_error, ConfigError, DataError
 from gym_bridge.core.environment import Environment, ToolError, to_verify_result
