@@ -48,7 +48,8 @@ class ReplayMismatch(RolloutError):
 
 @dataclass
 class RolloutResume:
-    """One attempt of one journaled rollout: what to replay, and the turns to commit."""
+    """One attempt of one journaled rollout: what to replay, and the turns to commit. It is the attempt's
+    `RolloutSeams`: the engine runs the attempt with the policy and session it wraps."""
 
     journal: RunJournal
     key: RolloutKey
@@ -123,7 +124,7 @@ class RolloutResume:
             found["resume_restarted"] = self.restart_reason
         return found
 
-    # -- the interception points the engine, the transcript and the loop call ---------------------------
+    # -- what the wrappers call (`_ReplayingPolicy`, `_ReplayingChatPolicy`, `JournaledSession`) ----------
 
     async def generate(self, request: GenerationRequest, policy: Policy) -> Generation:
         event = self._replayed(ModelEvent)
