@@ -48,7 +48,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from gym_bridge import Engine, EngineConfig, Generation, Limits, ScriptedPolicy, get_environment, load_tasks  # noqa: E402
 from gym_bridge.core.engine import freeze_startup_objects  # noqa: E402
-from gym_bridge.core.journal import RunFingerprint, RunJournal  # noqa: E402
+from gym_bridge.core.journal import RolloutKey, RunFingerprint, open_journal  # noqa: E402
 from gym_bridge.core.template.chat_template import ChatTemplate  # noqa: E402
 from gym_bridge.policies.embedded import load_embedded_tokenizer  # noqa: E402
 
@@ -83,7 +83,7 @@ async def _stream(engine: Engine, tasks) -> list:
     records = []
     async for record in engine.stream(tasks):  # as `gym-bridge eval`: the record is kept, then its journal dropped
         records.append(record)
-        engine.journal.finish((record.task_index, record.repeat_index))
+        engine.journal.finish(RolloutKey.of_task(record.task_index, record.repeat_index))
     await engine.journal.close()
     return records
 
@@ -129,7 +129,7 @@ class Bench:
         if journal_dir is None:
             return timed_run(engine, rows)
         wall, cpu = time.perf_counter(), time.process_time()
-        engine.journal = RunJournal.prepare(journal_dir, RunFingerprint.of_engine(self.config, rows), resume=False)
+        engine = engine.with_journal(open_journal(journal_dir, RunFingerprint.of_engine(self.config, rows), mode="fresh"))
         _, _, records = timed_run(engine, rows)
         return time.perf_counter() - wall, time.process_time() - cpu, records
 

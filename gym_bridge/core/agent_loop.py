@@ -10,15 +10,11 @@ policy's fault; what the policy gets wrong is scored, not raised.
 
 from __future__ import annotations
 
-import asyncio
-import json
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Coroutine, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
-from gym_bridge.core.bounded.call import call_bounded, call_environment
 from gym_bridge.core.bounded.deadline import RolloutDeadline
-from gym_bridge.core.environment import Environment, ToolError, ToolSpec
-from gym_bridge.core.errors import AbortedCall, classify, FailRollout
+from gym_bridge.core.environment import Environment
 from gym_bridge.core.items import function_call_output_item
 from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn
 from gym_bridge.core.policy import ChatPolicy, Generation, Policy, SamplingParams
@@ -26,11 +22,9 @@ from gym_bridge.core.record import LoopFinish
 from gym_bridge.core.task import Task
 from gym_bridge.core.template.chat_template import ChatTemplate
 from gym_bridge.core.template.messages import ToolOutput
+from gym_bridge.core.session import Session
 from gym_bridge.core.trajectory import Trajectory
-from gym_bridge.core.transcript import TOKENIZE_TIMEOUT_S, Transcript
-
-if TYPE_CHECKING:
-    from gym_bridge.core.resume import RolloutResume
+from gym_bridge.core.transcript import Transcript
 
 
 @dataclass(frozen=True)
@@ -45,60 +39,11 @@ class Limits:
     """Characters of one tool output the model reads at most; beyond them it reads a truncation note."""
 
 
-def capped_output(content: str, max_chars: int) -> str:
-    """`content`, or its first `max_chars` characters and a note saying how much was cut."""
-    if len(content) <= max_chars:
-        return content
-    return f"{content[:max_chars]}\n[truncated by gym_bridge: the tool returned {len(content):,} characters; only the first {max_chars:,} are shown]"
-
-
-INLINE_ENCODE_VALUES = 1000
-"""Tool results holding at most this many values (and no long string) are encoded on the event loop."""
-
-
-def encode_capped(value: Any, max_chars: int) -> str:
-    """`value` as JSON (`json.dumps`'s text), encoded only as far as `max_chars`: beyond them, the
-    first `max_chars` characters and a note. Pure-Python encoding, piece by piece, so a tool that
-    returns millions of values costs what the model reads, and the thread running it yields the GIL."""
-    pieces: list[str] = []
-    size = 0
-    for piece in json.JSONEncoder().iterencode(value):
-        pieces.append(piece)
-        size += len(piece)
-        if size > max_chars:
-            shown = "".join(pieces)[:max_chars]
-            return f"{shown}\n[truncated by gym_bridge: the tool returned more than {max_chars:,} characters; only the first {max_chars:,} are shown]"
-    return "".join(pieces)
-
-
-_SCALARS = (int, float, bool, type(None))
-
-
-def _few_values(value: Any, budget: int) -> bool:
-    """True when `value` holds at most `budget` containers and scalars and no string over `budget` characters."""
-    if type(value) is dict and len(value) <= 16:  # the common result: a small flat object, checked without the walk
-        if all(type(key) is str and len(key) <= budget for key in value) and all(
-                isinstance(item, _SCALARS) or (type(item) is str and len(item) <= budget) for item in value.values()):
-            return True
-    stack, seen = [value], 0
-    while stack:
-        item = stack.pop()
-        seen += 1
-        if seen > budget:
-            return False
-        if isinstance(item, (dict, list, tuple)):
-            if seen + len(stack) + 2 * len(item) > budget:
-                return False
-            stack.extend((*item.keys(), *item.values()) if isinstance(item, dict) else item)
-        elif isinstance(item, str) and len(item) > budget:
-            return False
-    return True
-
-
 @dataclass
 class RolloutContext:
     """What a loop works with: its task and environment, and the rollout's transcript, which it
-    grows only through the methods below. Mutates `trajectory`; everything else is fixed."""
+    grows only through the methods below. Mutates `trajectory`; everything else is fixed. Tool calls and user
+    messages go through `session` (the environment's session, or the resume journal's wrapper around it)."""
 
     task: Task
     env: Environment
@@ -112,12 +57,10 @@ class RolloutContext:
     tools: tuple[dict[str, Any], ...]
     transcript: Transcript
     """The conversation as the policy reads it (tokens or chat messages); `Engine` starts it."""
-    deadline: RolloutDeadline | None = None
-    """The rollout's deadline, which model calls go through (`Engine` passes it; None: no bound here)."""
-    _tool_names: frozenset[str] | None = None
-    """The names of `tools`, once a call needs them."""
-    journal: RolloutResume | None = None
-    """Where tool outputs and user messages are journaled (or, resuming, replayed from); None: not journaled."""
+    session: Session
+    """Where tool calls run and user messages are noted (`gym_bridge.core.session`)."""
+    deadline: RolloutDeadline
+    """The rollout's deadline, which model calls go through."""
 
     @property
     def budget_left(self) -> int:
@@ -134,16 +77,15 @@ class RolloutContext:
         if max_new <= 0:
             return None
         sampling = self.sampling if max_new == self.sampling.max_new_tokens else replace(self.sampling, max_new_tokens=max_new)
-        deadline = self.deadline
-        if deadline is None or not deadline.parked:  # the call counts against the deadline: nothing to hold
-            return await self.transcript.generate(sampling)
-        async with deadline.model_call():
+        async with self.deadline.model_call():
             return await self.transcript.generate(sampling)
 
     def with_tools(self, tools: Sequence[dict[str, Any]]) -> RolloutContext:
         """A copy of this context that also offers `tools` (functions an environment adds mid-episode); the loop goes
-        on with the copy. The transcript is shared: the model learns of them from what the environment tells it."""
-        return replace(self, tools=(*self.tools, *tools), _tool_names=None)
+        on with the copy. The transcript and the session are shared: the session accepts calls of them from now on,
+        and the model learns of them from what the environment tells it."""
+        self.session.offer(tools)
+        return replace(self, tools=(*self.tools, *tools))
 
     async def call_tool(self, call: ParsedCall, call_id: str | None = None) -> ToolOutput:
         """Run one tool call (`call_id`: the call's own, as `generate` returned it, unless given);
@@ -153,19 +95,9 @@ class RolloutContext:
         """
         call_id = call_id or call.call_id or ""
         self.trajectory.tool_calls += 1
-        if self.journal is None:
-            content = await self._tool_content(call)
-        else:
-            content = await self.journal.tool_output(call, self._tool_content)
+        content = await self.session.call_tool(call)
         self.trajectory.output.append(function_call_output_item(content, call_id=call_id))
         return ToolOutput(name=call.name, content=content, call_id=call_id)
-
-    def _tool_content(self, call: ParsedCall) -> Coroutine[Any, Any, str]:
-        """The coroutine of `call`'s output (`tool_output`, with this rollout's tools and limits)."""
-        offered = self._tool_names
-        if offered is None:
-            offered = self._tool_names = frozenset(schema["name"] for schema in self.tools)
-        return tool_output(self.env, call, offered=offered, max_chars=self.limits.max_tool_output_chars)
 
     async def append_tool_outputs_async(self, outputs: Sequence[ToolOutput]) -> bool:
         """Append the tool outputs for the model to read next (for a token policy: rendered, with the
@@ -178,58 +110,8 @@ class RolloutContext:
     async def append_user_message_async(self, content: str) -> bool:
         """Append a user message (simulated users, game observations) to the transcript and, as a
         `message` item with role `user`, to the output; False (nothing appended) if it does not fit."""
-        if self.journal is not None:
-            self.journal.user_message(content)
+        self.session.user_message(content)
         return await self.transcript.append_user_message(content)
-
-
-async def tool_output(env: Environment, call: ParsedCall, *, offered: frozenset[str], max_chars: int) -> str:
-    """The output the model reads for `call` on the session `env`, of the tools `offered` to it: the tool's text, or
-    its JSON, cut at `max_chars`; error text for a malformed call, a tool not offered, or a ToolError (invalid
-    arguments included, from `Environment.call_tool`). `env check` runs its scripted calls through it too.
-
-    Raises FailRollout(`env`) when the tool itself crashes, hangs or returns non-JSON.
-    """
-    spec = type(env).tool_specs().get(call.name)
-    if call.error:
-        return json.dumps({"error": f"malformed tool call: {call.error}"})
-    if call.name not in offered or (spec is None and not type(env).tools_from_row):
-        return json.dumps({"error": f"unknown tool {call.name!r}; available tools: {sorted(offered)}"})
-    return await _run_tool(env, call.name, call.arguments, spec, max_chars)
-
-
-async def _run_tool(env: Environment, name: str, arguments: str, spec: ToolSpec | None, max_chars: int) -> str:
-    """`tool_output` of a call that reaches the tool."""
-    env_class = type(env)
-    timeout_s = env_class.tool_timeout_s
-    try:
-        if spec is not None and not env_class.isolate_tools and spec.is_async:
-            result = await call_bounded(_call_async_tool, env, name, arguments, timeout_s=timeout_s, owner=env_class.name)
-        elif spec is not None and not env_class.isolate_tools and env_class.inline_sync_tools:
-            try:
-                result = env.call_tool(name, arguments)
-            except (SystemExit, KeyboardInterrupt, asyncio.CancelledError) as error:
-                raise AbortedCall(error) from None
-        else:
-            result = await call_environment(env, "call_tool", (name, arguments), timeout_s=timeout_s)
-    except ToolError as error:
-        return json.dumps({"error": str(error)})
-    except Exception as error:
-        raise classify(error, step="tool", what=f"tool {name!r}", timeout_s=timeout_s) from None
-    if isinstance(result, str):
-        return capped_output(result, max_chars)
-    try:
-        if _few_values(result, INLINE_ENCODE_VALUES):
-            return capped_output(json.dumps(result), max_chars)
-        encoded: str = await call_bounded(encode_capped, result, max_chars, timeout_s=TOKENIZE_TIMEOUT_S, owner="tool output")
-        return encoded
-    except (TypeError, ValueError) as error:
-        raise FailRollout("env", f"tool {name!r} returned a value that is not JSON-serializable: {error}") from None
-
-
-async def _call_async_tool(env: Environment, name: str, arguments: str) -> Any:
-    """`call_tool` of an async tool, awaited on the event loop."""
-    return await env.call_tool(name, arguments)
 
 
 async def generate_turn(ctx: RolloutContext) -> tuple[Generation, ParsedTurn] | LoopFinish:
@@ -250,8 +132,7 @@ class AgentLoop(Protocol):
 
 
 class ToolCallingLoop:
-    """Generate; if the turn calls tools, run them and continue; stop on an answer, the environment's end of the
-    episode (`Environment.episode_ended`) or a limit."""
+    """Generate; if the turn calls tools, run them and continue; stop on an answer or a limit."""
 
     async def run(self, ctx: RolloutContext) -> LoopFinish:
         for turn in range(ctx.limits.max_turns):
@@ -261,9 +142,7 @@ class ToolCallingLoop:
             parsed = step[1]
             if not parsed.calls:
                 return "answer"
-            outputs = []
-            for call in parsed.calls:  # a loop, not an async comprehension: no closure and frame per turn
-                outputs.append(await ctx.call_tool(call))
+            outputs = [await ctx.call_tool(call) for call in parsed.calls]
             if ctx.env.episode_ended():
                 return "answer"
             if turn == ctx.limits.max_turns - 1:

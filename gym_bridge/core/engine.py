@@ -5,30 +5,32 @@ rollout has a deadline (verify included; not the calls of a policy the trainer m
 bound: `gym_bridge.core.bounded.deadline`), each tool call and verify a timeout. `Engine.rollout` is the one error
 boundary: whatever fails there becomes a record with a failure kind (`gym_bridge.core.errors.classify`
 decides which), masked from training, and its siblings go on. Repeats of a task form a group and `run_groups` keeps them together;
-`stream` yields records as they finish.
+`stream` yields records as they finish. An engine made with a journal (`open_journal`) commits the turns of each rollout
+given a key there, through the resume wrappers of `gym_bridge.core.resume`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import gc
 import time
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, AsyncIterator, Coroutine, Iterable, Mapping, Sequence
+from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 
 from gym_bridge.core.agent_loop import AgentLoop, Limits, RolloutContext, ToolCallingLoop
-from gym_bridge.core.bounded.call import call_environment
 from gym_bridge.core.bounded.deadline import RolloutDeadline, parks_calls
-from gym_bridge.core.environment import Environment, to_verify_result, VerifyResult
-from gym_bridge.core.errors import FailRollout, Step, classify
-from gym_bridge.core.items import Item
-from gym_bridge.core.journal import RolloutKey, RunJournal
+from gym_bridge.core.environment import Environment, VerifyResult
+from gym_bridge.core.errors import FailRollout, classify
+from gym_bridge.core.journal import RolloutKey, RunFingerprint, RunJournal
 from gym_bridge.core.policy import ChatPolicy, Policy, SamplingParams, is_token_policy
 from gym_bridge.core.record import RolloutFinish, RolloutRecord
 from gym_bridge.core.registry import TaskSet, resolve_tasks
-from gym_bridge.core.resume import RolloutResume, resume_rollout
+from gym_bridge.core.resume import resume_rollout
+from gym_bridge.core.session import PLAIN, EnvironmentSession, RolloutSeams, Session
 from gym_bridge.core.task import Task
 from gym_bridge.core.template.chat_template import ChatTemplate
 from gym_bridge.core.template.check import TemplateCheck, check_append_only, template_report
@@ -64,21 +66,17 @@ class EngineConfig:
     """Extra arguments for every render of the chat template (e.g. `{"enable_thinking": False}`); None: the template's own."""
 
 
-_default_hooks = {name: getattr(Environment, name) for name in ("setup", "close")}
-
-
-def _overrides(env: Environment, name: str) -> bool:
-    return getattr(type(env), name) is not _default_hooks[name]
-
-
 class Engine:
     """Runs rollouts of tasks against one policy and chat template.
 
     A `ChatPolicy` (hosted chat APIs, evaluation only) needs no template: its rollouts keep the
-    conversation as messages and their records carry no tokens.
+    conversation as messages and their records carry no tokens. `journal` (`gym_bridge.core.journal.open_journal`):
+    where rollouts run with a key commit their turns, so a killed run resumes them mid-episode; None: nothing is
+    journaled.
     """
 
-    def __init__(self, policy: Policy | ChatPolicy, template: ChatTemplate | None, config: EngineConfig | None = None) -> None:
+    def __init__(self, policy: Policy | ChatPolicy, template: ChatTemplate | None, config: EngineConfig | None = None,
+                 journal: RunJournal | None = None) -> None:
         self.policy = policy
         self.template = template
         self.config = config or EngineConfig()
@@ -88,15 +86,33 @@ class Engine:
                     tool_parser=self.config.tool_parser, reasoning_parser=self.config.reasoning_parser,
                     chat_template_kwargs=self.config.chat_template_kwargs)
             self._check_template(template)
-        self._start_transcript = transcript_starter(policy, template)
-        """Tokens or messages: chosen here, once for every rollout."""
+        transcript_starter(policy, template)  # raises TypeError / ValueError for a policy and template that cannot run
         self._global: asyncio.Semaphore | None = None
         self._per_env: dict[str, asyncio.Semaphore] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tools_by_class: dict[type[Environment], tuple[dict[str, Any], ...]] = {}
-        self.journal: RunJournal | None = None
-        """Where rollouts commit their turns, so a killed run resumes them mid-episode (`gym_bridge.core.journal`);
-        None: nothing is journaled. `gym-bridge eval` sets it for the run."""
+        self._journal = journal
+
+    @property
+    def journal(self) -> RunJournal | None:
+        """Where rollouts given a key commit their turns (None: nothing is journaled)."""
+        return self._journal
+
+    def with_journal(self, journal: RunJournal | None) -> Engine:
+        """An engine of the same policy, template and settings that commits to `journal` (None: to none), sharing this
+        one's concurrency bounds; the template is not checked again."""
+        engine = copy.copy(self)
+        engine._journal = journal
+        return engine
+
+    def journal_fingerprint(self, tasks: TaskSet, *, repeats: int) -> RunFingerprint:
+        """What a journal of a run of `repeats` rollouts of each of `tasks` depends on (`RunFingerprint.of_engine`)."""
+        return RunFingerprint.of_engine(self.config, tasks.tasks, repeats=repeats, env_classes=tasks.env_classes.values())
+
+    def replica_stats(self) -> dict[str, Any]:
+        """Per-replica calls, errors and load where the policy routes over model servers (its `router`); else {}."""
+        router = getattr(self.policy, "router", None)
+        return dict(router.stats()) if router is not None else {}
 
     def _check_template(self, template: ChatTemplate) -> None:
         template.profile  # picks parsers and turn style once; raises TemplateError for an unusable template
@@ -121,74 +137,59 @@ class Engine:
         return self._global, per_env
 
     async def rollout(self, task: Task, repeat_index: int = 0, *, env_class: type[Environment] | None = None,
-                      sampling: SamplingParams | None = None, journaled: bool = True,
-                      journal_key: RolloutKey | None = None) -> RolloutRecord:
-        """Run one rollout of `task` to a record, sampled with `sampling` (None: the config's); `journaled=False`: not
-        journaled even when the engine has a journal; `journal_key`: its key there (default `(task.index, repeat_index)`).
-        Never raises for a failed rollout."""
+                      sampling: SamplingParams | None = None, key: RolloutKey | None = None) -> RolloutRecord:
+        """Run one rollout of `task` to a record, sampled with `sampling` (None: the config's). `key`: the rollout's
+        identity in the engine's journal (`RolloutKey.of_task(task.index, repeat_index)` for an eval run); None: not
+        journaled. Never raises for a failed rollout."""
         sampling = sampling or self.config.sampling
-        global_slot, env_slot = self._semaphores(task.env_name)
-        async with global_slot:
-            if env_slot is None:
-                return await self._rollout(task, repeat_index, env_class, sampling, journaled, journal_key)
-            async with env_slot:
-                return await self._rollout(task, repeat_index, env_class, sampling, journaled, journal_key)
-
-    def _rollout(self, task: Task, repeat_index: int, env_class: type[Environment] | None, sampling: SamplingParams,
-                 journaled: bool = True, journal_key: RolloutKey | None = None) -> Coroutine[Any, Any, RolloutRecord]:
-        """The rollout's coroutine: the attempt itself when nothing is journaled (no frame of its own per rollout)."""
         if env_class is None:
             env_class = resolve_tasks([task])[task.env_name]
-        if self.journal is None or not journaled:
-            return self._attempt(task, repeat_index, env_class, sampling, None)
-        return resume_rollout(self.journal, journal_key or (task.index, repeat_index), env_class,
-                              partial(self._attempt, task, repeat_index, env_class, sampling))
+        global_slot, env_slot = self._semaphores(task.env_name)
+        async with global_slot, env_slot or nullcontext():
+            if self._journal is None or key is None:  # the fast path: nothing to journal
+                return await self._attempt(task, repeat_index, env_class, sampling, PLAIN)
+            return await resume_rollout(self._journal, key, env_class,
+                                        partial(self._attempt, task, repeat_index, env_class, sampling))
 
     async def _attempt(self, task: Task, repeat_index: int, env_class: type[Environment], sampling: SamplingParams,
-                       resume: RolloutResume | None) -> RolloutRecord:
+                       seams: RolloutSeams) -> RolloutRecord:
+        """One attempt of a rollout, its policy and environment session wrapped by `seams`."""
         started = time.perf_counter()
+        limits = self.config.limits
         tools = task.tools if task.tools is not None else self._env_tools(env_class)
         trajectory = Trajectory(prompt_ids=[])
         finish: RolloutFinish = "failed"
         failure: FailRollout | None = None
         verify_result: VerifyResult | None = None
-        env: Environment | None = None
+        session: Session | None = None
         transcript: Transcript | None = None
-        timeout_s = env_class.tool_timeout_s
-        spent_s = resume.spent_s if resume is not None else 0.0  # what earlier attempts of this rollout used
-        deadline = RolloutDeadline(deadline_s=self.config.deadline_s - spent_s, generation_timeout_s=self.config.generation_timeout_s,
-                                   parked=parks_calls(self.policy))
+        deadline = RolloutDeadline(deadline_s=self.config.deadline_s - seams.spent_s,
+                                   generation_timeout_s=self.config.generation_timeout_s, parked=parks_calls(self.policy))
         try:
-            session_id, limits = f"{task.index}-{repeat_index}", self.config.limits
-            start = self._start_transcript if resume is None else transcript_starter(resume.wrap(self.policy), self.template)
+            session_id = f"{task.index}-{repeat_index}"
+            start = transcript_starter(seams.wrap_policy(self.policy), self.template)
             transcript = start(task=task, tools=tools, trajectory=trajectory, session_id=session_id,
                                max_tokens=limits.max_completion_tokens)
-            env = env_class()
+            session = seams.wrap_session(EnvironmentSession(env_class, tools=tools, max_tool_output_chars=limits.max_tool_output_chars),
+                                         trajectory)
             ctx = RolloutContext(
-                task=task, env=env, policy=self.policy, template=self.template, sampling=sampling, limits=limits,
-                trajectory=trajectory, session_id=session_id, tools=tools, transcript=transcript, deadline=deadline,
-                journal=resume,
+                task=task, env=session.env, policy=self.policy, template=self.template, sampling=sampling, limits=limits,
+                trajectory=trajectory, session_id=session_id, tools=tools, transcript=transcript, session=session,
+                deadline=deadline,
             )
             loop: AgentLoop = getattr(env_class, "agent_loop", None) or ToolCallingLoop()
-            if resume is not None:
-                resume.begin(env, trajectory)
             async with deadline.running():
-                if resume is not None and resume.restores:  # (a partial, not a lambda: no closure cells on every rollout)
-                    await resume.restore(partial(call_step, env, "restore", (task, resume.snapshot), step="setup", timeout_s=timeout_s))
-                elif _overrides(env, "setup"):
-                    await call_step(env, "setup", (task,), step="setup", timeout_s=timeout_s)
+                await session.setup(task)
                 finish = await loop.run(ctx)
-                verify_result = await verify_output(env, task, trajectory.output)
+                verify_result = await session.verify(task, trajectory.output)
             if verify_result.failure_kind is not None:
                 failure = FailRollout(verify_result.failure_kind, verify_result.failure_reason or "verifier reported a failure")
         except Exception as error:  # the one boundary: a bad rollout is data, not a crash
             failure = classify(error, timeout_s=self.config.deadline_s)
         finally:
-            if env is not None and _overrides(env, "close"):
-                try:
-                    await call_step(env, "close", step="close", what="close()", timeout_s=timeout_s)
-                except FailRollout as error:
-                    failure = failure or error
+            if session is not None:
+                closed = await session.close()  # always: a failed rollout's session is closed too
+                failure = failure or closed
         tokens = transcript.finish() if transcript is not None else trajectory.tokens()
         return self._record(task, repeat_index, env_class, trajectory, tokens, finish, failure, verify_result,
                             time.perf_counter() - started)
@@ -234,7 +235,8 @@ class Engine:
         ready = ready_tasks(tasks)
         done = set(skip)
         pending = {
-            asyncio.ensure_future(self.rollout(task, repeat, env_class=ready.env_classes[task.env_name]))
+            asyncio.ensure_future(self.rollout(task, repeat, env_class=ready.env_classes[task.env_name],
+                                               key=RolloutKey.of_task(task.index, repeat)))
             for task in ready.tasks for repeat in range(repeats) if (task.index, repeat) not in done
         }
         try:
@@ -249,31 +251,12 @@ class Engine:
         """All `group_size` repeats of each task, grouped and in task order, sampled with `sampling` (None: the config's)."""
         ready = ready_tasks(tasks)
         groups = [
-            asyncio.gather(*(self.rollout(task, repeat, env_class=ready.env_classes[task.env_name], sampling=sampling)
+            asyncio.gather(*(self.rollout(task, repeat, env_class=ready.env_classes[task.env_name], sampling=sampling,
+                                          key=RolloutKey.of_task(task.index, repeat))
                              for repeat in range(group_size)))
             for task in ready.tasks
         ]
         return [list(group) for group in await asyncio.gather(*groups)]
-
-
-async def call_step(env: Environment, method: str, args: tuple[Any, ...] = (), *, step: Step, timeout_s: float, what: str = "") -> Any:
-    """`env.<method>(*args)` under `timeout_s`; whatever it raises is raised as the FailRollout `classify` makes of it."""
-    try:
-        return await call_environment(env, method, args, timeout_s=timeout_s)
-    except Exception as error:
-        raise classify(error, step=step, what=what, timeout_s=timeout_s) from None
-
-
-async def verify_output(env: Environment, task: Task, output: list[Item]) -> VerifyResult:
-    """`env.verify(task, output)` under the environment's `verify_timeout_s`, as a VerifyResult.
-
-    Raises FailRollout(`verifier`) when verify raises, hangs or returns something that is not a score.
-    """
-    result = await call_step(env, "verify", (task, output), step="verify", timeout_s=type(env).verify_timeout_s)
-    try:
-        return to_verify_result(result)
-    except (TypeError, ValueError) as error:
-        raise FailRollout("verifier", str(error)) from None
 
 
 def ready_tasks(tasks: Iterable[Task] | TaskSet) -> TaskSet:

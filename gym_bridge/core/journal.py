@@ -20,19 +20,46 @@ import warnings
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Iterable, Iterator, Literal, Mapping, Sequence
+from typing import Any, Awaitable, Collection, Iterable, Iterator, Literal, Mapping, NamedTuple, Sequence
 
 import orjson
 
 from gym_bridge.core import lock_file
 from gym_bridge.core.errors import UserError
+from gym_bridge.core.journal_event import ChatEvent, JournalEvent, ModelEvent, event_from_frame
 from gym_bridge.core.task import Task
 
 ResumeKind = Literal["snapshot", "replay", "restart"]
 """How an environment's session comes back after a crash: `snapshot` (its `restore` hook), `replay` (the logged tool
 calls are run again in a fresh session and each output checked), `restart` (from turn 0)."""
-RolloutKey = tuple[int, int]
-"""(task index, repeat index)."""
+
+
+class RolloutKey(NamedTuple):
+    """Which rollout a journal's commits belong to: its group of rollouts and its place in that group. One journal holds
+    one kind of key, fixed by the entry point that opens it; build a key with the constructor that names that kind
+    (`of_task`: eval and serve, `of_step`: TRL's synchronous rollout function, `of_group`: TRL's async worker). Frames
+    hold a key as the list `[group, member]`."""
+
+    group: int
+    """The task index (eval; serve: NeMo Gym's `_ng_task_index`), the trainer step (TRL sync) or the group id (TRL async)."""
+    member: int
+    """The repeat index (eval, TRL async; serve: `_ng_rollout_index`) or the position in the step's batch (TRL sync)."""
+
+    @classmethod
+    def of_task(cls, task_index: int, repeat_index: int) -> RolloutKey:
+        """Repeat `repeat_index` of the task at `task_index` of its dataset."""
+        return cls(task_index, repeat_index)
+
+    @classmethod
+    def of_step(cls, step: int, position: int) -> RolloutKey:
+        """The rollout at `position` of the batch a trainer generates at step `step`."""
+        return cls(step, position)
+
+    @classmethod
+    def of_group(cls, group_id: int, repeat: int) -> RolloutKey:
+        """Repeat `repeat` of the group `group_id` an async worker runs."""
+        return cls(group_id, repeat)
+
 JOURNAL_VERSION = 2
 """The frame format and the frames' fields; version 1 had no checksum over a frame's length."""
 _MAGIC = b"GBJ2"
@@ -73,16 +100,17 @@ class RunFingerprint:
 
     @classmethod
     def of_engine(cls, config: Any, tasks: Sequence[Task], *, repeats: int | None = None,
-                  env_classes: Iterable[type[Any]] = ()) -> RunFingerprint:
+                  env_classes: Iterable[type[Any]] = (), model: str | None = None) -> RunFingerprint:
         """The fingerprint of a run of `config` (an `EngineConfig`) over `tasks`: every setting but the concurrency
         bounds, which do not change a rollout (a run may resume with another `--concurrency`), plus `repeats` (rollouts
-        per task: a resume with fewer would leave groups uneven) and the settings of `env_classes` (`environment_settings`)."""
+        per task: a resume with fewer would leave groups uneven) and the settings of `env_classes` (`environment_settings`).
+        `model`: what generates, where the caller knows it better than `config.model_name` (a served model's identity)."""
         settings = {key: value for key, value in dataclasses.asdict(config).items()
                     if key not in ("max_concurrency", "per_env_concurrency", "model_name")}
         if repeats is not None:
             settings["num_repeats"] = repeats
         settings.update(environment_settings(env_classes))
-        return cls.of_run(model=config.model_name, tasks=tasks, settings=settings)
+        return cls.of_run(model=config.model_name if model is None else model, tasks=tasks, settings=settings)
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, "tasks": self.tasks, "settings": dict(self.settings)}
@@ -143,8 +171,8 @@ class RolloutState:
     key: RolloutKey
     attempt: int
     """Attempts started so far (1 for a rollout that ran once and was cut off)."""
-    events: list[dict[str, Any]]
-    """In order: `model` (one model call), `tool` (one tool call and its output), `user` (a user message)."""
+    events: list[JournalEvent]
+    """In order: model calls (`ModelEvent`, `ChatEvent`), tool calls and their outputs, user messages."""
     budgets: dict[str, Any]
     """At the last commit: `turns` (model calls), `tokens` (after the prompt), `seconds` (over all attempts)."""
     kind: str
@@ -153,10 +181,10 @@ class RolloutState:
 
     @property
     def turns(self) -> int:
-        return sum(1 for event in self.events if event["t"] in ("model", "chat"))
+        return sum(1 for event in self.events if isinstance(event, (ModelEvent, ChatEvent)))
 
     def to_frame(self) -> dict[str, Any]:
-        return {"k": "commit", "r": list(self.key), "a": self.attempt, "at": 0, "ev": self.events, "b": self.budgets,
+        return {"k": "commit", "r": list(self.key), "a": self.attempt, "at": 0, "ev": [event.to_frame() for event in self.events], "b": self.budgets,
                 "kind": self.kind, "snap": self.snapshot, "sv": self.snapshot_version}
 
 
@@ -450,14 +478,15 @@ class RunJournal:
         """The committed state of rollout `key` that an earlier run left, once (None when there is none)."""
         return self._states.pop(key, None)
 
-    def commit(self, key: RolloutKey, *, attempt: int, at: int, events: list[dict[str, Any]], budgets: dict[str, Any],
+    def commit(self, key: RolloutKey, *, attempt: int, at: int, events: Sequence[JournalEvent], budgets: dict[str, Any],
                kind: str, snapshot: Any = None, snapshot_version: int | None = None) -> Awaitable[None]:
         """Append rollout `key`'s events after its first `at` committed ones, with its budgets (and its environment's
         snapshot). Returns what to await: done once they are durable, fsynced with the other commits of this moment.
         Raises (or the awaitable does) `failure` once the journal cannot be written."""
         if self.failure is not None:
             raise self.failure
-        frame = {"k": "commit", "r": key, "a": attempt, "at": at, "ev": events, "b": budgets, "kind": kind}
+        frame = {"k": "commit", "r": list(key), "a": attempt, "at": at, "ev": [event.to_frame() for event in events],
+                 "b": budgets, "kind": kind}
         if snapshot is not None or snapshot_version is not None:  # absent reads back as None
             frame["snap"], frame["sv"] = snapshot, snapshot_version
         self._frames.append(encode_frame(frame))
@@ -596,7 +625,7 @@ def _frame_key(frame: Mapping[str, Any], path: Path) -> tuple[Any, RolloutKey]:
     kind, key_list = frame.get("k"), frame.get("r")
     if not (isinstance(key_list, list) and len(key_list) == 2):
         raise JournalError(f"{path}: a {kind!r} frame names no rollout")
-    return kind, (int(key_list[0]), int(key_list[1]))
+    return kind, RolloutKey(int(key_list[0]), int(key_list[1]))
 
 
 def _apply(states: dict[RolloutKey, RolloutState], key: RolloutKey, frame: Mapping[str, Any], path: Path) -> None:
@@ -609,7 +638,10 @@ def _apply(states: dict[RolloutKey, RolloutState], key: RolloutKey, frame: Mappi
         state = states[key] = RolloutState(key=key, attempt=int(frame["a"]), events=[], budgets={}, kind=str(frame["kind"]))
     elif at > len(state.events):
         raise JournalError(f"{path}: rollout {key} continues at event {at}, but only {len(state.events)} are committed")
-    state.events[at:] = list(frame["ev"])
+    try:
+        state.events[at:] = [event_from_frame(event) for event in frame["ev"]]
+    except (KeyError, TypeError, ValueError) as error:
+        raise JournalError(f"{path}: rollout {key} holds an event that cannot be read ({error!r})") from None
     state.attempt, state.budgets, state.kind = int(frame["a"]), dict(frame["b"]), str(frame["kind"])
     if frame.get("snap") is not None:  # none: the state did not change since the rollout's last commit
         state.snapshot = frame["snap"]
@@ -628,3 +660,29 @@ def _fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+JournalMode = Literal["resume", "fresh", "join"]
+"""How `open_journal` opens a journal folder: `resume` (carry on what a killed run left in flight), `fresh` (discard
+it), `join` (a segment of this process's own in a journal a driver prepared: a Ray worker)."""
+
+
+def open_journal(directory: str | Path, fingerprint: RunFingerprint, *, mode: JournalMode = "resume",
+                 finished: Collection[RolloutKey] = frozenset(), shared: bool = False) -> RunJournal:
+    """The journal of a run in `directory`, for an `Engine(..., journal=...)`: what every entry point (eval, serve, the Ray
+    driver and workers, TRL's rollout function and async worker) opens its journal with. `fingerprint`: what the run's
+    rollouts depend on (`RunFingerprint.of_engine`, with the model's identity where the entry point knows it).
+
+    `resume` and `fresh` prepare the folder (`RunJournal.prepare`: this process holds its lock until `close`); with
+    `resume`, the rollouts a killed run left in flight, less `finished`, are carried on. `join` opens a segment in a
+    journal a driver prepared (`RunJournal.join`). `shared`: other processes commit to this journal too (the Ray
+    driver's: `finish` marks every rollout done). Raises JournalError naming the folder or file (in use, damaged,
+    another run's, missing for `join`) before anything is committed."""
+    if mode == "join":
+        journal = RunJournal.join(directory, fingerprint)
+    elif mode in ("resume", "fresh"):
+        journal = RunJournal.prepare(directory, fingerprint, resume=mode == "resume", finished=frozenset(finished))
+    else:
+        raise ValueError(f"open_journal: mode must be 'resume', 'fresh' or 'join', got {mode!r}")
+    journal.shared = shared
+    return journal

@@ -5,7 +5,8 @@ uninterrupted run's. The environment comes back as it declares (`Environment.res
 state and takes committed tool outputs from the journal; `replay` reruns the logged calls in a fresh session, checking
 each output (a difference restarts from turn 0, saying why); `restart` journals nothing. Turn k commits before call k+1;
 `snapshot()` runs there off the event loop under the tool timeout, and a state equal to the last one committed is not
-written again.
+written again. Resume enters a rollout only as wrappers (`RolloutResume` is its `RolloutSeams`): around the policy and
+around the environment session (`JournaledSession`); the engine and the loop do not know.
 """
 
 from __future__ import annotations
@@ -14,20 +15,25 @@ import dataclasses
 import hashlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Coroutine
+from typing import Any, Awaitable, Callable, NoReturn, Sequence, TypeVar
 
 import orjson
 
-from gym_bridge.core.bounded.call import call_environment
-from gym_bridge.core.environment import Environment
-from gym_bridge.core.errors import FailRollout, RolloutError, classify
+from gym_bridge.core.environment import Environment, VerifyResult
+from gym_bridge.core.errors import FailRollout, RolloutError
+from gym_bridge.core.items import Item
 from gym_bridge.core.journal import ResumeKind, RolloutKey, RunJournal
+from gym_bridge.core.journal_event import ChatEvent, JournalEvent, ModelEvent, ToolEvent, UserEvent
+from gym_bridge.core.session import PLAIN, EnvironmentSession, RolloutSeams, Session
+from gym_bridge.core.task import Task
 from gym_bridge.core.template.parsers.call import ParsedCall
 from gym_bridge.core.policy import (
     CallTokens, ChatPolicy, ChatRequest, ChatToolCall, ChatTurn, Generation, GenerationRequest, Policy, by_policy_kind,
 )
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.trajectory import Trajectory
+
+EventT = TypeVar("EventT", ModelEvent, ChatEvent, ToolEvent, UserEvent)
 
 _GENERATION_FIELDS = frozenset(f.name for f in dataclasses.fields(Generation))
 _SNAPSHOT_JSON = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
@@ -42,14 +48,15 @@ class ReplayMismatch(RolloutError):
 
 @dataclass
 class RolloutResume:
-    """One attempt of one journaled rollout: what to replay, and the turns to commit."""
+    """One attempt of one journaled rollout: what to replay, and the turns to commit. It is the attempt's
+    `RolloutSeams`: the engine runs the attempt with the policy and session it wraps."""
 
     journal: RunJournal
     key: RolloutKey
     kind: ResumeKind
     attempt: int
     snapshot_version: int
-    replay: list[dict[str, Any]] = field(default_factory=list)
+    replay: list[JournalEvent] = field(default_factory=list)
     """Committed events to replay, in order ([] for a rollout that starts at turn 0)."""
     spent_s: float = 0.0
     """Seconds the earlier attempts used, charged to this one's deadline."""
@@ -60,36 +67,42 @@ class RolloutResume:
     """Set when this attempt's replay found a difference: the engine then starts the rollout again from turn 0."""
     _cursor: int = 0
     _committed: int = 0
-    _pending: list[dict[str, Any]] = field(default_factory=list)
+    _pending: list[JournalEvent] = field(default_factory=list)
     _prompt_end: int = 0
     _started: float = 0.0
-    _env: Environment | None = None
+    _session: EnvironmentSession | None = None
     _trajectory: Trajectory | None = None
     _snapshot_json: bytes | None = None
     """The last snapshot committed, encoded (an unchanged state is not journaled again)."""
 
     @property
     def resumed_from_turn(self) -> int:
-        return sum(1 for event in self.replay if event["t"] in ("model", "chat"))
+        return sum(1 for event in self.replay if isinstance(event, (ModelEvent, ChatEvent)))
 
     @property
     def restores(self) -> bool:
         """Whether the environment comes back through its `restore` hook instead of `setup`."""
         return self.kind == "snapshot" and bool(self.replay)
 
-    def begin(self, env: Environment, trajectory: Trajectory) -> None:
-        """Start this attempt's clock; `env` and `trajectory` are what commits read."""
-        self._env, self._trajectory, self._started = env, trajectory, time.perf_counter()
+    def wrap_session(self, session: EnvironmentSession, trajectory: Trajectory) -> Session:
+        """`session` with committed tool calls replayed and new ones journaled; starts this attempt's clock. Commits
+        read `trajectory` (budgets) and `session` (snapshots)."""
+        self._session, self._trajectory, self._started = session, trajectory, time.perf_counter()
         self._committed = len(self.replay)
+        return JournaledSession(self, session)
 
-    async def restore(self, run: Callable[[], Awaitable[Any]]) -> None:
-        """Run the environment's `restore` (`run`); one that fails restarts the rollout from turn 0, saying why."""
+    async def setup(self, task: Task, session: EnvironmentSession) -> None:
+        """The session's `setup`, or its `restore` from the journal's snapshot; a restore that fails restarts the
+        rollout from turn 0, saying why."""
+        if not self.restores:
+            await session.setup(task)
+            return
         try:
-            await run()
+            await session.restore(task, self.snapshot)
         except RolloutError as error:
             self._diverge(f"restore() failed: {error}")
 
-    def wrap(self, policy: Policy | ChatPolicy) -> Policy | ChatPolicy:
+    def wrap_policy(self, policy: Policy | ChatPolicy) -> Policy | ChatPolicy:
         """`policy` with committed calls answered from the journal and live ones journaled."""
         return by_policy_kind(policy, token=lambda token: _ReplayingPolicy(self, token),
                               chat=lambda chat: _ReplayingChatPolicy(self, chat))
@@ -108,86 +121,79 @@ class RolloutResume:
             found["resume_restarted"] = self.restart_reason
         return found
 
-    # -- the interception points the engine, the transcript and the loop call ---------------------------
+    # -- what the wrappers call (`_ReplayingPolicy`, `_ReplayingChatPolicy`, `JournaledSession`) ----------
 
     async def generate(self, request: GenerationRequest, policy: Policy) -> Generation:
-        event = self._replayed("model") if self._cursor < len(self.replay) else None
+        event = self._replayed(ModelEvent)
         prompt = request.prompt_ids
         if event is not None:
-            delta = event["delta"]
-            if len(prompt) != event["n"] or list(prompt[self._prompt_end:]) != delta:
+            if len(prompt) != event.prompt_length or list(prompt[self._prompt_end:]) != event.prompt_delta:
                 self._diverge(f"the prompt of model call {self._turn()} differs from the journal's")
-            self._prompt_end = len(prompt) + len(event["ids"])
+            self._prompt_end = len(prompt) + len(event.token_ids)
             return _generation(event)
         if self._pending:
             await self._commit()
         generation = await policy.generate(request)
-        ids = generation.token_ids
-        event = {"t": "model", "delta": prompt[self._prompt_end:], "n": len(prompt), "ids": ids, "lp": generation.logprobs,
-                 "fr": generation.finish_reason}
-        if generation.text is not None:
-            event["text"] = generation.text
-        if generation.metrics:
-            event["m"] = generation.metrics
-        version = getattr(generation, "policy_version", None)
-        if version is not None:
-            event["pv"] = version
-        self._pending.append(event)
-        self._prompt_end = len(prompt) + len(ids)
+        self._pending.append(_model_event(generation, prompt_delta=list(prompt[self._prompt_end:]), prompt_length=len(prompt)))
+        self._prompt_end = len(prompt) + len(generation.token_ids)
         return generation
 
     async def chat(self, request: ChatRequest, policy: ChatPolicy) -> ChatTurn:
-        event = self._replayed("chat") if self._cursor < len(self.replay) else None
+        event = self._replayed(ChatEvent)
         digest = hashlib.blake2b(orjson.dumps(list(request.messages), option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS),
                                  digest_size=16).hexdigest()
         if event is not None:
-            if event["n"] != len(request.messages) or event["digest"] != digest:
+            if event.message_count != len(request.messages) or event.digest != digest:
                 self._diverge(f"the messages of model call {self._turn()} differ from the journal's")
             return _chat_turn(event)
         if self._pending:
             await self._commit()
         turn = await policy.chat(request)
-        self._pending.append({"t": "chat", "n": len(request.messages), "digest": digest, **_chat_event(turn)})
+        self._pending.append(_chat_event(turn, message_count=len(request.messages), digest=digest))
         return turn
 
-    async def tool_output(self, call: ParsedCall, run: Callable[[ParsedCall], Awaitable[str]]) -> str:
+    async def call_tool(self, call: ParsedCall, session: EnvironmentSession) -> str:
         """The output of a tool call: the journal's for a committed call of a `snapshot` environment; else the call
-        run (for a committed call of a `replay` environment, checked against the journal's output)."""
-        event = self._replayed("tool") if self._cursor < len(self.replay) else None
+        run in `session` (for a committed call of a `replay` environment, checked against the journal's output)."""
+        event = self._replayed(ToolEvent)
         if event is None:
-            content = await run(call)
-            self._pending.append({"t": "tool", "name": call.name, "args": call.arguments, "out": content})
+            content = await session.call_tool(call)
+            self._pending.append(ToolEvent(name=call.name, arguments=call.arguments, output=content))
             return content
-        if event["name"] != call.name or event["args"] != call.arguments:
-            self._diverge(f"tool call {call.name!r} of turn {self._turn()} is not the journal's {event['name']!r} call")
+        if event.name != call.name or event.arguments != call.arguments:
+            self._diverge(f"tool call {call.name!r} of turn {self._turn()} is not the journal's {event.name!r} call")
         if self.kind == "snapshot":
-            return str(event["out"])
-        content = await run(call)
-        if content != event["out"]:
+            return event.output
+        content = await session.call_tool(call)
+        if content != event.output:
             self._diverge(f"replayed tool call {call.name!r} of turn {self._turn()} returned another output than the journal's")
         return content
 
     def user_message(self, content: str) -> None:
         """A user message the loop appends (simulated users): journaled, or checked against the journal's."""
-        event = self._replayed("user") if self._cursor < len(self.replay) else None
+        event = self._replayed(UserEvent)
         if event is None:
-            self._pending.append({"t": "user", "text": content})
-        elif event["text"] != content:
+            self._pending.append(UserEvent(text=content))
+        elif event.text != content:
             self._diverge(f"the user message after turn {self._turn()} differs from the journal's")
 
     # -- internals ---------------------------------------------------------------------------------------
 
     def _turn(self) -> int:
-        return sum(1 for event in self.replay[:self._cursor] if event["t"] in ("model", "chat"))
+        return sum(1 for event in self.replay[:self._cursor] if isinstance(event, (ModelEvent, ChatEvent)))
 
-    def _replayed(self, kind: str) -> dict[str, Any] | None:
+    def _replayed(self, kind: type[EventT]) -> EventT | None:
+        """The next committed event, which must be a `kind`; None once every committed event was replayed."""
+        if self._cursor >= len(self.replay):
+            return None
         event = self.replay[self._cursor]
-        if event["t"] != kind:
-            self._diverge(f"the loop asked for a {kind} event at turn {self._turn()} where the journal has a {event['t']} event")
+        if not isinstance(event, kind):
+            self._diverge(f"the loop asked for a {kind.kind} event at turn {self._turn()} where the journal has a "
+                          f"{event.kind} event")
         self._cursor += 1
         return event
 
-    def _diverge(self, reason: str) -> None:
+    def _diverge(self, reason: str) -> NoReturn:
         self.diverged = reason
         raise ReplayMismatch(reason)
 
@@ -196,7 +202,7 @@ class RolloutResume:
         are durable. Raises FailRollout(`env`) naming `snapshot()` when it raises, hangs past the tool timeout,
         returns what is not JSON data, or more than the environment's `max_snapshot_bytes`."""
         trajectory = self._trajectory
-        assert trajectory is not None, "begin() comes first"
+        assert trajectory is not None, "wrap_session() comes first"
         snapshot = await self._snapshot() if self.kind == "snapshot" else None
         budgets = {"turns": trajectory.model_calls, "tokens": trajectory.tokens_spent,
                    "seconds": self.spent_s + time.perf_counter() - self._started}
@@ -210,13 +216,10 @@ class RolloutResume:
     async def _snapshot(self) -> Any:
         """The environment's state to commit (`snapshot()` in a worker thread, bounded like a tool call); None when it
         equals the last one committed."""
-        env = self._env
-        assert env is not None, "begin() comes first"
-        env_class = type(env)
-        try:
-            state = await call_environment(env, "snapshot", timeout_s=env_class.tool_timeout_s)
-        except Exception as error:
-            raise classify(error, step="tool", what="snapshot()", timeout_s=env_class.tool_timeout_s) from None
+        session = self._session
+        assert session is not None, "wrap_session() comes first"
+        env_class = session.env_class
+        state = await session.snapshot()
         try:
             encoded = orjson.dumps(state, option=_SNAPSHOT_JSON)
         except TypeError as error:
@@ -233,15 +236,18 @@ class RolloutResume:
 
 
 async def resume_rollout(journal: RunJournal, key: RolloutKey, env_class: type[Environment],
-                         attempt: Callable[[RolloutResume | None], Awaitable[RolloutRecord]]) -> RolloutRecord:
-    """Run rollout `key` through `attempt` (the engine's, with the resume plan the journal gives); a replay that
-    diverges is run again from turn 0. The record says when the rollout was resumed (`metrics.attempts`, ...)."""
+                         attempt: Callable[[RolloutSeams], Awaitable[RolloutRecord]]) -> RolloutRecord:
+    """Run rollout `key` through `attempt` (the engine's, wrapped by the resume plan the journal gives, or by nothing for
+    an environment that restarts); a replay that diverges is run again from turn 0. The record says when the rollout
+    was resumed (`metrics.attempts`, ...)."""
     plan = prepare(journal, key, env_class)
+    if plan is None:
+        return await attempt(PLAIN)
     record = await attempt(plan)
-    if plan is not None and plan.diverged is not None:
+    if plan.diverged is not None:
         plan = plan.restarted()
         record = await attempt(plan)
-    if plan is None or plan.attempt <= 1:
+    if plan.attempt <= 1:
         return record
     return dataclasses.replace(record, resume=plan.metrics())
 
@@ -275,8 +281,8 @@ class _ReplayingPolicy:
     def __init__(self, resume: RolloutResume, policy: Policy) -> None:
         self.resume, self.policy = resume, policy
 
-    def generate(self, request: GenerationRequest) -> Coroutine[Any, Any, Generation]:
-        return self.resume.generate(request, self.policy)  # the coroutine itself: one frame less on every call
+    async def generate(self, request: GenerationRequest) -> Generation:
+        return await self.resume.generate(request, self.policy)
 
     async def aclose(self) -> None:
         """The wrapped policy stays with its owner."""
@@ -292,25 +298,62 @@ class _ReplayingChatPolicy:
         return await self.resume.chat(request, self.policy)
 
 
-def _generation(event: dict[str, Any]) -> Generation:
-    values: dict[str, Any] = {"token_ids": list(event["ids"]), "logprobs": list(event["lp"]), "finish_reason": event["fr"],
-                              "text": event.get("text"), "metrics": dict(event.get("m") or {})}
+class JournaledSession:
+    """An environment session whose tool calls and user messages go through the journal (see `RolloutResume.call_tool`),
+    and whose setup may be a restore from the journal's snapshot; verify and close are the session's own."""
+
+    def __init__(self, resume: RolloutResume, session: EnvironmentSession) -> None:
+        self.resume, self.session = resume, session
+
+    @property
+    def env(self) -> Environment:
+        return self.session.env
+
+    async def setup(self, task: Task) -> None:
+        await self.resume.setup(task, self.session)
+
+    async def call_tool(self, call: ParsedCall) -> str:
+        return await self.resume.call_tool(call, self.session)
+
+    def offer(self, tools: Sequence[dict[str, Any]]) -> None:
+        self.session.offer(tools)
+
+    def user_message(self, content: str) -> None:
+        self.resume.user_message(content)
+
+    async def verify(self, task: Task, output: list[Item]) -> VerifyResult:
+        return await self.session.verify(task, output)
+
+    async def close(self) -> FailRollout | None:
+        return await self.session.close()
+
+
+def _model_event(generation: Generation, *, prompt_delta: list[int], prompt_length: int) -> ModelEvent:
+    return ModelEvent(prompt_delta=prompt_delta, prompt_length=prompt_length, token_ids=generation.token_ids,
+                      logprobs=generation.logprobs, finish_reason=generation.finish_reason, text=generation.text,
+                      metrics=generation.metrics, policy_version=getattr(generation, "policy_version", None))
+
+
+def _generation(event: ModelEvent) -> Generation:
+    values: dict[str, Any] = {"token_ids": list(event.token_ids), "logprobs": list(event.logprobs),
+                              "finish_reason": event.finish_reason, "text": event.text, "metrics": dict(event.metrics)}
     if "policy_version" in _GENERATION_FIELDS:
-        values["policy_version"] = event.get("pv")
+        values["policy_version"] = event.policy_version
     return Generation(**values)
 
 
-def _chat_event(turn: ChatTurn) -> dict[str, Any]:
+def _chat_event(turn: ChatTurn, *, message_count: int, digest: str) -> ChatEvent:
     tokens = turn.tokens
-    return {"text": turn.text, "reasoning": turn.reasoning, "calls": [[call.name, call.arguments] for call in turn.tool_calls],
-            "fr": turn.finish_reason, "usage": dict(turn.usage),
-            "tokens": None if tokens is None else [list(tokens.prompt_token_ids), list(tokens.generation_token_ids),
-                                                   list(tokens.generation_log_probs)]}
+    return ChatEvent(message_count=message_count, digest=digest, text=turn.text, reasoning=turn.reasoning,
+                     calls=[[call.name, call.arguments] for call in turn.tool_calls], finish_reason=turn.finish_reason,
+                     usage=dict(turn.usage),
+                     tokens=None if tokens is None else [list(tokens.prompt_token_ids), list(tokens.generation_token_ids),
+                                                         list(tokens.generation_log_probs)])
 
 
-def _chat_turn(event: dict[str, Any]) -> ChatTurn:
-    tokens = event.get("tokens")
-    return ChatTurn(text=event["text"], reasoning=event["reasoning"],
-                    tool_calls=tuple(ChatToolCall(name=name, arguments=arguments) for name, arguments in event["calls"]),
-                    finish_reason=event["fr"], usage=dict(event["usage"]),
+def _chat_turn(event: ChatEvent) -> ChatTurn:
+    tokens = event.tokens
+    return ChatTurn(text=event.text, reasoning=event.reasoning,
+                    tool_calls=tuple(ChatToolCall(name=name, arguments=arguments) for name, arguments in event.calls),
+                    finish_reason=event.finish_reason, usage=dict(event.usage),
                     tokens=None if tokens is None else CallTokens(list(tokens[0]), list(tokens[1]), list(tokens[2])))

@@ -3,7 +3,7 @@
 An author runs it on a class (`my_env:MyEnv`) and a few rows before spending minutes of generation:
 each row is checked as `gym-bridge data validate` checks it, the prompt and tools the model would be
 shown are printed, the scripted tool calls (`--call NAME=JSON`) run on the row's own session through
-the rollout's own tool dispatch (`agent_loop.tool_output`, with the engine's limits), so each prints
+the rollout's own tool dispatch (`EnvironmentSession.call_tool`, with the engine's limits), so each prints
 what a model would read, and `verify` scores the row's known answer (or `--answer`) and an empty one,
 so a verifier that cannot tell them apart stands out.
 """
@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gym_bridge.core.agent_loop import Limits, tool_output
+from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.bounded.call import call_environment
 from gym_bridge.core.engine import EngineConfig
 from gym_bridge.core.errors import describe_error, ConfigError, DataError, FailRollout
 from gym_bridge.core.environment import Environment, to_verify_result
 from gym_bridge.core.items import Item, function_call_item, function_call_output_item, message_item
 from gym_bridge.core.registry import get_environment
+from gym_bridge.core.session import EnvironmentSession
 from gym_bridge.core.task import Task, iter_jsonl, parse_task
 from gym_bridge.core.template.parsers.call import ParsedCall
 
@@ -75,16 +76,17 @@ def _shown(task: Task, env_class: type[Environment]) -> list[str]:
     return lines
 
 
-async def _call(env: Environment, call: ScriptedCall, *, offered: frozenset[str], limits: Limits) -> tuple[str, str | None]:
-    """The tool output the model would read (the rollout's own dispatch, `tool_output`), and a problem or None: the
-    rollout would fail as `env` (the tool crashed, hung or returned non-JSON), or the row offers no such tool."""
+async def _call(session: EnvironmentSession, call: ScriptedCall) -> tuple[str, str | None]:
+    """The tool output the model would read (the rollout's own dispatch, `EnvironmentSession.call_tool`), and a problem
+    or None: the rollout would fail as `env` (the tool crashed, hung or returned non-JSON), or the row offers no such
+    tool."""
     parsed = ParsedCall(name=call.name, arguments=json.dumps(call.arguments))
     try:
-        content = await tool_output(env, parsed, offered=offered, max_chars=limits.max_tool_output_chars)
+        content = await session.call_tool(parsed)
     except FailRollout as error:
         return "", error.reason
-    if call.name not in offered:
-        return content, f"the row offers no tool {call.name!r} (its tools: {sorted(offered)})"
+    if call.name not in session.offered:
+        return content, f"the row offers no tool {call.name!r} (its tools: {sorted(session.offered)})"
     return content, None
 
 
@@ -108,12 +110,12 @@ async def _check_task(task: Task, env_class: type[Environment], *, calls: Sequen
     """Run the scripted calls and verify on one task; returns the number of problems."""
     problems = 0
     output: list[Item] = []
-    offered = frozenset(schema["name"] for schema in _offered(task, env_class))
-    env = env_class()
+    session = EnvironmentSession(env_class, tools=tuple(_offered(task, env_class)), max_tool_output_chars=limits.max_tool_output_chars)
+    env = session.env
     try:
         await call_environment(env, "setup", (task,), timeout_s=env_class.tool_timeout_s)
         for position, call in enumerate(calls):
-            content, problem = await _call(env, call, offered=offered, limits=limits)
+            content, problem = await _call(session, call)
             out(f"  call {call.name}({json.dumps(call.arguments)}) -> {_short(content) if problem is None else 'PROBLEM: ' + problem}")
             problems += problem is not None
             call_id = f"call_check_{position}"

@@ -15,16 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterable, Protocol, Sequence
 
-from gym_bridge.core.bounded.call import call_environment
 from gym_bridge.core.errors import describe_error, ConfigError, DataError, UnknownEnvironmentError, classify
-from gym_bridge.core.engine import Engine, call_step, ensure_ready, ready_tasks, verify_output
+from gym_bridge.core.engine import ensure_ready, ready_tasks
 from gym_bridge.core.environment import Environment
-from gym_bridge.core.journal import RunFingerprint, RunJournal, journal_dir_for
+from gym_bridge.core.journal import RolloutKey, RunFingerprint, RunJournal, journal_dir_for, open_journal
 from gym_bridge.core.health import HealthSettings, ToolCallAlarm, tool_call_health
 from gym_bridge.core.metrics import summarize
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import TaskSet, get_environment, remote_url, resolve_tasks
 from gym_bridge.core.rollout_file import RolloutWriter, input_row, keep_only, locked_output, read_records, resume_records
+from gym_bridge.core.session import EnvironmentSession
 from gym_bridge.core.task import Task, iter_jsonl, parse_task, routing_name
 from gym_bridge.eval.progress import RunObserver
 
@@ -122,18 +122,28 @@ class RolloutSource(Protocol):
     def stream(self, tasks: Sequence[Task] | TaskSet, *, repeats: int = 1,
                skip: Iterable[tuple[int, int]] = ()) -> AsyncIterator[RolloutRecord]: ...
 
+    def journal_fingerprint(self, tasks: TaskSet, *, repeats: int) -> RunFingerprint:
+        """What a journal of this run depends on (the model, the tasks, the settings that shape a rollout)."""
+        ...
 
-def replica_metrics(engine: Engine | RolloutSource) -> dict[str, Any]:
-    """`{"replicas": ...}`: per-replica calls, errors, load and the episode-affinity hit rate, where the
-    run's policy routes over model servers (Ray workers' routers added together); else `{}`."""
-    ray_stats = getattr(engine, "replica_stats", None)
-    router = getattr(getattr(engine, "policy", None), "router", None)
-    stats = ray_stats() if callable(ray_stats) else router.stats() if router is not None else {}
+    def with_journal(self, journal: RunJournal | None) -> RolloutSource:
+        """This source, committing each rollout's turns to `journal` under `RolloutKey.of_task` (None: to none)."""
+        ...
+
+    def replica_stats(self) -> dict[str, Any]:
+        """Per-replica calls, errors, load and the episode-affinity hit rate, where the policy routes over model
+        servers (Ray workers' routers added together); else {}."""
+        ...
+
+
+def replica_metrics(engine: RolloutSource) -> dict[str, Any]:
+    """`{"replicas": ...}` from the run's `replica_stats`, where there are any; else `{}`."""
+    stats = engine.replica_stats()
     return {"replicas": stats} if stats else {}
 
 
 async def run_eval(
-    engine: Engine | RolloutSource,
+    engine: RolloutSource,
     tasks: Sequence[Task] | TaskSet,
     *,
     output: str | Path,
@@ -165,7 +175,7 @@ async def run_eval(
 
 
 async def run_eval_locked(
-    engine: Engine | RolloutSource,
+    engine: RolloutSource,
     tasks: TaskSet,
     *,
     output: str | Path,
@@ -185,8 +195,11 @@ async def run_eval_locked(
         journal = resume and journal_dir_for(output).exists()
     if resume:
         check_repeats(kept, num_repeats=num_repeats, output=output)
-    run_journal = (_prepare_journal(engine, tasks, output, resume=resume, finished=skip, repeats=num_repeats)
-                   if journal else None)
+    run_journal = None
+    if journal:
+        run_journal = open_journal(journal_dir_for(output), engine.journal_fingerprint(tasks, repeats=num_repeats),
+                                   mode="resume" if resume else "fresh", finished={RolloutKey.of_task(*key) for key in skip})
+        engine = engine.with_journal(run_journal)
     if resume and output.exists():  # checked: now the failed records go, to be run again
         keep_only(output, kept.values())
     started, cpu_started = time.perf_counter(), time.process_time()
@@ -206,7 +219,7 @@ async def run_eval_locked(
                     if record.failure_kind in RESUMABLE_FAILURES:
                         kept_in_journal += 1
                     else:
-                        run_journal.finish((record.task_index, record.repeat_index))
+                        run_journal.finish(RolloutKey.of_task(record.task_index, record.repeat_index))
                 this_run.append(row)
                 alarm.observe(row)
                 if observer is not None:
@@ -217,7 +230,6 @@ async def run_eval_locked(
             observer.finished()
         if run_journal is not None:
             await run_journal.close(complete=complete)
-            _detach_journal(engine)
     wall_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
     records = [*kept.values(), *this_run]
     summary = summarize(records, wall_s=wall_s, this_run=this_run, num_repeats=num_repeats)
@@ -237,31 +249,6 @@ def check_repeats(kept: Iterable[tuple[int, int]], *, num_repeats: int, output: 
         raise ConfigError(f"--num-repeats changed: {output} holds repeat {highest} of a task, so its run had --num-repeats "
                           f"{highest + 1} or more, and this run has --num-repeats {num_repeats}; resume with the same "
                           "--num-repeats, or choose a new --output")
-
-
-def _prepare_journal(engine: Engine | RolloutSource, tasks: TaskSet, output: Path, *, resume: bool,
-                     finished: set[tuple[int, int]], repeats: int) -> RunJournal:
-    """The run's journal beside `output`, set on `engine` (for Ray, the workers commit to it: `attach_journal`)."""
-    fingerprint_of, attach = getattr(engine, "journal_fingerprint", None), getattr(engine, "attach_journal", None)
-    if isinstance(engine, Engine):
-        fingerprint = RunFingerprint.of_engine(engine.config, tasks.tasks, repeats=repeats, env_classes=tasks.env_classes.values())
-    elif callable(fingerprint_of) and callable(attach):
-        fingerprint = fingerprint_of(tasks.tasks, group_size=repeats)
-    else:
-        raise ConfigError(f"--journal: {type(engine).__name__} runs rollouts that cannot be journaled; run without --journal")
-    journal = RunJournal.prepare(journal_dir_for(output), fingerprint, resume=resume, finished=finished)
-    if isinstance(engine, Engine):
-        engine.journal = journal
-    elif callable(attach):
-        attach(journal)
-    return journal
-
-
-def _detach_journal(engine: Engine | RolloutSource) -> None:
-    if isinstance(engine, Engine):
-        engine.journal = None
-    else:
-        getattr(engine, "attach_journal")(None)
 
 
 def record_environment(record: dict[str, Any], source: str) -> type[Environment]:
@@ -286,11 +273,11 @@ async def _rescore(record: dict[str, Any], env_class: type[Environment], source:
     task = parse_task(input_row(record), index=record.get("task_index", 0), source=source, default_env=record.get("env"))
     if remote_url(task.row):  # rows with agent_ref.remote go to their server
         env_class = resolve_tasks([task])[task.env_name]
-    env = env_class()
+    session = EnvironmentSession(env_class)
     rescored = dict(record)
     try:
-        await call_step(env, "setup", (task,), step="setup", timeout_s=env_class.tool_timeout_s)
-        result = await verify_output(env, task, record["response"].get("output") or [])
+        await session.setup(task)
+        result = await session.verify(task, record["response"].get("output") or [])
         rescored.update(
             reward=result.reward, reward_components=result.reward_components or {"reward": result.reward},
             mask_sample=result.mask_sample, failure_kind=result.failure_kind, failure_reason=result.failure_reason,
@@ -300,10 +287,7 @@ async def _rescore(record: dict[str, Any], env_class: type[Environment], source:
         reason = classify(error, step="verify", timeout_s=env_class.verify_timeout_s).reason
         rescored.update(reward=0.0, reward_components={}, mask_sample=True, failure_kind="verifier", failure_reason=reason)
     finally:
-        try:
-            await call_environment(env, "close", timeout_s=env_class.tool_timeout_s)
-        except Exception:  # the score stands; a failing close must not stop the other records
-            pass
+        await session.close()  # the score stands: a failing close does not stop the other records
     return rescored
 
 

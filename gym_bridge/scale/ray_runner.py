@@ -16,6 +16,7 @@ cluster is `ray_cluster`'s, the worker actor `ray_worker`'s; their names import 
 from __future__ import annotations
 
 import asyncio
+import copy
 import math
 import sys
 import time
@@ -27,7 +28,7 @@ from typing import Any
 from gym_bridge.core.engine import Engine
 from gym_bridge.core.environment import Environment
 from gym_bridge.core.errors import ConfigError, SetupError
-from gym_bridge.core.journal import RunFingerprint, RunJournal
+from gym_bridge.core.journal import RolloutKey, RunFingerprint, RunJournal
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import TaskSet, resolve_tasks
 from gym_bridge.core.task import Task
@@ -122,7 +123,7 @@ class RayRollouts:
         self.engine_config: Any = None
         """The workers' `EngineConfig`, as the first one reported it (what a journal's fingerprint holds)."""
         self.journal: RunJournal | None = None
-        """The run's journal (`attach_journal`): workers commit to it, and a group sent again continues from it."""
+        """The run's journal (`with_journal`): workers commit to it, and a group sent again continues from it."""
 
     # -- start-up -----------------------------------------------------------------------------------
 
@@ -195,32 +196,34 @@ class RayRollouts:
         if problem is not None:
             self.report(f"warning: {problem}")
 
-    def journal_fingerprint(self, tasks: Sequence[Task], *, group_size: int = 1) -> RunFingerprint:
+    def journal_fingerprint(self, tasks: TaskSet, *, repeats: int) -> RunFingerprint:
         """The fingerprint of a run of the workers' engine over `tasks` (starting the workers first when needed)."""
-        if not self._pools or any(task.env_name not in self._pool_of_env for task in tasks):
-            self.start(tasks, group_size=group_size)
-        env_classes = resolve_tasks(tasks).values()
-        return RunFingerprint.of_engine(self.engine_config, tasks, repeats=group_size, env_classes=env_classes)
+        if not self._pools or any(task.env_name not in self._pool_of_env for task in tasks.tasks):
+            self.start(tasks, group_size=repeats)
+        return RunFingerprint.of_engine(self.engine_config, tasks.tasks, repeats=repeats, env_classes=tasks.env_classes.values())
 
-    def attach_journal(self, journal: RunJournal | None) -> None:
-        """Have the workers journal their rollouts into `journal`'s directory (None: stop). Raises GymBridgeError when a
-        worker's node does not see the directory: on several nodes it must be on a shared file system."""
-        self.journal = journal
+    def with_journal(self, journal: RunJournal | None) -> RayRollouts:
+        """These workers, journaling their rollouts into `journal`'s directory (None: into none); the driver marks each
+        rollout done once its record is written (`journal.shared`). Raises GymBridgeError when a worker's node does not
+        see the directory: on several nodes it must be on a shared file system."""
+        rollouts = copy.copy(self)
+        rollouts.journal = journal
         if journal is None:
-            return
-        journal.shared = True  # the workers commit; the driver marks each rollout done once its record is written
+            return rollouts
+        journal.shared = True
         answers = self._ray.get([worker.handle.journal_visible.remote(str(journal.directory))
                                  for pool in self._pools.values() for worker in pool if not worker.lost])
         problems = sorted({answer for answer in answers if answer})
         if problems:
             raise SetupError(f"the journal with --ray (on by default): {'; '.join(problems)}. Put --output on a file system "
                              "every node mounts at the same path, or pass --no-journal")
+        return rollouts
 
     def _journal_spec(self, group: _Group) -> JournalSpec | None:
         journal = self.journal
         if journal is None:
             return None
-        resume = group.attempts > 0 or any(journal.has_state((group.task.index, repeat)) for repeat in group.repeats)
+        resume = group.attempts > 0 or any(journal.has_state(RolloutKey.of_task(group.task.index, repeat)) for repeat in group.repeats)
         return JournalSpec(str(journal.directory), journal.fingerprint, resume)
 
     # -- running ------------------------------------------------------------------------------------

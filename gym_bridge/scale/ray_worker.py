@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
-from gym_bridge.core.journal import RunFingerprint, RunJournal
+from gym_bridge.core.journal import RolloutKey, RunFingerprint, RunJournal, open_journal
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.task import Task
@@ -48,7 +48,8 @@ class RolloutWorker:
         from ray import cloudpickle
 
         self.engine: Engine = cloudpickle.loads(build_engine)()
-        self.journal: RunJournal | None = None
+        self.journaled: Engine | None = None
+        """`engine` committing to the run's journal (a segment of this worker's own), once a group brings one."""
 
     def ready(self, samples: Sequence[Task]) -> WorkerInfo:
         """Check that the environments of `samples` (one task of each) resolve and can run here
@@ -67,18 +68,22 @@ class RolloutWorker:
         """The records of `repeats` of `task`; with `journal`, each rollout commits its turns to this worker's segment of
         it, and one sent again (`journal.resume`) continues from the turns any process committed."""
         env_class = resolve_tasks([task])[task.env_name]
-        self.engine.journal = self._join(journal)
-        if journal is not None and journal.resume:
-            assert self.engine.journal is not None
-            self.engine.journal.load([(task.index, repeat) for repeat in repeats])
-        return list(await asyncio.gather(*(self.engine.rollout(task, repeat, env_class=env_class) for repeat in repeats)))
+        keys = [RolloutKey.of_task(task.index, repeat) for repeat in repeats]
+        engine = self.engine
+        if journal is not None:
+            engine, run_journal = self._join(journal)
+            if journal.resume:
+                run_journal.load(keys)
+        return list(await asyncio.gather(*(engine.rollout(task, repeat, env_class=env_class, key=key)
+                                           for repeat, key in zip(repeats, keys))))
 
-    def _join(self, spec: JournalSpec | None) -> RunJournal | None:
-        if spec is None:
-            return None
-        if self.journal is None or str(self.journal.directory) != spec.directory:
-            self.journal = RunJournal.join(spec.directory, spec.fingerprint)
-        return self.journal
+    def _join(self, spec: JournalSpec) -> tuple[Engine, RunJournal]:
+        """The engine committing to the journal `spec` names, and that journal (joined once per directory)."""
+        journaled = self.journaled
+        if journaled is None or journaled.journal is None or str(journaled.journal.directory) != spec.directory:
+            journaled = self.journaled = self.engine.with_journal(open_journal(spec.directory, spec.fingerprint, mode="join"))
+        assert journaled.journal is not None
+        return journaled, journaled.journal
 
     def replica_stats(self) -> dict[str, Any]:
         router = getattr(self.engine.policy, "router", None)

@@ -22,7 +22,7 @@ from gym_bridge.core.dialects.nemo_gym import aggregate_metrics, from_aggregate_
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import Environment
 from gym_bridge.core.errors import ConfigError, DataError, UserError
-from gym_bridge.core.journal import RunFingerprint, RunJournal, environment_settings
+from gym_bridge.core.journal import RolloutKey, RunFingerprint, environment_settings, open_journal
 from gym_bridge.core.policy import ChatPolicy, SamplingParams
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import get_environment, resolve_tasks, routing_names
@@ -95,14 +95,14 @@ class AgentServer:
         a row is routed only among these, so no body makes the server import a module."""
         ensure_ready(self.env_classes.values())  # a missing sandbox stops the server at start, not each /run
         self.policy: Any = policy if policy is not None else model_servers(settings)
+        self.journal = (open_journal(settings.journal_dir, journal_fingerprint(settings, self.env_classes.values(), model_identity=model_identity))
+                        if settings.journal_dir else None)
         self.engine = Engine(self.policy, None, EngineConfig(
             limits=Limits(max_turns=settings.max_turns, max_completion_tokens=settings.max_completion_tokens),
             max_concurrency=settings.max_concurrency, deadline_s=settings.deadline_s, model_name=settings.model or "",
-        ))
+        ), journal=self.journal)
         """The one engine of every `/run`: its concurrency bound holds across them; each row brings its own sampling."""
         self._counter = itertools.count()
-        self.journal = open_journal(settings, self.env_classes.values(), model_identity=model_identity) if settings.journal_dir else None
-        self.engine.journal = self.journal
         self._tried: set[tuple[int, int]] = set()
         """Rollout ids this process started and has not finished: one sent again reads its committed turns."""
         self._running: set[tuple[int, int]] = set()
@@ -159,17 +159,18 @@ class AgentServer:
                        key: tuple[int, int] | None) -> RolloutRecord:
         """One rollout; one with an id is journaled under it and, sent again, continues from its committed turns."""
         if key is None or self.journal is None:
-            return await self.engine.rollout(task, 0, env_class=env_class, sampling=sampling, journaled=False)
+            return await self.engine.rollout(task, 0, env_class=env_class, sampling=sampling)
+        journal_key = RolloutKey.of_task(*key)
         if key in self._tried:
-            self.journal.load([key])  # cut off earlier in this process (a client that disconnected)
+            self.journal.load([journal_key])  # cut off earlier in this process (a client that disconnected)
         self._tried.add(key)
         self._running.add(key)
         try:
             record = await self.engine.rollout(dataclasses.replace(task, index=key[0]), key[1], env_class=env_class,
-                                               sampling=sampling)
+                                               sampling=sampling, key=journal_key)
         finally:
             self._running.discard(key)
-        self.journal.finish(key)
+        self.journal.finish(journal_key)
         self._tried.discard(key)
         return record
 
@@ -201,16 +202,13 @@ class RolloutInFlight(UserError):
     """A `/run` for a rollout id whose earlier request is still running; answered with 409."""
 
 
-def open_journal(settings: AgentServerSettings, env_classes: Iterable[type[Environment]], *,
-                 model_identity: str | None = None) -> RunJournal:
-    """The server's journal in `settings.journal_dir`, continuing what a killed server left there. Raises JournalError
-    when it was written by a server with other settings (environments and their settings, limits) or another model
-    (`model_identity`, else the `model` setting)."""
-    assert settings.journal_dir is not None
-    fingerprint = RunFingerprint(model=model_identity or settings.model or "", tasks="rows of /run", settings={
+def journal_fingerprint(settings: AgentServerSettings, env_classes: Iterable[type[Environment]], *,
+                        model_identity: str | None = None) -> RunFingerprint:
+    """What the server's journal depends on: its settings (environments and their settings, limits) and its model
+    (`model_identity`, else the `model` setting); a journal a server with others wrote is refused (`open_journal`)."""
+    return RunFingerprint(model=model_identity or settings.model or "", tasks="rows of /run", settings={
         "envs": sorted(settings.envs), "max_turns": settings.max_turns, "max_completion_tokens": settings.max_completion_tokens,
         "max_new_tokens": settings.max_new_tokens, "deadline_s": settings.deadline_s, **environment_settings(env_classes)})
-    return RunJournal.prepare(settings.journal_dir, fingerprint, resume=True)
 
 
 def build_app(settings: AgentServerSettings, *, policy: ChatPolicy | None = None, model_identity: str | None = None) -> Any:

@@ -38,7 +38,7 @@ from gym_bridge.trl._async_rows import TrainingSegment, group_advantages, last_t
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import Environment
-from gym_bridge.core.journal import RunFingerprint, RunJournal
+from gym_bridge.core.journal import RolloutKey, RunFingerprint, RunJournal, open_journal
 from gym_bridge.core.policy import Policy, SamplingParams
 from gym_bridge.core.record import RolloutRecord, with_consumed_version
 from gym_bridge.core.registry import resolve_tasks
@@ -180,12 +180,12 @@ class AsyncRolloutWorker:
             return
         if self.settings.journal_dir is not None and self._journal is None:
             fingerprint = RunFingerprint.of_engine(self._engine.config, self._tasks)
-            self._journal = RunJournal.prepare(self.settings.journal_dir, fingerprint, resume=True)
+            self._journal = open_journal(self.settings.journal_dir, fingerprint)
             pending = sorted({group_id for group_id, _ in self._journal.pending()})
             start = self._ledger.start
             self._covered_groups = [group_id for group_id in pending if start is not None and start.covers(group_id)]
             self._resumed_groups = [group_id for group_id in pending if group_id not in self._covered_groups]
-            self._engine.journal = self._journal
+            self._engine = self._engine.with_journal(self._journal)
         self.window.base_version = self._version
         self._heartbeat = time.time()
         ready = threading.Event()
@@ -262,7 +262,7 @@ class AsyncRolloutWorker:
         if self._journal is not None:
             for group_id in groups:
                 for repeat in range(self.settings.group_size):
-                    self._journal.finish((group_id, repeat))
+                    self._journal.finish(RolloutKey.of_group(group_id, repeat))
 
     @classmethod
     def for_trainer(cls, args: Any, *, tasks: Sequence[Task], tokenizer: Any, served_model: str, num_processes: int = 1,
@@ -381,7 +381,7 @@ class AsyncRolloutWorker:
 
     async def _rollout(self, task: Task, group_id: int, repeat: int, env_class: type[Environment]) -> RolloutRecord:
         ROLLOUT.set((group_id, repeat))  # this task's own context: the clock counts its calls under this key
-        return await self._engine.rollout(task, repeat, env_class=env_class, journal_key=(group_id, repeat))
+        return await self._engine.rollout(task, repeat, env_class=env_class, key=RolloutKey.of_group(group_id, repeat))
 
     def _row_version(self, group_id: int, repeat: int, record: RolloutRecord) -> int:
         """The version rollout `repeat` of `group_id`'s rows carry (see `AsyncWorkerSettings.row_version`)."""

@@ -103,7 +103,7 @@ class TRLRollout:
         jobs = self._tasks(state, prompts, trainer)
         repeats = repeat_indices(prompts, group_size=_group_size(trainer), offset=_rank(trainer) * len(prompts))
         keys = None
-        if state.journal is not None:
+        if state.journal is not None and not state.journal.ended:
             keys = state.journal.keys(int(trainer.state.global_step), len(jobs))
             LOOP.run(state.journal.begin(keys))
         with generation_context(state.backend, trainer):
@@ -176,7 +176,8 @@ class TRLRollout:
         logger.info("gym_bridge.trl: generating with the %s backend (%s)", backend, type(policy).__name__)
         if options.journal_dir is not None and options.ray is not None:
             raise ConfigError("make_rollout(journal_dir=...) journals rollouts run in the trainer's process; with ray=..., drop journal_dir")
-        journal = StepJournal.open(options.journal_dir, rank=_rank(trainer), engine=engine) if options.journal_dir is not None else None
+        journal = StepJournal.open(options.journal_dir, rank=_rank(trainer), config=config) if options.journal_dir is not None else None
+        engine = engine.with_journal(journal.journal if journal is not None else None)
         return _TrainerState(backend=backend, engine=engine, eos_token_ids=eos_token_ids, max_completion_length=max_completion_length,
                              alarm=ToolCallAlarm(options.health),
                              ray=on_ray(options, backend, policy, template, config), journal=journal)
@@ -313,7 +314,7 @@ def sampling_from_args(args: Any, *, max_new_tokens: int) -> SamplingParams:
 async def _run_all(engine: Engine, jobs: Sequence[tuple[Task, type[Environment]]], repeats: Sequence[int],
                    keys: Sequence[RolloutKey] | None = None) -> list[RolloutRecord]:
     keyed = keys if keys is not None else [None] * len(jobs)
-    return list(await asyncio.gather(*(engine.rollout(task, repeat, env_class=env_class, journal_key=key)
+    return list(await asyncio.gather(*(engine.rollout(task, repeat, env_class=env_class, key=key)
                                        for (task, env_class), repeat, key in zip(jobs, repeats, keyed))))
 
 

@@ -16,34 +16,31 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gym_bridge.core.engine import Engine
-from gym_bridge.core.journal import RolloutKey, RunFingerprint, RunJournal
+from gym_bridge.core.engine import EngineConfig
+from gym_bridge.core.journal import RolloutKey, RunFingerprint, RunJournal, open_journal
 
 
 class StepJournal:
-    """One rank's journal (`<journal_dir>/rank<N>`), shared by the engine and the rollout function's batches."""
+    """One rank's journal (`<journal_dir>/rank<N>`), which the rollout function's engine commits to (`Engine(...,
+    journal=step_journal.journal)`), kept batch by batch."""
 
     def __init__(self, journal: RunJournal) -> None:
         self.journal = journal
         self._kept: list[RolloutKey] = journal.pending()
         """The rollouts the journal holds that no later batch has dropped: the last batch's, or a killed run's."""
-        self.engine: Engine | None = None
-        """The engine committing to this journal (set by `open`), detached from it by `end`."""
+        self.ended = False
+        """Set by `end`: the journal is closed, and later batches are not journaled."""
 
     @classmethod
-    def open(cls, journal_dir: str | Path, *, rank: int, engine: Engine) -> StepJournal:
-        """Prepare the rank's journal over what a killed run left and let `engine` commit to it. Raises JournalError
-        for a damaged journal or one of another run (another model or other rollout settings)."""
-        journal = RunJournal.prepare(Path(journal_dir) / f"rank{rank}", RunFingerprint.of_engine(engine.config, []), resume=True)
-        engine.journal = journal
-        step_journal = cls(journal)
-        step_journal.engine = engine
-        return step_journal
+    def open(cls, journal_dir: str | Path, *, rank: int, config: EngineConfig) -> StepJournal:
+        """Prepare the rank's journal over what a killed run left, for an engine of `config`. Raises JournalError for a
+        damaged journal or one of another run (another model or other rollout settings)."""
+        return cls(open_journal(Path(journal_dir) / f"rank{rank}", RunFingerprint.of_engine(config, [])))
 
     @staticmethod
     def keys(step: int, rollouts: int) -> list[RolloutKey]:
         """The keys of a batch of `rollouts` generated at trainer step `step`: the step and each one's place."""
-        return [(step, position) for position in range(rollouts)]
+        return [RolloutKey.of_step(step, position) for position in range(rollouts)]
 
     async def begin(self, keys: Sequence[RolloutKey]) -> None:
         """A batch of `keys` starts (on the engine's loop): drop the journal of every other rollout it holds."""
@@ -55,12 +52,11 @@ class StepJournal:
 
     async def end(self) -> None:
         """Training ended normally (on the engine's loop): drop every rollout the journal holds and remove its files
-        (the rank's folder, and `journal_dir` once no rank's folder is left in it). The engine journals no more."""
+        (the rank's folder, and `journal_dir` once no rank's folder is left in it). Later batches are not journaled."""
         for key in self._kept:
             self.journal.finish(key)
         self._kept = []
-        if self.engine is not None and self.engine.journal is self.journal:
-            self.engine.journal = None
+        self.ended = True
         await self.journal.close(complete=True)
         try:
             self.journal.directory.parent.rmdir()

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from gym_bridge.core.agent_loop import Limits, encode_capped
+from gym_bridge.core.agent_loop import Limits
+from gym_bridge.core.session import encode_capped
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.environment import Environment, VerifyResult, tool
 from gym_bridge.core.policy import SamplingParams, ScriptedPolicy

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.journal_events import model, tool
 from gym_bridge.core.journal import JournalError, RunFingerprint, RunJournal, encode_frame, read_frames
 from gym_bridge.core.task import parse_task
 
@@ -28,16 +29,16 @@ def commit(journal: RunJournal, key, at: int, events: list, seconds: float = 1.0
 
 def test_committed_turns_come_back_and_finished_rollouts_are_dropped(tmp_path):
     journal = RunJournal.prepare(tmp_path / "j", fingerprint(), resume=False)
-    commit(journal, (0, 0), 0, [{"t": "model", "ids": [1, 2]}, {"t": "tool", "out": "a"}])
-    commit(journal, (0, 0), 2, [{"t": "model", "ids": [3]}], seconds=2.5)
-    commit(journal, (1, 0), 0, [{"t": "model", "ids": [9]}])
-    commit(journal, (2, 1), 0, [{"t": "model", "ids": [7]}])
+    commit(journal, (0, 0), 0, [model([1, 2]), tool("a")])
+    commit(journal, (0, 0), 2, [model([3])], seconds=2.5)
+    commit(journal, (1, 0), 0, [model([9])])
+    commit(journal, (2, 1), 0, [model([7])])
     journal.finish((1, 0))  # its record was written
     asyncio.run(journal.close())  # (2, 1) and (0, 0) are still in flight: the journal stays
 
     again = RunJournal.prepare(tmp_path / "j", fingerprint(), resume=True, finished={(2, 1)})  # (2, 1) is in the output
     state = again.restore((0, 0))
-    assert state is not None and [event["t"] for event in state.events] == ["model", "tool", "model"]
+    assert state is not None and [event.kind for event in state.events] == ["model", "tool", "model"]
     assert state.budgets["seconds"] == 2.5 and state.turns == 2
     assert again.restore((1, 0)) is None and again.restore((2, 1)) is None
     assert len(list((tmp_path / "j").glob("*.log"))) == 1  # the old segment was folded into the new one
@@ -62,7 +63,7 @@ def test_a_torn_last_frame_is_dropped_and_a_damaged_middle_frame_is_refused(tmp_
 
 def test_a_journal_of_another_run_is_refused_naming_what_differs(tmp_path):
     journal = RunJournal.prepare(tmp_path / "j", fingerprint(), resume=False)
-    commit(journal, (0, 0), 0, [{"t": "model", "ids": [1]}])
+    commit(journal, (0, 0), 0, [model([1])])
     asyncio.run(journal.close())
     other = fingerprint(model="other", settings={"sampling": {"temperature": 0.0}, "limits": {"max_turns": 8}})
     with pytest.raises(JournalError) as error:
@@ -78,7 +79,7 @@ def test_a_journal_of_another_run_is_refused_naming_what_differs(tmp_path):
 
 def test_without_resume_an_old_journal_is_discarded(tmp_path):
     journal = RunJournal.prepare(tmp_path / "j", fingerprint(), resume=False)
-    commit(journal, (0, 0), 0, [{"t": "model", "ids": [1]}])
+    commit(journal, (0, 0), 0, [model([1])])
     fresh = RunJournal.prepare(tmp_path / "j", fingerprint(model="new"), resume=False)
     assert fresh.restore((0, 0)) is None
     assert [path.name for path in Path(tmp_path / "j").glob("*.log")] == [fresh.segment.name]
@@ -94,7 +95,7 @@ def test_commits_of_one_moment_share_an_fsync(tmp_path, monkeypatch):
     syncs.clear()
 
     async def many() -> None:
-        await asyncio.gather(*(journal.commit((i, 0), attempt=1, at=0, events=[{"t": "model"}], budgets={}, kind="replay")
+        await asyncio.gather(*(journal.commit((i, 0), attempt=1, at=0, events=[model([])], budgets={}, kind="replay")
                                for i in range(50)))
 
     asyncio.run(many())
@@ -108,15 +109,15 @@ def test_segments_of_several_processes_are_read_in_attempt_order_and_a_done_roll
     """Ray workers each write a segment; a later attempt (in a segment whose name sorts first) continues the events of
     an earlier one, whatever the order of the file names."""
     driver = RunJournal.prepare(tmp_path / "j", fingerprint(), resume=False)
-    driver.shared = True  # as RayRollouts.attach_journal sets it
+    driver.shared = True  # as RayRollouts.with_journal sets it
     late = RunJournal.join(tmp_path / "j", fingerprint())
     early = RunJournal.join(tmp_path / "j", fingerprint())
 
     async def commits() -> None:
-        await early.commit((0, 0), attempt=1, at=0, events=[{"t": "model", "ids": [1]}, {"t": "tool", "out": "a"}],
+        await early.commit((0, 0), attempt=1, at=0, events=[model([1]), tool("a")],
                            budgets={"seconds": 1.0}, kind="replay")
-        await late.commit((0, 0), attempt=2, at=2, events=[{"t": "model", "ids": [2]}], budgets={"seconds": 2.0}, kind="replay")
-        await early.commit((1, 0), attempt=1, at=0, events=[{"t": "model", "ids": [9]}], budgets={}, kind="replay")
+        await late.commit((0, 0), attempt=2, at=2, events=[model([2])], budgets={"seconds": 2.0}, kind="replay")
+        await early.commit((1, 0), attempt=1, at=0, events=[model([9])], budgets={}, kind="replay")
 
     asyncio.run(commits())
     assert sorted(tmp_path.joinpath("j").glob("*.log"))[1] == late.segment  # the later attempt's file sorts first
@@ -125,7 +126,7 @@ def test_segments_of_several_processes_are_read_in_attempt_order_and_a_done_roll
     reader = RunJournal.join(tmp_path / "j", fingerprint())
     reader.load([(0, 0), (1, 0)])
     state = reader.restore((0, 0))
-    assert state is not None and [event.get("ids") for event in state.events] == [[1], None, [2]]
+    assert state is not None and [getattr(event, "token_ids", None) for event in state.events] == [[1], None, [2]]
     assert state.attempt == 2 and state.budgets == {"seconds": 2.0}
     assert reader.restore((1, 0)) is None
     with pytest.raises(JournalError, match="another run"):

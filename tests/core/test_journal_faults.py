@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.journal_events import model, tool
 import gym_bridge.core.journal as journal_module
 from gym_bridge.core.journal import JournalError, RunFingerprint, RunJournal, read_frames, rollouts_in_flight
 from gym_bridge.core.task import parse_task
@@ -32,8 +33,8 @@ def commit(journal: RunJournal, key, at: int, events: list) -> None:
 def killed_run(directory: Path) -> Path:
     """A journal that a killed run left: rollouts (0, 0) with two events and (1, 0) with one; returns its segment."""
     journal = RunJournal.prepare(directory, FINGERPRINT, resume=False)
-    commit(journal, (0, 0), 0, [{"t": "model", "ids": [1, 2]}, {"t": "tool", "out": "a"}])
-    commit(journal, (1, 0), 0, [{"t": "model", "ids": [3]}])
+    commit(journal, (0, 0), 0, [model([1, 2]), tool("a")])
+    commit(journal, (1, 0), 0, [model([3])])
     return journal.segment  # killed: never closed (a journal prepared again in this process takes its lock over)
 
 
@@ -67,12 +68,14 @@ def test_a_second_process_on_a_journal_folder_is_refused_naming_the_folder_and_t
 
 def test_serve_refuses_a_journal_folder_another_server_holds_with_exit_2(tmp_path, smol_tokenizer, turn):
     from gym_bridge.core.registry import get_environment
-    from gym_bridge.serve.agent_server import AgentServerSettings, open_journal
+    from gym_bridge.core.journal import open_journal
+    from gym_bridge.serve.agent_server import AgentServerSettings, journal_fingerprint
     from gym_bridge.serve.model_server import build_app as build_model_app
     from tests.support.http_server import app_in_thread
     from tests.support.scripted_model import ScriptedModel, by_turn
 
-    first = open_journal(AgentServerSettings(journal_dir=str(tmp_path / "j"), envs=["weather"]), [get_environment("weather")])  # a live server's journal
+    settings = AgentServerSettings(journal_dir=str(tmp_path / "j"), envs=["weather"])
+    first = open_journal(tmp_path / "j", journal_fingerprint(settings, [get_environment("weather")]))  # a live server's journal
     model = ScriptedModel(smol_tokenizer, by_turn(turn("12")))
     with app_in_thread(build_model_app(model, model_name="policy")) as model_url:  # serve asks it which model it serves first
         second = subprocess.run([sys.executable, "-m", "gym_bridge", "serve", "--env", "weather", "--journal", str(tmp_path / "j"),
@@ -186,29 +189,29 @@ class FullDisk:
 
 def test_a_moment_of_full_disk_leaves_no_partial_frame_and_costs_no_commit(tmp_path, monkeypatch):
     journal = RunJournal.prepare(tmp_path / "j", FINGERPRINT, resume=False)
-    commit(journal, (0, 0), 0, [{"t": "model", "ids": [1]}])
+    commit(journal, (0, 0), 0, [model([1])])
     monkeypatch.setattr(journal_module.os, "write", FullDisk(failures=2))
-    commit(journal, (0, 0), 1, [{"t": "model", "ids": [2]}])  # waits out the full disk, then is durable
-    commit(journal, (1, 0), 0, [{"t": "model", "ids": [3]}])
+    commit(journal, (0, 0), 1, [model([2])])  # waits out the full disk, then is durable
+    commit(journal, (1, 0), 0, [model([3])])
     asyncio.run(journal.close())
     again = RunJournal.prepare(tmp_path / "j", FINGERPRINT, resume=True)  # before the fix: "frame ... is not the last one"
-    assert [event["ids"] for event in again.restore((0, 0)).events] == [[1], [2]]  # type: ignore[union-attr]
+    assert [event.token_ids for event in again.restore((0, 0)).events] == [[1], [2]]  # type: ignore[union-attr]
     assert again.restore((1, 0)) is not None
 
 
 def test_a_journal_folder_that_stays_full_fails_once_and_keeps_what_was_committed(tmp_path, monkeypatch):
     journal = RunJournal.prepare(tmp_path / "j", FINGERPRINT, resume=False)
     journal.full_disk_wait_s = 0.2
-    commit(journal, (0, 0), 0, [{"t": "model", "ids": [1]}])
+    commit(journal, (0, 0), 0, [model([1])])
     monkeypatch.setattr(journal_module.os, "write", FullDisk(failures=10**6))
     with pytest.raises(JournalError, match=rf"journal folder {tmp_path / 'j'} cannot be written \(No space left on device; tried for 0 s\)"):
-        commit(journal, (0, 0), 1, [{"t": "model", "ids": [2]}])
+        commit(journal, (0, 0), 1, [model([2])])
     with pytest.raises(JournalError, match="cannot be written"):  # later commits fail at once, not one wait each
-        commit(journal, (1, 0), 0, [{"t": "model", "ids": [3]}])
+        commit(journal, (1, 0), 0, [model([3])])
     asyncio.run(journal.close(complete=True))  # a failed journal is kept whatever the caller says
     monkeypatch.undo()
     again = RunJournal.prepare(tmp_path / "j", FINGERPRINT, resume=True)
-    assert [event["ids"] for event in again.restore((0, 0)).events] == [[1]]  # type: ignore[union-attr]
+    assert [event.token_ids for event in again.restore((0, 0)).events] == [[1]]  # type: ignore[union-attr]
 
 
 def test_eval_stops_once_on_a_full_journal_folder_and_its_resume_continues(tmp_path, monkeypatch, smol_template, smol_tokenizer):
@@ -309,7 +312,7 @@ def test_a_trl_rank_journal_another_trainer_holds_is_refused(tmp_path, smol_temp
         assert holder.stdout.readline().strip() == "ready"  # type: ignore[union-attr]
         engine = Engine(TurnPolicy(smol_template, []), smol_template, EngineConfig())
         with pytest.raises(JournalError, match=rf"rank0 is in use by another gym-bridge process \(pid {holder.pid} on"):
-            StepJournal.open(tmp_path, rank=0, engine=engine)
+            StepJournal.open(tmp_path, rank=0, config=engine.config)
         assert engine.journal is None
     finally:
         holder.kill()

@@ -223,3 +223,26 @@ def test_a_restore_that_fails_restarts_the_episode_from_turn_0(tmp_path, smol_te
     assert record["reward"] == 1.0 and record["metrics"]["resumed_from_turn"] == 0 and policy.calls == 4
     assert record["metrics"]["resume_restarted"].startswith("restore() failed:")
     assert "the saved state no longer loads" in record["metrics"]["resume_restarted"]
+
+
+def test_the_journal_is_given_at_construction_and_only_a_rollout_with_a_key_commits(tmp_path, smol_template, script):
+    import asyncio
+
+    from gym_bridge.core.journal import RolloutKey, open_journal
+
+    rows = tasks(ReplayCounter.name, 2)
+    journal = open_journal(tmp_path / "journal", RunFingerprint.of_run(model="scripted", tasks=rows, settings={}), mode="fresh")
+    plain = Engine(TurnPolicy(smol_template, script), smol_template, EngineConfig())
+    journaled = plain.with_journal(journal)
+    assert plain.journal is None and journaled.journal is journal and journaled.policy is plain.policy
+
+    async def both() -> None:
+        await journaled.rollout(rows[0], 0)  # no key: not journaled (serve's rows without a rollout id)
+        assert journal.commits == 0
+        await journaled.rollout(rows[1], 0, key=RolloutKey.of_task(1, 0))
+        assert journal.commits == 3  # one commit before each of model calls 2, 3 and 4
+        journal.finish(RolloutKey.of_task(1, 0))
+        await journal.close()
+
+    asyncio.run(both())
+    assert not (tmp_path / "journal").exists()

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from gym_bridge.core.engine import Engine, EngineConfig
-from gym_bridge.core.journal import RunFingerprint, RunJournal
+from gym_bridge.core.journal import RolloutKey, RunFingerprint, RunJournal
 from gym_bridge.core.policy import Generation, GenerationRequest
 from gym_bridge.core.task import Task
 
@@ -40,14 +40,14 @@ class TurnPolicy:
 
 def run(engine: Engine, rows: Sequence[Task], journal: RunJournal | None = None) -> dict[int, dict[str, Any]]:
     """Records by task index; each finished rollout's journal is dropped, as `gym-bridge eval` does once it is written."""
-    engine.journal = journal
+    engine = engine.with_journal(journal)
 
     async def go() -> dict[int, dict[str, Any]]:
         records = {}
         async for record in engine.stream(rows):
             records[record.task_index] = record.to_dict()
             if journal is not None:
-                journal.finish((record.task_index, record.repeat_index))
+                journal.finish(RolloutKey.of_task(record.task_index, record.repeat_index))
         return records
 
     return asyncio.run(go())

@@ -20,9 +20,6 @@ from gym_bridge.core.policy import Generation, GenerationRequest, Policy
 
 __all__ = ["HeldPolicy", "RolloutDeadline", "parks_calls"]
 
-_UNCHANGED: AbstractAsyncContextManager[object] = nullcontext()
-"""What `model_call` is for a policy whose calls are never parked (reusable; no generator per call)."""
-
 
 def parks_calls(policy: object) -> bool:
     """Whether `policy` declares (`parks_calls = True`) that a trainer may park its calls mid-generation."""
@@ -52,7 +49,7 @@ class RolloutDeadline:
     def running(self) -> AbstractAsyncContextManager[object]:
         """The rollout's body: raises TimeoutError when the deadline passes (as `asyncio.timeout` does)."""
         if not self.parked:
-            return asyncio.timeout(self.deadline_s)  # nothing is ever held: no need to know the timeout
+            return asyncio.timeout(self.deadline_s)  # no call is ever held: the timeout runs as it is
         return self._running_held()
 
     @asynccontextmanager
@@ -66,7 +63,7 @@ class RolloutDeadline:
 
     def model_call(self) -> AbstractAsyncContextManager[object]:
         """One model call. Raises FailRollout(`timeout`) when a parkable call runs past `generation_timeout_s`."""
-        return self._held_call() if self.parked else _UNCHANGED
+        return self._held_call() if self.parked else nullcontext()
 
     @asynccontextmanager
     async def _held_call(self) -> AsyncIterator[None]:
