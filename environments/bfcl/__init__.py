@@ -126,7 +126,7 @@ class SingleAnswerLoop:
         step = await ctx.generate()
         if step is None:
             return "budget"
-        return "length" if step[0].finish_reason == "length" else "answer"
+        return "length" if step.finish_reason == "length" else "answer"
 
 
 class BfclEnvironment(_BfclBase):
@@ -168,12 +168,12 @@ class BfclTurnsLoop:
                 step = await ctx.generate()
                 if step is None:
                     return "budget"
-                generation, parsed = step
-                if generation.finish_reason == "length":
+                turn = step
+                if turn.finish_reason == "length":
                     return "length"
-                if not parsed.calls:
+                if not turn.calls:
                     break
-                outputs = [await ctx.call_tool(call) for call in parsed.calls]
+                outputs = [await ctx.call_tool(call) for call in turn.calls]
                 if not await ctx.append_tool_outputs_async(outputs):
                     return "budget"
             else:

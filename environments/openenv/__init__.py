@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import pydantic
-
 from gym_bridge import ConfigError, Environment, FailRollout, Item, MissingExtraError, RolloutContext, Task, ToolError, VerifyResult
 
 from environments.openenv.rows import build_rows
@@ -66,12 +65,12 @@ class OpenEnvLoop:
             step = await ctx.generate()
             if step is None:
                 return "budget"
-            generation, parsed = step
-            if generation.finish_reason == "length":
+            turn = step
+            if turn.finish_reason == "length":
                 return "length"
-            if not parsed.calls:
+            if not turn.calls:
                 return "answer"
-            outputs = [await ctx.call_tool(call) for call in parsed.calls]
+            outputs = [await ctx.call_tool(call) for call in turn.calls]
             if env.done:
                 return "answer"
             if turn == ctx.limits.max_turns - 1:

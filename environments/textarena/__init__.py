@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import pydantic
-
 from gym_bridge import (
     ConfigError,
     Environment,
@@ -139,11 +138,11 @@ class GameLoop:
             step = await ctx.generate()
             if step is None:
                 return "budget"
-            generation, parsed = step
-            observation = await env.game.play(parsed.content)
+            turn = step
+            observation = await env.game.play(turn.text)
             if observation is None:
                 return "answer"
-            if generation.finish_reason == "length":
+            if turn.finish_reason == "length":
                 return "length"
             if turn == ctx.limits.max_turns - 1:
                 return "max_turns"

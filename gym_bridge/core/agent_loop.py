@@ -20,8 +20,8 @@ from gym_bridge.core.bounded.deadline import RolloutDeadline
 from gym_bridge.core.environment import Environment, ToolError, ToolSpec
 from gym_bridge.core.errors import AbortedCall, classify, FailRollout
 from gym_bridge.core.items import function_call_output_item
-from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn
-from gym_bridge.core.policy import ChatPolicy, Generation, Policy, SamplingParams
+from gym_bridge.core.turn import ToolCall, Turn
+from gym_bridge.core.policy import ChatPolicy, Policy, SamplingParams
 from gym_bridge.core.record import LoopFinish
 from gym_bridge.core.task import Task
 from gym_bridge.core.template.chat_template import ChatTemplate
@@ -123,9 +123,9 @@ class RolloutContext:
     def budget_left(self) -> int:
         return self.limits.max_completion_tokens - self.trajectory.tokens_spent
 
-    async def generate(self) -> tuple[Generation, ParsedTurn] | None:
+    async def generate(self) -> Turn | None:
         """Sample one model turn and append it (ids, log-probs, items); each of the returned turn's
-        calls carries the `call_id` it has in the record.
+        calls carries the id it has in the record.
 
         Returns None when no token budget is left. Raises the policy's errors, and FailRollout(`timeout`)
         when a call the trainer may park runs past its own bound (`gym_bridge.core.bounded.deadline`).
@@ -140,13 +140,13 @@ class RolloutContext:
         async with deadline.model_call():
             return await self.transcript.generate(sampling)
 
-    async def call_tool(self, call: ParsedCall, call_id: str | None = None) -> ToolOutput:
+    async def call_tool(self, call: ToolCall, call_id: str | None = None) -> ToolOutput:
         """Run one tool call (`call_id`: the call's own, as `generate` returned it, unless given);
         bad calls become error text for the model.
 
         Raises FailRollout(`env`) when the tool itself crashes, hangs or returns non-JSON.
         """
-        call_id = call_id or call.call_id or ""
+        call_id = call_id or call.id or ""
         self.trajectory.tool_calls += 1
         if self.journal is None:
             content = await self._tool_content(call)
@@ -155,7 +155,7 @@ class RolloutContext:
         self.trajectory.output.append(function_call_output_item(content, call_id=call_id))
         return ToolOutput(name=call.name, content=content, call_id=call_id)
 
-    def _tool_content(self, call: ParsedCall) -> Coroutine[Any, Any, str]:
+    def _tool_content(self, call: ToolCall) -> Coroutine[Any, Any, str]:
         """The coroutine of `call`'s output: `_run_tool`'s itself (no frame of its own on every call), or an
         error text for the model."""
         spec = type(self.env).tool_specs().get(call.name)
@@ -236,13 +236,12 @@ class ToolCallingLoop:
             step = await ctx.generate()
             if step is None:
                 return "budget"
-            generation, parsed = step
-            if generation.finish_reason == "length":
+            if step.finish_reason == "length":
                 return "length"
-            if not parsed.calls:
+            if not step.calls:
                 return "answer"
             outputs = []
-            for call in parsed.calls:  # a loop, not an async comprehension: no closure and frame per turn
+            for call in step.calls:  # a loop, not an async comprehension: no closure and frame per turn
                 outputs.append(await ctx.call_tool(call))
             if turn == ctx.limits.max_turns - 1:
                 return "max_turns"

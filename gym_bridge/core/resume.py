@@ -22,12 +22,10 @@ from gym_bridge.core.bounded.call import call_environment
 from gym_bridge.core.environment import Environment
 from gym_bridge.core.errors import FailRollout, RolloutError, classify
 from gym_bridge.core.journal import ResumeKind, RolloutKey, RunJournal
-from gym_bridge.core.template.parsers.call import ParsedCall
-from gym_bridge.core.policy import (
-    CallTokens, ChatPolicy, ChatRequest, ChatToolCall, ChatTurn, Generation, GenerationRequest, Policy, is_token_policy,
-)
+from gym_bridge.core.policy import ChatPolicy, ChatRequest, Generation, GenerationRequest, Policy, is_token_policy
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.trajectory import Trajectory
+from gym_bridge.core.turn import CallTokens, ToolCall, Turn
 
 _GENERATION_FIELDS = frozenset(f.name for f in dataclasses.fields(Generation))
 _SNAPSHOT_JSON = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
@@ -139,7 +137,7 @@ class RolloutResume:
         self._prompt_end = len(prompt) + len(ids)
         return generation
 
-    async def chat(self, request: ChatRequest, policy: ChatPolicy) -> ChatTurn:
+    async def chat(self, request: ChatRequest, policy: ChatPolicy) -> Turn:
         event = self._replayed("chat") if self._cursor < len(self.replay) else None
         digest = hashlib.blake2b(orjson.dumps(list(request.messages), option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS),
                                  digest_size=16).hexdigest()
@@ -153,7 +151,7 @@ class RolloutResume:
         self._pending.append({"t": "chat", "n": len(request.messages), "digest": digest, **_chat_event(turn)})
         return turn
 
-    async def tool_output(self, call: ParsedCall, run: Callable[[ParsedCall], Awaitable[str]]) -> str:
+    async def tool_output(self, call: ToolCall, run: Callable[[ToolCall], Awaitable[str]]) -> str:
         """The output of a tool call: the journal's for a committed call of a `snapshot` environment; else the call
         run (for a committed call of a `replay` environment, checked against the journal's output)."""
         event = self._replayed("tool") if self._cursor < len(self.replay) else None
@@ -291,7 +289,7 @@ class _ReplayingChatPolicy:
     def __init__(self, resume: RolloutResume, policy: ChatPolicy) -> None:
         self.resume, self.policy = resume, policy
 
-    async def chat(self, request: ChatRequest) -> ChatTurn:
+    async def chat(self, request: ChatRequest) -> Turn:
         return await self.resume.chat(request, self.policy)
 
 
@@ -303,17 +301,17 @@ def _generation(event: dict[str, Any]) -> Generation:
     return Generation(**values)
 
 
-def _chat_event(turn: ChatTurn) -> dict[str, Any]:
+def _chat_event(turn: Turn) -> dict[str, Any]:
     tokens = turn.tokens
-    return {"text": turn.text, "reasoning": turn.reasoning, "calls": [[call.name, call.arguments] for call in turn.tool_calls],
+    return {"text": turn.text, "reasoning": turn.reasoning, "calls": [[call.name, call.arguments] for call in turn.calls],
             "fr": turn.finish_reason, "usage": dict(turn.usage),
             "tokens": None if tokens is None else [list(tokens.prompt_token_ids), list(tokens.generation_token_ids),
                                                    list(tokens.generation_log_probs)]}
 
 
-def _chat_turn(event: dict[str, Any]) -> ChatTurn:
+def _chat_turn(event: dict[str, Any]) -> Turn:
     tokens = event.get("tokens")
-    return ChatTurn(text=event["text"], reasoning=event["reasoning"],
-                    tool_calls=tuple(ChatToolCall(name=name, arguments=arguments) for name, arguments in event["calls"]),
-                    finish_reason=event["fr"], usage=dict(event["usage"]),
-                    tokens=None if tokens is None else CallTokens(list(tokens[0]), list(tokens[1]), list(tokens[2])))
+    return Turn(text=event["text"], reasoning=event["reasoning"],
+                calls=tuple(ToolCall(name=name, arguments=arguments) for name, arguments in event["calls"]),
+                finish_reason=event["fr"], usage=dict(event["usage"]),
+                tokens=None if tokens is None else CallTokens(list(tokens[0]), list(tokens[1]), list(tokens[2])))

@@ -32,7 +32,8 @@ from gym_bridge.core.environment import Environment
 from gym_bridge.core.errors import BackendAnswerError, ConfigError, DataError, MissingExtraError, UserError
 from gym_bridge.core.items import TOKEN_FIELDS
 from gym_bridge.core.journal import RunFingerprint, RunJournal, environment_settings
-from gym_bridge.core.policy import ChatPolicy, ChatRequest, ChatTurn, SamplingParams
+from gym_bridge.core.policy import ChatPolicy, ChatRequest, SamplingParams
+from gym_bridge.core.turn import Turn
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import get_environment, resolve_tasks, routing_names
 from gym_bridge.core.rollout_file import dump_line
@@ -116,7 +117,7 @@ class ModelServers:
                     self.router = ReplicaRouter(urls)
         return self._policies
 
-    async def chat(self, request: ChatRequest) -> ChatTurn:
+    async def chat(self, request: ChatRequest) -> Turn:
         servers = await self._servers()
         router = self.router
         assert router is not None  # set with the servers

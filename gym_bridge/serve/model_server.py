@@ -38,7 +38,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, StrictInt
 
-from gym_bridge.core.conversation import AssistantMessage, TemplateMessage
+from gym_bridge.core.conversation import AssistantMessage, TemplateMessage, assistant_message
 from gym_bridge.core.dialects.chat import MAX_CHOICES, ApiError, ChatBody, MessageIn, SamplingBody, ToolIn, answer_choice, chat_completion, from_chat_tool
 from gym_bridge.core.dialects.completions import CompletionBody, completion_logprobs
 from gym_bridge.core.dialects.template_view import template_messages
@@ -46,7 +46,7 @@ from gym_bridge.serve.disconnect import ClientDisconnected, unless_disconnected
 from gym_bridge.core.errors import SetupError, ContextOverflowError
 from gym_bridge.core.policy import Generation, GenerationRequest, LogprobsMode, SamplingParams
 from gym_bridge.core.template.chat_template import ChatTemplate
-from gym_bridge.core.transcript import answer_message
+from gym_bridge.core.transcript import answer_turn
 
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 DEFAULT_CHAT_MAX_TOKENS = 1024
@@ -464,11 +464,11 @@ def splice_prefix(template: ChatTemplate, messages: list[TemplateMessage], tools
 
 def _assistant_message(template: ChatTemplate, text: str, *, prompt_ids: list[int], tools: list[dict[str, Any]] | None) -> AssistantMessage:
     """The assistant message of a chat choice: `text` read with the model family's parsers, answered by the
-    rule the capture endpoint answers with (`answer_message`), so one model answers alike through both;
+    rule the capture endpoint answers with (`answer_turn`), so one model answers alike through both;
     `tool_calls` is always there, as vLLM gives it."""
     parsed = template.parse(text, prompt_ids=prompt_ids, tools=tools or ())
-    message = answer_message(parsed, text, tools_offered=bool(tools),
-                             call_id=lambda n, call: template.call_id(uuid.uuid4().hex[:24], written=call.call_id))
+    message = assistant_message(answer_turn(parsed, text, tools_offered=bool(tools),
+                                            call_id=lambda n, call: template.call_id(uuid.uuid4().hex[:24], written=call.id)))
     message.setdefault("tool_calls", [])
     return message
 

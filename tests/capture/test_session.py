@@ -11,8 +11,9 @@ from gym_bridge.capture.assembly import assemble
 from gym_bridge.capture.chat_session import ChatCaptureSession
 from gym_bridge.capture.session import CaptureSession
 from gym_bridge.core.agent_loop import Limits
-from gym_bridge.core.policy import CallTokens, ChatRequest, ChatTurn, SamplingParams, ScriptedPolicy
+from gym_bridge.core.policy import ChatRequest, SamplingParams, ScriptedPolicy
 from gym_bridge.core.transcript import MessageTranscript, ServedTranscript
+from gym_bridge.core.turn import CallTokens, Turn
 
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add.", "parameters": {"type": "object", "properties": {}}}}]
 CALL = '<tool_call>\n{"name": "add", "arguments": {}}\n</tool_call>'
@@ -82,10 +83,10 @@ class TokenChat:
     def __init__(self) -> None:
         self.calls = 0
 
-    async def chat(self, request: ChatRequest) -> ChatTurn:
+    async def chat(self, request: ChatRequest) -> Turn:
         prompt = self.PROMPTS[self.calls]
         self.calls += 1
-        return ChatTurn(text=f"answer {self.calls}", tokens=CallTokens(prompt_token_ids=prompt, generation_token_ids=[40 + self.calls],
+        return Turn(text=f"answer {self.calls}", tokens=CallTokens(prompt_token_ids=prompt, generation_token_ids=[40 + self.calls],
                                                                        generation_log_probs=[-0.5]))
 
 

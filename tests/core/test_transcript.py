@@ -12,11 +12,12 @@ from gym_bridge.core.agent_loop import RolloutContext
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.environment import Environment, tool
 from gym_bridge.core.items import TOKEN_FIELDS
-from gym_bridge.core.policy import ChatTurn, Generation, ScriptedChatPolicy, ScriptedPolicy
+from gym_bridge.core.policy import Generation, ScriptedChatPolicy, ScriptedPolicy
 from gym_bridge.core.registry import register
 from gym_bridge.core.task import parse_task
 from gym_bridge.core.template.chat_template import ChatTemplate
 from gym_bridge.core.transcript import MessageTranscript, TokenTranscript, transcript_starter
+from gym_bridge.core.turn import Turn
 from gym_bridge.policies.embedded import load_embedded_tokenizer
 
 CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "a"}}\n</tool_call>'
@@ -42,8 +43,8 @@ class AskTwiceLoop:
     async def run(self, ctx: RolloutContext) -> str:
         step = await ctx.generate()
         assert step is not None
-        _, parsed = step
-        outputs = [await ctx.call_tool(call) for call in parsed.calls]
+        turn = step
+        outputs = [await ctx.call_tool(call) for call in turn.calls]
         assert await ctx.append_tool_outputs_async(outputs)
         assert await ctx.generate() is not None
         assert await ctx.append_user_message_async("And b?")
@@ -62,7 +63,7 @@ register(AskTwiceEnv)
 
 def scripted_chat(texts: list[str]) -> ScriptedChatPolicy:
     """A chat policy answering with the next text, each turn reporting 1 input and 2 output tokens."""
-    return ScriptedChatPolicy({"": [ChatTurn(text=text, usage={"input_tokens": 1, "output_tokens": 2}) for text in texts]})
+    return ScriptedChatPolicy({"": [Turn(text=text, usage={"input_tokens": 1, "output_tokens": 2}) for text in texts]})
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +114,7 @@ def test_generate_returns_each_call_with_its_record_id(template):
         async def run(self, ctx: RolloutContext) -> str:
             step = await ctx.generate()
             assert step is not None
-            record_ids.extend(call.call_id or "" for call in step[1].calls)
+            record_ids.extend(call.id or "" for call in step.calls)
             return "answer"
 
     class Env(LookupEnv):

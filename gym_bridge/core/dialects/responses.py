@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 from gym_bridge.core.conversation import Message, tool_call, tool_calls_of
 from gym_bridge.core.dialects.chat import ApiError, tool_call_arguments
-from gym_bridge.core.policy import ChatRequest, ChatToolCall, ChatTurn
-
+from gym_bridge.core.policy import ChatRequest
+from gym_bridge.core.turn import ToolCall, Turn
 
 
 def item_text(item: Mapping[str, Any]) -> str:
@@ -174,14 +174,14 @@ def responses_request(request: ChatRequest, *, model: str) -> dict[str, Any]:
     return params
 
 
-def chat_turn_from_response(response: dict[str, Any], *, stop: tuple[str, ...] = ()) -> ChatTurn:
-    """A Responses answer as a `ChatTurn`: output text, reasoning summaries and `function_call` items.
+def chat_turn_from_response(response: dict[str, Any], *, stop: tuple[str, ...] = ()) -> Turn:
+    """A Responses answer as a `Turn`: output text, reasoning summaries and `function_call` items.
 
     Stop strings, which the Responses API lacks, cut the text after the first one.
     """
     texts: list[str] = []
     reasoning: list[str] = []
-    calls: list[ChatToolCall] = []
+    calls: list[ToolCall] = []
     for item in response.get("output") or []:
         kind = item.get("type")
         if kind == "message":
@@ -190,7 +190,7 @@ def chat_turn_from_response(response: dict[str, Any], *, stop: tuple[str, ...] =
             reasoning.extend(part.get("text") or "" for part in item.get("summary") or [])
             reasoning.extend(part.get("text") or "" for part in item.get("content") or [] if part.get("type") == "reasoning_text")
         elif kind == "function_call":
-            calls.append(ChatToolCall(name=item.get("name", ""), arguments=item.get("arguments") or "{}"))
+            calls.append(ToolCall(name=item.get("name", ""), arguments=item.get("arguments") or "{}"))
     text = "".join(texts)
     finish_reason: Literal["stop", "length"] = "stop"
     details = response.get("incomplete_details") or {}
@@ -200,7 +200,7 @@ def chat_turn_from_response(response: dict[str, Any], *, stop: tuple[str, ...] =
     if cuts:
         text, finish_reason, calls = text[: min(cuts)], "stop", []
     usage = response.get("usage") or {}
-    return ChatTurn(
-        text=text, reasoning="\n".join(r for r in reasoning if r), tool_calls=tuple(calls), finish_reason=finish_reason,
+    return Turn(
+        text=text, reasoning="\n".join(r for r in reasoning if r), calls=tuple(calls), finish_reason=finish_reason,
         usage={"input_tokens": int(usage.get("input_tokens") or 0), "output_tokens": int(usage.get("output_tokens") or 0)},
     )
