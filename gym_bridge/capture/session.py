@@ -37,6 +37,7 @@ from gym_bridge.core.items import Item
 from gym_bridge.core.policy import Generation, Policy, SamplingParams
 from gym_bridge.core.errors import BackendError, ContextOverflowError
 from gym_bridge.core.template.chat_template import ChatTemplate
+from gym_bridge.core.trajectory import final_text
 from gym_bridge.core.transcript import ItemIds, ServedTranscript
 
 _Body = TypeVar("_Body", bound=pydantic.BaseModel)
@@ -87,7 +88,7 @@ class SessionState(Protocol):
     token_in_calls: int
 
     @property
-    def final_answer(self) -> str | None: ...
+    def final_answer(self) -> str: ...
 
     def fail(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None) -> ApiError: ...
 
@@ -148,12 +149,9 @@ class _Session:
         self._numbering = ItemIds(self.label or "capture")
 
     @property
-    def final_answer(self) -> str | None:
-        """The content of the last assistant message the session answered (None before any call)."""
-        for item in reversed(self.output):
-            if item["type"] == "message" and item.get("role") == "assistant":
-                return "".join(part.get("text", "") for part in item["content"])
-        return None
+    def final_answer(self) -> str:
+        """The text of the last assistant message the session answered ('' before any)."""
+        return final_text(self.output)
 
     def fail(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None) -> ApiError:
         """Record an error answer and return it to raise."""

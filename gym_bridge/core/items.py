@@ -3,7 +3,7 @@
 A trajectory is a list of items (`message`, `reasoning`, `function_call`,
 `function_call_output`) exactly as the Responses API and NeMo Gym write them, so records are
 plain dicts that serialize without conversion. This module builds those dicts (a model turn's with
-`turn_items`, its one converter from `Turn`) and reads a content list's text (`content_text`); converting
+`turn_items`, its one converter from `Turn`) and reads their text (`item_text`, `content_text`: the one reader of a content list); converting
 items to chat messages is `gym_bridge.core.dialects.responses`.
 """
 
@@ -109,6 +109,14 @@ def turn_items(turn: Turn, *, reasoning_id: str, message_id: str, call_item_ids:
     return items
 
 
+def item_text(item: Mapping[str, Any]) -> str:
+    """The text of a message or reasoning item: its content's (`content_text`; a reasoning item's summary parts'),
+    '' for other items."""
+    if item.get("type") == "reasoning":
+        return content_text(item.get("summary"))
+    return content_text(item.get("content"))
+
+
 def content_text(content: str | Sequence[Mapping[str, Any]] | None) -> str:
     """The text of a message's content: a string as it is, the `text` of every part of a content list joined
     (parts of any type: `output_text`, `input_text`, `text`), '' for None."""
@@ -116,7 +124,7 @@ def content_text(content: str | Sequence[Mapping[str, Any]] | None) -> str:
         return ""
     if isinstance(content, str):
         return content
-    return "".join(str(part.get("text", "")) for part in content if isinstance(part, Mapping))
+    return "".join(str(part.get("text") or "") for part in content if isinstance(part, Mapping))
 
 
 def message_item(text: str, *, item_id: str) -> MessageItem:

@@ -28,7 +28,7 @@ from gym_bridge.core.dialects.template_view import task_template_messages
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import Environment
 from gym_bridge.core.errors import FAILURE_KINDS, ConfigError, DataError
-from gym_bridge.core.dialects.responses import final_text
+from gym_bridge.core.trajectory import final_text
 from gym_bridge.core.policy import ChatRequest
 from gym_bridge.core.turn import Turn
 from gym_bridge.core.record import RolloutRecord

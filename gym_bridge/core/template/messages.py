@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gym_bridge.core.conversation import TemplateMessage
-from gym_bridge.core.dialects.responses import item_text
+from gym_bridge.core.items import item_text
 from gym_bridge.core.turn import ToolCall, Turn
 
 
