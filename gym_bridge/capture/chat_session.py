@@ -79,7 +79,7 @@ class ChatCaptureSession(_Session):
         segment = self._segment
         if segment is None or appended([_plain(m) for m in segment.messages], [_plain(m) for m in messages]) is None:
             return
-        segment.add_inputs(messages[len(segment.messages):])
+        segment.writer.add_inputs(messages[len(segment.messages):])
 
     def _transcript(self, tokens: CallTokens) -> MessageTranscript:
         """The last call's token stream when this call's prompt ids extend it (a token-in call); else a new segment's."""
@@ -101,7 +101,7 @@ class ChatCaptureSession(_Session):
                                             for n, call in enumerate(answer.calls)))
         message = assistant_message(replace(named, tokens=None))
         self._tokens[_answer_key(message)] = tokens
-        transcript.add_answer(named)
+        transcript.writer.add_answer(named)
         transcript.messages = [*messages, message]
         choice = answer_choice(0, message, answer.finish_reason)
         return chat_completion([choice], model=self.model_name, prompt_tokens=len(prompt),

@@ -197,16 +197,16 @@ def test_a_served_transcript_extends_only_with_tool_or_user_messages_and_copies(
     numbering, output = ItemIds("s"), []
     start = asyncio.run(ServedTranscript.start(token_policy(template, ["x"]), template, messages=first, tools=tools,
                                                session_id="s", max_tokens=100, numbering=numbering, output=output))
-    assert start.trajectory.prompt_ids == template.prompt_ids(first, list(tools))
+    assert start.tokens.trajectory.prompt_ids == template.prompt_ids(first, list(tools))
     user, tool = {"role": "user", "content": "more"}, {"role": "tool", "tool_call_id": "c1", "content": "42"}
     assert start.extension([*first, user, tool], tools) == [user, tool]
     assert start.extension([*first, user], ()) is None  # other tools: a rewrite
     assert start.extension([*first, {"role": "assistant", "content": "made up"}], tools) is None
     assert start.extension([{"role": "user", "content": "Bye"}], tools) is None and start.extension(first, tools) is None
     extended = asyncio.run(start.extended([user, tool]))
-    assert start.trajectory.completion_ids == [] and start.messages == first  # the original is left as it was
-    added = extended.trajectory.completion_ids
-    assert extended.trajectory.prompt_ids == start.trajectory.prompt_ids and set(extended.trajectory.completion_mask) == {0}
+    assert start.tokens.trajectory.completion_ids == [] and start.messages == first  # the original is left as it was
+    added = extended.tokens.trajectory.completion_ids
+    assert extended.tokens.trajectory.prompt_ids == start.tokens.trajectory.prompt_ids and set(extended.tokens.trajectory.completion_mask) == {0}
     assert "more" in template.decode(added) and "42" in template.decode(added) and extended.messages == [*first, user, tool]
     assert [(item["type"], item.get("id")) for item in output] == [("message", "msg_s_1"), ("function_call_output", None)]
-    assert extended.item_ids is start.item_ids is numbering
+    assert extended.tokens.writer.item_ids is start.tokens.writer.item_ids is numbering
