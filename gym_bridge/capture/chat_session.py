@@ -41,9 +41,9 @@ class ChatCaptureSession(_Session):
     policy: ChatPolicy
     _tokens: dict[str, CallTokens] = field(default_factory=dict)
     """The token ids of every answered assistant message, by `_answer_key`."""
-    _segment: MessageTranscript | None = None
+    _conversation: MessageTranscript | None = None
     """The conversation of the last call answered (its messages and the answer; its token stream, which the next
-    call's prompt ids may extend, else a new segment starts)."""
+    call's prompt ids may extend, else a new conversation starts)."""
 
     async def responses(self, data: Any) -> dict[str, Any]:
         """The answer to one `/v1/responses` body (served as the chat-completions call it means)."""
@@ -76,22 +76,22 @@ class ChatCaptureSession(_Session):
 
     def _input_items(self, messages: Sequence[Message]) -> None:
         """Tool outputs and user messages that extend the last answered conversation become input items."""
-        segment = self._segment
-        if segment is None or appended([_plain(m) for m in segment.messages], [_plain(m) for m in messages]) is None:
+        last = self._conversation
+        if last is None or appended([_plain(m) for m in last.messages], [_plain(m) for m in messages]) is None:
             return
-        segment.writer.add_inputs(messages[len(segment.messages):])
+        last.writer.add_inputs(messages[len(last.messages):])
 
     def _transcript(self, tokens: CallTokens) -> MessageTranscript:
-        """The last call's token stream when this call's prompt ids extend it (a token-in call); else a new segment's."""
-        segment = self._segment
-        if segment is not None and segment.continues(tokens):
+        """The last call's token stream when this call's prompt ids extend it (a token-in call); else a new conversation's."""
+        last = self._conversation
+        if last is not None and last.continues(tokens):
             self.token_in_calls += 1
-            return segment
+            return last
         return MessageTranscript(self.policy, task=None, tools=(), trajectory=Trajectory(prompt_ids=[], output=self.output),
                                  session_id=self.label, max_tokens=self.limits.max_completion_tokens, numbering=self._numbering)
 
     def _answer(self, messages: Sequence[Message], answer: Turn, tokens: CallTokens) -> dict[str, Any]:
-        transcript = self._segment = self._transcript(tokens)
+        transcript = self._conversation = self._transcript(tokens)
         transcript.add_call_tokens(tokens)
         prompt = list(tokens.prompt_token_ids)
         self.calls.append(CapturedCall(prompt_ids=prompt, completion_ids=list(tokens.generation_token_ids),

@@ -38,11 +38,11 @@ def test_a_token_session_extends_one_transcript_per_segment(smol_template, turn)
         answer = (await capture.chat_completions({"messages": first, "tools": TOOLS}))["choices"][0]["message"]
         tool = {"role": "tool", "tool_call_id": answer["tool_calls"][0]["id"], "content": "2"}
         await capture.chat_completions({"messages": [*first, answer, tool], "tools": TOOLS})
-        segments.append(capture._segment)
+        segments.append(capture._conversation)
         rewritten = [{"role": "user", "content": "start over"}]  # a rewritten history: a new segment
         answer = (await capture.chat_completions({"messages": rewritten, "tools": TOOLS}))["choices"][0]["message"]
         await capture.chat_completions({"messages": [*rewritten, answer, {"role": "user", "content": "go on"}], "tools": TOOLS})
-        segments.append(capture._segment)
+        segments.append(capture._conversation)
         return segments
 
     segments = asyncio.run(main())
@@ -99,9 +99,9 @@ def test_a_chat_session_grows_a_transcript_while_the_servers_ids_extend_it() -> 
         first = [{"role": "user", "content": "q"}]
         answer = (await capture.chat_completions({"messages": first}))["choices"][0]["message"]
         await capture.chat_completions({"messages": [*first, answer, {"role": "user", "content": "and?"}]})
-        segments.append(capture._segment)
+        segments.append(capture._conversation)
         await capture.chat_completions({"messages": [{"role": "user", "content": "new"}]})
-        segments.append(capture._segment)
+        segments.append(capture._conversation)
         return segments
 
     first, second = asyncio.run(main())

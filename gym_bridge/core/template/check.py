@@ -150,7 +150,7 @@ def _run_shape(template: ChatTemplate, shape: Shape, messages: list[TemplateMess
             if len(parsed.calls) != len(turn.calls):
                 return ShapeResult(shape=shape, verdict=UNSUPPORTED,
                                    detail=f"the template renders {len(parsed.calls)} of the {len(turn.calls)} calls of one turn")
-            conversation.append(template.assistant_message(parsed, call_ids=turn_ids, raw_text=raw))
+            conversation.append(template.template_message(parsed, call_ids=turn_ids, raw_text=raw))
         elif step.tool_outputs:
             new = [{"role": "tool", "name": name, "content": output, "tool_call_id": call_id}
                    for (name, output), call_id in zip(step.tool_outputs, turn_ids)]

@@ -39,7 +39,7 @@ class DeltaTemplate(Renderer, Protocol):
     @property
     def profile(self) -> TemplateProfile: ...
 
-    def assistant_message(self, turn: Turn, *, call_ids: Sequence[str], raw_text: str) -> TemplateMessage: ...
+    def template_message(self, turn: Turn, *, call_ids: Sequence[str], raw_text: str) -> TemplateMessage: ...
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ class DeltaPlanner:
         ids = [m.get("tool_call_id", "") for m in new_messages if m["role"] == "tool"]
         turn = Turn(reasoning="", text="" if calls else _PROBE_ANSWER, calls=tuple(calls))
         raw = self.template.profile.parser.format(turn.calls) if calls else _PROBE_ANSWER
-        return self.template.assistant_message(turn, call_ids=ids, raw_text=raw)
+        return self.template.template_message(turn, call_ids=ids, raw_text=raw)
 
     def _plan(self, new_messages: Sequence[Mapping[str, Any]]) -> DeltaPlan:
         marks = [dict(m, content=f"\u2063GB{i}\u2063") for i, m in enumerate(new_messages)]

@@ -33,7 +33,7 @@ class TurnTemplate(Protocol):
 
     def decode(self, token_ids: Sequence[int]) -> str: ...
 
-    def assistant_message(self, turn: Turn, *, call_ids: Sequence[str], raw_text: str) -> TemplateMessage: ...
+    def template_message(self, turn: Turn, *, call_ids: Sequence[str], raw_text: str) -> TemplateMessage: ...
 
 
 def tool_messages(outputs: Sequence[ToolOutput]) -> list[TemplateMessage]:
@@ -66,6 +66,6 @@ def conversation(template: TurnTemplate, output: Sequence[Mapping[str, Any]]) ->
             ids = list(item["generation_token_ids"])
             raw = template.decode(ids[:-1] if ids and ids[-1] in template.eos_token_ids else ids)
             turn = Turn(reasoning="\n".join(reasoning), text="".join(content), calls=tuple(calls))
-            messages.append(template.assistant_message(turn, call_ids=[call.id or "" for call in calls], raw_text=raw))
+            messages.append(template.template_message(turn, call_ids=[call.id or "" for call in calls], raw_text=raw))
             reasoning, content, calls = [], [], []
     return messages

@@ -100,10 +100,10 @@ def is_short_id(call_id: str | None) -> bool:
     return call_id is not None and len(call_id) == 9 and call_id.isascii() and call_id.isalnum()
 
 
-def assistant_message(style: TurnStyle, *, content: str, reasoning: str, calls: Sequence[ToolCall],
-                      call_ids: Sequence[str], raw_text: str) -> TemplateMessage:
-    """One model turn as an assistant message in `style` (`raw_text`: the turn as sampled,
-    without its end-of-turn token)."""
+def template_message(style: TurnStyle, turn: Turn, *, call_ids: Sequence[str], raw_text: str) -> TemplateMessage:
+    """A model turn as the assistant message a chat template is given, in `style` (`raw_text`: the turn as sampled,
+    without its end-of-turn token); the one converter from `Turn` to a `TemplateMessage`."""
+    content, reasoning, calls = turn.text, turn.reasoning, turn.calls
     if not style.tool_calls:
         return {"role": "assistant", "content": raw_text}
     message: TemplateMessage = {"role": "assistant", "content": None if (calls and not content and style.none_content) else content}
@@ -152,8 +152,7 @@ def canonical_turn(template: Renderer, profile: TemplateProfile, turn: Turn, *, 
     opened = bool(profile.opener)
     if not style.tool_calls:
         return profile.parser.format(turn.calls, reasoning=turn.reasoning, content=turn.text, opened=opened) + profile.end_of_turn
-    message = assistant_message(style, content=turn.text, reasoning=turn.reasoning, calls=turn.calls,
-                                call_ids=[call.id or "" for call in turn.calls], raw_text="")
+    message = template_message(style, turn, call_ids=[call.id or "" for call in turn.calls], raw_text="")
     tools = list(PROBE_TOOLS)
     head = template.render([PROBE_USER], tools=tools, add_generation_prompt=True)
     full = template.render([PROBE_USER, message], tools=tools, add_generation_prompt=False)
