@@ -3,8 +3,8 @@
 A trajectory is a list of items (`message`, `reasoning`, `function_call`,
 `function_call_output`) exactly as the Responses API and NeMo Gym write them, so records are
 plain dicts that serialize without conversion. This module builds those dicts (a model turn's with
-`turn_items`, its one converter from `Turn`) and reads their text (`item_text`, `content_text`: the one reader of a content list); converting
-items to chat messages is `gym_bridge.core.dialects.responses`.
+`turn_items`, its one converter from `Turn`) and reads their text (`item_text`; `content_text`, the one
+reader of a content list); converting items to chat messages is `gym_bridge.core.dialects.responses`.
 """
 
 from __future__ import annotations
