@@ -168,12 +168,11 @@ class BfclTurnsLoop:
                 step = await ctx.generate()
                 if step is None:
                     return "budget"
-                turn = step
-                if turn.finish_reason == "length":
+                if step.finish_reason == "length":
                     return "length"
-                if not turn.calls:
+                if not step.calls:
                     break
-                outputs = [await ctx.call_tool(call) for call in turn.calls]
+                outputs = [await ctx.call_tool(call) for call in step.calls]
                 if not await ctx.append_tool_outputs_async(outputs):
                     return "budget"
             else:

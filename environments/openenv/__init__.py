@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import pydantic
+
 from gym_bridge import ConfigError, Environment, FailRollout, Item, MissingExtraError, RolloutContext, Task, ToolError, VerifyResult
 
 from environments.openenv.rows import build_rows
@@ -65,12 +66,11 @@ class OpenEnvLoop:
             step = await ctx.generate()
             if step is None:
                 return "budget"
-            turn = step
-            if turn.finish_reason == "length":
+            if step.finish_reason == "length":
                 return "length"
-            if not turn.calls:
+            if not step.calls:
                 return "answer"
-            outputs = [await ctx.call_tool(call) for call in turn.calls]
+            outputs = [await ctx.call_tool(call) for call in step.calls]
             if env.done:
                 return "answer"
             if turn == ctx.limits.max_turns - 1:

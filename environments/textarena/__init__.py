@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import pydantic
+
 from gym_bridge import (
     ConfigError,
     Environment,
@@ -138,11 +139,10 @@ class GameLoop:
             step = await ctx.generate()
             if step is None:
                 return "budget"
-            turn = step
-            observation = await env.game.play(turn.text)
+            observation = await env.game.play(step.text)
             if observation is None:
                 return "answer"
-            if turn.finish_reason == "length":
+            if step.finish_reason == "length":
                 return "length"
             if turn == ctx.limits.max_turns - 1:
                 return "max_turns"

@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any, ClassVar
 
-from gym_bridge import Environment, FailRollout, Item, RolloutContext, Task, TextModel, ToolError, VerifyResult, tool
+from gym_bridge import Environment, TextModel, Item, RolloutContext, FailRollout, Task, ToolError, VerifyResult, tool
 
 from environments.user_sim.generate import prepare_user_sim_rows
 
@@ -43,12 +43,11 @@ class UserSimulationLoop:
             step = await ctx.generate()
             if step is None:
                 return env.end("budget")
-            turn = step
-            if turn.finish_reason == "length":
+            if step.finish_reason == "length":
                 return env.end("length")
             last = turn == ctx.limits.max_turns - 1
-            if turn.calls:
-                outputs = [await ctx.call_tool(call) for call in turn.calls]
+            if step.calls:
+                outputs = [await ctx.call_tool(call) for call in step.calls]
                 if env.goal_met:
                     return env.end("goal", "answer")
                 if last:
@@ -58,7 +57,7 @@ class UserSimulationLoop:
                 continue
             if last:
                 return env.end("turns", "max_turns")
-            reply = await env.user_reply(ctx, turn.text)
+            reply = await env.user_reply(ctx, step.text)
             if reply is None:
                 return env.end("user", "answer")
             if not await ctx.append_user_message_async(reply):
