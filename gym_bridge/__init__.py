@@ -33,7 +33,7 @@ from gym_bridge.core.errors import (
     UserError,
 )
 from gym_bridge.core.text_model import TextModel
-from gym_bridge.core.dialects.responses import final_text, output_text
+from gym_bridge.core.trajectory import final_text, output_text
 from gym_bridge.core.items import TOKEN_FIELDS, Item
 from gym_bridge.core.metrics import summarize
 from gym_bridge.core.bounded.offload import run_in_process

@@ -125,7 +125,7 @@ class SingleAnswerLoop:
         step = await ctx.generate()
         if step is None:
             return "budget"
-        return "length" if step[0].finish_reason == "length" else "answer"
+        return "length" if step.finish_reason == "length" else "answer"
 
 
 class BfclEnvironment(_BfclBase):
@@ -167,7 +167,7 @@ class BfclTurnsLoop:
                 step = await generate_turn(ctx)
                 if isinstance(step, str):
                     return step
-                calls = step[1].calls
+                calls = step.calls
                 if not calls:
                     break
                 outputs = [await ctx.call_tool(call) for call in calls]

@@ -163,7 +163,7 @@ class GameLoop:
             step = await generate_turn(ctx)
             if isinstance(step, str):
                 return step  # a cut answer is not played, as a cut turn's calls are not run
-            observation = await env.game.play(step[1].content)
+            observation = await env.game.play(step.text)
             if observation is None:
                 return "answer"
             if turn == ctx.limits.max_turns - 1:

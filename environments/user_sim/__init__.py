@@ -43,12 +43,11 @@ class UserSimulationLoop:
             step = await ctx.generate()
             if step is None:
                 return env.end("budget")
-            generation, parsed = step
-            if generation.finish_reason == "length":
+            if step.finish_reason == "length":
                 return env.end("length")
             last = turn == ctx.limits.max_turns - 1
-            if parsed.calls:
-                outputs = [await ctx.call_tool(call) for call in parsed.calls]
+            if step.calls:
+                outputs = [await ctx.call_tool(call) for call in step.calls]
                 if env.goal_met:
                     return env.end("goal", "answer")
                 if last:
@@ -58,7 +57,7 @@ class UserSimulationLoop:
                 continue
             if last:
                 return env.end("turns", "max_turns")
-            reply = await env.user_reply(ctx, parsed.content)
+            reply = await env.user_reply(ctx, step.text)
             if reply is None:
                 return env.end("user", "answer")
             if not await ctx.append_user_message_async(reply):

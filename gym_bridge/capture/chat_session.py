@@ -15,19 +15,19 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gym_bridge.capture.assembly import CapturedCall
 from gym_bridge.capture.session import _Session
-from gym_bridge.core.conversation import Message, appended, assistant_message, tool_call
+from gym_bridge.core.conversation import Message, appended, assistant_message
 from gym_bridge.core.dialects.chat import MessageIn, answer_choice, chat_completion
-from gym_bridge.core.items import TOKEN_FIELDS
-from gym_bridge.core.policy import CallTokens, ChatPolicy, ChatRequest, ChatTurn
 from gym_bridge.core.errors import BackendError
+from gym_bridge.core.items import TOKEN_FIELDS
+from gym_bridge.core.policy import ChatPolicy, ChatRequest
 from gym_bridge.core.trajectory import Trajectory
 from gym_bridge.core.transcript import MessageTranscript
-
+from gym_bridge.core.turn import CallTokens, Turn
 
 NO_TOKENS = ("the chat policy answered without token ids; a harness behind a chat policy needs one that returns "
              "prompt_token_ids/generation_token_ids/generation_log_probs (NeMo RL's server, gym-bridge serve-model, "
@@ -41,9 +41,9 @@ class ChatCaptureSession(_Session):
     policy: ChatPolicy
     _tokens: dict[str, CallTokens] = field(default_factory=dict)
     """The token ids of every answered assistant message, by `_answer_key`."""
-    _segment: MessageTranscript | None = None
+    _conversation: MessageTranscript | None = None
     """The conversation of the last call answered (its messages and the answer; its token stream, which the next
-    call's prompt ids may extend, else a new segment starts)."""
+    call's prompt ids may extend, else a new conversation starts)."""
 
     async def responses(self, data: Any) -> dict[str, Any]:
         """The answer to one `/v1/responses` body (served as the chat-completions call it means)."""
@@ -76,35 +76,34 @@ class ChatCaptureSession(_Session):
 
     def _input_items(self, messages: Sequence[Message]) -> None:
         """Tool outputs and user messages that extend the last answered conversation become input items."""
-        segment = self._segment
-        if segment is None or appended([_plain(m) for m in segment.messages], [_plain(m) for m in messages]) is None:
+        last = self._conversation
+        if last is None or appended([_plain(m) for m in last.messages], [_plain(m) for m in messages]) is None:
             return
-        segment.add_inputs(messages[len(segment.messages):])
+        last.writer.add_inputs(messages[len(last.messages):])
 
     def _transcript(self, tokens: CallTokens) -> MessageTranscript:
-        """The last call's token stream when this call's prompt ids extend it (a token-in call); else a new segment's."""
-        segment = self._segment
-        if segment is not None and segment.continues(tokens):
+        """The last call's token stream when this call's prompt ids extend it (a token-in call); else a new conversation's."""
+        last = self._conversation
+        if last is not None and last.continues(tokens):
             self.token_in_calls += 1
-            return segment
+            return last
         return MessageTranscript(self.policy, task=None, tools=(), trajectory=Trajectory(prompt_ids=[], output=self.output),
                                  session_id=self.label, max_tokens=self.limits.max_completion_tokens, numbering=self._numbering)
 
-    def _answer(self, messages: Sequence[Message], turn: ChatTurn, tokens: CallTokens) -> dict[str, Any]:
-        transcript = self._segment = self._transcript(tokens)
+    def _answer(self, messages: Sequence[Message], answer: Turn, tokens: CallTokens) -> dict[str, Any]:
+        transcript = self._conversation = self._transcript(tokens)
         transcript.add_call_tokens(tokens)
         prompt = list(tokens.prompt_token_ids)
         self.calls.append(CapturedCall(prompt_ids=prompt, completion_ids=list(tokens.generation_token_ids),
                                        logprobs=list(tokens.generation_log_probs)))
-        self.last_finish_reason = turn.finish_reason
-        calls = [tool_call(f"call_{self.label or 'capture'}_{len(self.calls)}x{n}", call.name, call.arguments)
-                 for n, call in enumerate(turn.tool_calls)]
-        message = assistant_message((turn.text or None) if calls else turn.text, calls, reasoning=turn.reasoning)
+        self.last_finish_reason = answer.finish_reason
+        named = replace(answer, calls=tuple(replace(call, id=f"call_{self.label or 'capture'}_{len(self.calls)}x{n}")
+                                            for n, call in enumerate(answer.calls)))
+        message = assistant_message(replace(named, tokens=None))
         self._tokens[_answer_key(message)] = tokens
-        transcript.add_answer(message, prompt_ids=tokens.prompt_token_ids, completion_ids=tokens.generation_token_ids,
-                              logprobs=tokens.generation_log_probs)
+        transcript.writer.add_answer(named)
         transcript.messages = [*messages, message]
-        choice = answer_choice(0, message, turn.finish_reason)
+        choice = answer_choice(0, message, answer.finish_reason)
         return chat_completion([choice], model=self.model_name, prompt_tokens=len(prompt),
                                completion_tokens=len(tokens.generation_token_ids), completion_id=f"chatcmpl-{secrets.token_hex(12)}")
 

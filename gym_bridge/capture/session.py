@@ -6,8 +6,8 @@ request's messages, the assistant message this session answered (as the harness 
 and then only tool or user messages, the prompt is the previous prompt and sampled ids followed
 by the template's rendering of the new messages, so the sampled tokens are never re-tokenized.
 Any other request (a rewritten history) is rendered whole with the chat template; the assembly
-then sees, on token ids, that it starts a new segment. The conversation is the engine's: the session
-holds a `ServedTranscript` per segment (`gym_bridge.core.transcript`), which owns that prefix rule,
+then sees, on token ids, that it starts a new token view. The conversation is the engine's: the session
+holds a `ServedTranscript` per conversation the harness sends (`gym_bridge.core.transcript`), which owns that prefix rule,
 the answer and the items. The run's sampling settings apply (the
 harness's temperature is ignored, so log-probs mean what the trainer expects); the harness's
 `max_tokens` only lowers the cap. Once a budget is spent the session answers every call with
@@ -37,6 +37,7 @@ from gym_bridge.core.items import Item
 from gym_bridge.core.policy import Generation, Policy, SamplingParams
 from gym_bridge.core.errors import BackendError, ContextOverflowError
 from gym_bridge.core.template.chat_template import ChatTemplate
+from gym_bridge.core.trajectory import final_text
 from gym_bridge.core.transcript import ItemIds, ServedTranscript
 
 _Body = TypeVar("_Body", bound=pydantic.BaseModel)
@@ -87,7 +88,7 @@ class SessionState(Protocol):
     token_in_calls: int
 
     @property
-    def final_answer(self) -> str | None: ...
+    def final_answer(self) -> str: ...
 
     def fail(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None) -> ApiError: ...
 
@@ -139,7 +140,7 @@ class _Session:
     _closed: bool = False
     _slots: asyncio.Semaphore = field(init=False)
     _numbering: ItemIds = field(init=False)
-    """Numbers the items of every segment's transcript (`<prefix>_<label>_<n>`)."""
+    """Numbers the items of every conversation's transcript (`<prefix>_<label>_<n>`)."""
 
     def __post_init__(self) -> None:
         if self.max_parallel_calls < 1:
@@ -148,12 +149,9 @@ class _Session:
         self._numbering = ItemIds(self.label or "capture")
 
     @property
-    def final_answer(self) -> str | None:
-        """The content of the last assistant message the session answered (None before any call)."""
-        for item in reversed(self.output):
-            if item["type"] == "message" and item.get("role") == "assistant":
-                return "".join(part.get("text", "") for part in item["content"])
-        return None
+    def final_answer(self) -> str:
+        """The text of the last assistant message the session answered ('' before any)."""
+        return final_text(self.output)
 
     def fail(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None) -> ApiError:
         """Record an error answer and return it to raise."""
@@ -307,7 +305,7 @@ class CaptureSession(_Session):
 
     policy: Policy
     template: ChatTemplate
-    _segment: ServedTranscript | None = None
+    _conversation: ServedTranscript | None = None
     """The conversation of the last call answered, which the next call may extend (a rewritten history starts another)."""
 
     async def responses(self, data: Any) -> dict[str, Any]:
@@ -331,10 +329,10 @@ class CaptureSession(_Session):
     async def _transcript(self, messages: list[TemplateMessage], tools: tuple[dict[str, Any], ...]) -> ServedTranscript:
         """The last call's conversation extended by the rendered new messages when the request extends it; else a whole
         render. A long request is tokenized in a worker thread, so the other rollouts' calls go on meanwhile."""
-        segment = self._segment
-        new = segment.extension(messages, tools) if segment is not None else None
-        if segment is not None and new:
-            extended = await segment.extended(new)
+        last = self._conversation
+        new = last.extension(messages, tools) if last is not None else None
+        if last is not None and new:
+            extended = await last.extended(new)
             self.token_in_calls += 1
             return extended
         try:
@@ -351,7 +349,7 @@ class CaptureSession(_Session):
         message = transcript.answer(generation, prompt_ids, number=len(self.calls))
         self.last_finish_reason = generation.finish_reason
         self.calls.append(CapturedCall(prompt_ids=list(prompt_ids), completion_ids=list(ids), logprobs=list(generation.logprobs)))
-        self._segment = transcript
+        self._conversation = transcript
         choice = answer_choice(0, message, generation.finish_reason)
         return chat_completion([choice], model=self.model_name, prompt_tokens=len(prompt_ids), completion_tokens=len(ids),
                                completion_id=f"chatcmpl-{secrets.token_hex(12)}")

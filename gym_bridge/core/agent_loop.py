@@ -16,8 +16,8 @@ from typing import Any, Protocol, Sequence
 from gym_bridge.core.bounded.deadline import RolloutDeadline
 from gym_bridge.core.environment import Environment
 from gym_bridge.core.items import function_call_output_item
-from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn
-from gym_bridge.core.policy import ChatPolicy, Generation, Policy, SamplingParams
+from gym_bridge.core.turn import ToolCall, Turn
+from gym_bridge.core.policy import ChatPolicy, Policy, SamplingParams
 from gym_bridge.core.record import LoopFinish
 from gym_bridge.core.task import Task
 from gym_bridge.core.template.chat_template import ChatTemplate
@@ -66,9 +66,9 @@ class RolloutContext:
     def budget_left(self) -> int:
         return self.limits.max_completion_tokens - self.trajectory.tokens_spent
 
-    async def generate(self) -> tuple[Generation, ParsedTurn] | None:
+    async def generate(self) -> Turn | None:
         """Sample one model turn and append it (ids, log-probs, items); each of the returned turn's
-        calls carries the `call_id` it has in the record.
+        calls carries the id it has in the record.
 
         Returns None when no token budget is left. Raises the policy's errors, and FailRollout(`timeout`)
         when a call the trainer may park runs past its own bound (`gym_bridge.core.bounded.deadline`).
@@ -87,13 +87,13 @@ class RolloutContext:
         self.session.offer(tools)
         return replace(self, tools=(*self.tools, *tools))
 
-    async def call_tool(self, call: ParsedCall, call_id: str | None = None) -> ToolOutput:
+    async def call_tool(self, call: ToolCall, call_id: str | None = None) -> ToolOutput:
         """Run one tool call (`call_id`: the call's own, as `generate` returned it, unless given);
         bad calls become error text for the model.
 
         Raises FailRollout(`env`) when the tool itself crashes, hangs or returns non-JSON.
         """
-        call_id = call_id or call.call_id or ""
+        call_id = call_id or call.id or ""
         self.trajectory.tool_calls += 1
         content = await self.session.call_tool(call)
         self.trajectory.output.append(function_call_output_item(content, call_id=call_id))
@@ -114,13 +114,13 @@ class RolloutContext:
         return await self.transcript.append_user_message(content)
 
 
-async def generate_turn(ctx: RolloutContext) -> tuple[Generation, ParsedTurn] | LoopFinish:
+async def generate_turn(ctx: RolloutContext) -> Turn | LoopFinish:
     """One model turn (`ctx.generate`), or the finish reason that ends the loop instead: `budget` when no token is
     left, `length` when the turn was cut at its token limit (a cut turn is not acted on). Loops share it."""
     step = await ctx.generate()
     if step is None:
         return "budget"
-    if step[0].finish_reason == "length":
+    if step.finish_reason == "length":
         return "length"
     return step
 
@@ -139,10 +139,9 @@ class ToolCallingLoop:
             step = await generate_turn(ctx)
             if isinstance(step, str):
                 return step
-            parsed = step[1]
-            if not parsed.calls:
+            if not step.calls:
                 return "answer"
-            outputs = [await ctx.call_tool(call) for call in parsed.calls]
+            outputs = [await ctx.call_tool(call) for call in step.calls]
             if ctx.env.episode_ended():
                 return "answer"
             if turn == ctx.limits.max_turns - 1:

@@ -11,7 +11,10 @@ sees every field. Each wire format converts to and from this form at its own edg
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, NotRequired, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict, TypeVar
+
+if TYPE_CHECKING:
+    from gym_bridge.core.turn import Turn
 
 _M = TypeVar("_M", bound=Mapping[str, Any])
 
@@ -28,7 +31,9 @@ class ToolCallFunction(TypedDict):
     """The arguments as a JSON object string, as the chat-completions API carries them."""
 
 
-class ToolCall(TypedDict):
+class MessageToolCall(TypedDict):
+    """A tool call as an assistant message carries it (the chat-completions shape)."""
+
     id: str
     type: Literal["function"]
     function: ToolCallFunction
@@ -50,7 +55,7 @@ class AssistantMessage(TypedDict):
 
     role: Literal["assistant"]
     content: str | None
-    tool_calls: NotRequired[list[ToolCall]]
+    tool_calls: NotRequired[list[MessageToolCall]]
     reasoning_content: NotRequired[str]
     prompt_token_ids: NotRequired[list[int]]
     generation_token_ids: NotRequired[list[int]]
@@ -74,18 +79,25 @@ TemplateMessage = dict[str, Any]
 goes, tool arguments as objects or text, tool calls written into the text), so it stays untyped."""
 
 
-def tool_call(call_id: str, name: str, arguments: str) -> ToolCall:
+def tool_call(call_id: str, name: str, arguments: str) -> MessageToolCall:
     """One tool call in the conversation's form."""
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def assistant_message(content: str | None, calls: list[ToolCall] | None = None, *, reasoning: str = "") -> AssistantMessage:
-    """An assistant turn: `calls` only when there are some, `reasoning_content` only when not empty."""
-    message: AssistantMessage = {"role": "assistant", "content": content}
-    if calls:
-        message["tool_calls"] = calls
-    if reasoning:
-        message["reasoning_content"] = reasoning
+def assistant_message(turn: Turn) -> AssistantMessage:
+    """A model turn as the assistant message that carries it (its one converter from `Turn`): its text (None when
+    it only calls tools, as the API sends it), its calls named as the turn names them, `reasoning_content` when it
+    has reasoning, and the call's token fields when it has them (sent back so a server keeps the prefix exact)."""
+    message: AssistantMessage = {"role": "assistant", "content": (turn.text or None) if turn.calls else turn.text}
+    if turn.calls:
+        message["tool_calls"] = [tool_call(call.id or "", call.name, call.arguments) for call in turn.calls]
+    if turn.reasoning:
+        message["reasoning_content"] = turn.reasoning
+    tokens = turn.tokens
+    if tokens is not None:
+        message["prompt_token_ids"] = tokens.prompt_token_ids
+        message["generation_token_ids"] = tokens.generation_token_ids
+        message["generation_log_probs"] = tokens.generation_log_probs
     return message
 
 
@@ -96,7 +108,7 @@ def tool_message(call_id: str, content: str, *, name: str | None = None) -> Tool
     return {"role": "tool", "tool_call_id": call_id, "name": name, "content": content}
 
 
-def tool_calls_of(message: Message) -> list[ToolCall]:
+def tool_calls_of(message: Message) -> list[MessageToolCall]:
     """The tool calls of `message` ([] for every message but an assistant one that calls tools)."""
     if message["role"] != "assistant":
         return []

@@ -17,6 +17,7 @@ from typing import Any, Callable, Literal, Mapping, Protocol, Sequence, TypeGuar
 
 from gym_bridge.core.conversation import FinishReason, Message
 from gym_bridge.core.errors import BackendAnswerError, TokenPolicyRequiredError
+from gym_bridge.core.turn import Turn
 
 LogprobsMode = Literal["raw", "processed"]
 """`raw`: log-softmax of the model's logits. `processed`: log-softmax of the logits divided by the
@@ -83,15 +84,6 @@ class Policy(Protocol):
 
 
 @dataclass(frozen=True)
-class ChatToolCall:
-    """One tool call as a chat API returned it."""
-
-    name: str
-    arguments: str
-    """The arguments as a JSON object string, as the API returned them."""
-
-
-@dataclass(frozen=True)
 class ChatRequest:
     """One model turn of a conversation kept as messages (chat policies only)."""
 
@@ -105,37 +97,11 @@ class ChatRequest:
     session_id: str = ""
 
 
-@dataclass(frozen=True)
-class CallTokens:
-    """The token ids of one chat call, for servers that return them with the message (NeMo RL's
-    OpenAI-compatible server, `gym-bridge serve-model`): the prompt the server rendered, and what
-    was sampled with its log-probs."""
-
-    prompt_token_ids: list[int]
-    generation_token_ids: list[int]
-    generation_log_probs: list[float]
-
-
-@dataclass(frozen=True)
-class ChatTurn:
-    """What a chat API answered: text, reasoning, tool calls; token ids only when the server gives them."""
-
-    text: str
-    reasoning: str = ""
-    tool_calls: tuple[ChatToolCall, ...] = ()
-    finish_reason: FinishReason = "stop"
-    """`length` when the API stopped at the token limit."""
-    usage: dict[str, int] = field(default_factory=dict)
-    """`input_tokens` and `output_tokens` as the API reported them."""
-    tokens: CallTokens | None = None
-    """This call's token ids and log-probs (None from hosted APIs, which do not return them)."""
-
-
 @runtime_checkable
 class ChatPolicy(Protocol):
     """A message-based policy (hosted chat APIs): usable for evaluation, never for training."""
 
-    async def chat(self, request: ChatRequest) -> ChatTurn:
+    async def chat(self, request: ChatRequest) -> Turn:
         """Answer one turn; raises `BackendError` or `ContextOverflowError`."""
         ...
 
@@ -226,24 +192,24 @@ class ScriptedChatPolicy:
     """A chat policy for tests, `ScriptedPolicy`'s counterpart: replays canned turns in order, per
     session or globally.
 
-    `script` maps a session id to its list of turns (a `ChatTurn`, or a `str` for a text-only answer);
+    `script` maps a session id to its list of turns (a `Turn`, or a `str` for a text-only answer);
     the key "" is the fallback used by every session without its own entry. Each call pops the next
     turn of its session; a `BaseException` instance in the script is raised instead. `requests` keeps
     every request, so a test can read the conversation each turn was sent.
     """
 
-    script: dict[str, list[ChatTurn | str | BaseException]]
+    script: dict[str, list[Turn | str | BaseException]]
     requests: list[ChatRequest] = field(default_factory=list)
     record_calls: bool = True
     _cursor: dict[str, int] = field(default_factory=dict)
 
-    async def chat(self, request: ChatRequest) -> ChatTurn:
+    async def chat(self, request: ChatRequest) -> Turn:
         step = next_scripted(self.script, self._cursor, request.session_id, owner="ScriptedChatPolicy", unit="turns")
         if self.record_calls:
             self.requests.append(request)
         if isinstance(step, BaseException):
             raise step
-        return ChatTurn(text=step) if isinstance(step, str) else step
+        return Turn(text=step) if isinstance(step, str) else step
 
     async def aclose(self) -> None:
         """Nothing to release."""

@@ -26,12 +26,10 @@ from gym_bridge.core.journal import ResumeKind, RolloutKey, RunJournal
 from gym_bridge.core.journal_event import ChatEvent, JournalEvent, ModelEvent, ToolEvent, UserEvent
 from gym_bridge.core.session import PLAIN, EnvironmentSession, RolloutSeams, Session
 from gym_bridge.core.task import Task
-from gym_bridge.core.template.parsers.call import ParsedCall
-from gym_bridge.core.policy import (
-    CallTokens, ChatPolicy, ChatRequest, ChatToolCall, ChatTurn, Generation, GenerationRequest, Policy, by_policy_kind,
-)
+from gym_bridge.core.policy import ChatPolicy, ChatRequest, Generation, GenerationRequest, Policy, by_policy_kind
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.trajectory import Trajectory
+from gym_bridge.core.turn import CallTokens, ToolCall, Turn
 
 EventT = TypeVar("EventT", ModelEvent, ChatEvent, ToolEvent, UserEvent)
 
@@ -138,7 +136,7 @@ class RolloutResume:
         self._prompt_end = len(prompt) + len(generation.token_ids)
         return generation
 
-    async def chat(self, request: ChatRequest, policy: ChatPolicy) -> ChatTurn:
+    async def chat(self, request: ChatRequest, policy: ChatPolicy) -> Turn:
         event = self._replayed(ChatEvent)
         digest = hashlib.blake2b(orjson.dumps(list(request.messages), option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS),
                                  digest_size=16).hexdigest()
@@ -152,7 +150,7 @@ class RolloutResume:
         self._pending.append(_chat_event(turn, message_count=len(request.messages), digest=digest))
         return turn
 
-    async def call_tool(self, call: ParsedCall, session: EnvironmentSession) -> str:
+    async def call_tool(self, call: ToolCall, session: EnvironmentSession) -> str:
         """The output of a tool call: the journal's for a committed call of a `snapshot` environment; else the call
         run in `session` (for a committed call of a `replay` environment, checked against the journal's output)."""
         event = self._replayed(ToolEvent)
@@ -294,7 +292,7 @@ class _ReplayingChatPolicy:
     def __init__(self, resume: RolloutResume, policy: ChatPolicy) -> None:
         self.resume, self.policy = resume, policy
 
-    async def chat(self, request: ChatRequest) -> ChatTurn:
+    async def chat(self, request: ChatRequest) -> Turn:
         return await self.resume.chat(request, self.policy)
 
 
@@ -312,7 +310,7 @@ class JournaledSession:
     async def setup(self, task: Task) -> None:
         await self.resume.setup(task, self.session)
 
-    async def call_tool(self, call: ParsedCall) -> str:
+    async def call_tool(self, call: ToolCall) -> str:
         return await self.resume.call_tool(call, self.session)
 
     def offer(self, tools: Sequence[dict[str, Any]]) -> None:
@@ -342,18 +340,18 @@ def _generation(event: ModelEvent) -> Generation:
     return Generation(**values)
 
 
-def _chat_event(turn: ChatTurn, *, message_count: int, digest: str) -> ChatEvent:
+def _chat_event(turn: Turn, *, message_count: int, digest: str) -> ChatEvent:
     tokens = turn.tokens
     return ChatEvent(message_count=message_count, digest=digest, text=turn.text, reasoning=turn.reasoning,
-                     calls=[[call.name, call.arguments] for call in turn.tool_calls], finish_reason=turn.finish_reason,
+                     calls=[[call.name, call.arguments] for call in turn.calls], finish_reason=turn.finish_reason,
                      usage=dict(turn.usage),
                      tokens=None if tokens is None else [list(tokens.prompt_token_ids), list(tokens.generation_token_ids),
                                                          list(tokens.generation_log_probs)])
 
 
-def _chat_turn(event: ChatEvent) -> ChatTurn:
+def _chat_turn(event: ChatEvent) -> Turn:
     tokens = event.tokens
-    return ChatTurn(text=event.text, reasoning=event.reasoning,
-                    tool_calls=tuple(ChatToolCall(name=name, arguments=arguments) for name, arguments in event.calls),
-                    finish_reason=event.finish_reason, usage=dict(event.usage),
-                    tokens=None if tokens is None else CallTokens(list(tokens[0]), list(tokens[1]), list(tokens[2])))
+    return Turn(text=event.text, reasoning=event.reasoning,
+                calls=tuple(ToolCall(name=name, arguments=arguments) for name, arguments in event.calls),
+                finish_reason=event.finish_reason, usage=dict(event.usage),
+                tokens=None if tokens is None else CallTokens(list(tokens[0]), list(tokens[1]), list(tokens[2])))

@@ -18,7 +18,7 @@ from gym_bridge.core.errors import AbortedCall, FailRollout, Step, classify
 from gym_bridge.core.items import Item
 from gym_bridge.core.policy import ChatPolicy, Policy
 from gym_bridge.core.task import Task
-from gym_bridge.core.template.parsers.call import ParsedCall
+from gym_bridge.core.turn import ToolCall
 from gym_bridge.core.trajectory import Trajectory
 from gym_bridge.core.transcript import TOKENIZE_TIMEOUT_S
 
@@ -86,7 +86,7 @@ class Session(Protocol):
 
     async def setup(self, task: Task) -> None: ...
 
-    async def call_tool(self, call: ParsedCall) -> str: ...
+    async def call_tool(self, call: ToolCall) -> str: ...
 
     def offer(self, tools: Sequence[dict[str, Any]]) -> None:
         """Accept calls of `tools` too from now on (functions an environment adds mid-episode)."""
@@ -129,7 +129,7 @@ class EnvironmentSession:
         """`snapshot()` in a worker thread under the tool timeout; raises FailRollout(`env`) naming it."""
         return await call_step(self.env, "snapshot", step="tool", what="snapshot()", timeout_s=self.env_class.tool_timeout_s)
 
-    async def call_tool(self, call: ParsedCall) -> str:
+    async def call_tool(self, call: ToolCall) -> str:
         """The output of `call` as the model reads it: the tool's text, or its JSON, cut at `max_tool_output_chars`; a
         malformed call, an unknown tool or a ToolError (invalid arguments included) as `{"error": ...}`.
 

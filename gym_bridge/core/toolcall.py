@@ -8,7 +8,7 @@ family's own parser instead (`gym_bridge.core.template.parsers`), and so do serv
 from __future__ import annotations
 
 from gym_bridge.core.template.parsers import REASONING_PARSERS, TOOL_PARSERS, TurnParser
-from gym_bridge.core.template.parsers.call import ParsedTurn
+from gym_bridge.core.turn import Turn
 
 __all__ = ["parse_turn"]
 
@@ -16,6 +16,6 @@ _HERMES = TurnParser(tool=TOOL_PARSERS["hermes"], reasoning=REASONING_PARSERS["q
 _JSON = TurnParser(tool=TOOL_PARSERS["llama3_json"], reasoning=REASONING_PARSERS["qwen3"])
 
 
-def parse_turn(text: str) -> ParsedTurn:
+def parse_turn(text: str) -> Turn:
     """Split one model turn (special tokens removed) into reasoning, content and tool calls."""
     return (_HERMES if "<tool_call>" in text else _JSON).parse(text)

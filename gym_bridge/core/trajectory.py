@@ -4,18 +4,31 @@ The stream starts with the prompt ids and only ever appends: model tokens (train
 log-prob they were sampled under) or environment tokens (masked, log-prob 0.0). Each model call
 records the prompt it saw, which is by construction the whole stream before it. That rule, "the
 next prompt extends everything seen so far", is checked in one place (`extends`, `first_difference`)
-wherever a prompt comes from outside: a chat server's ids, a harness's calls, their assembly.
+wherever a prompt comes from outside: a chat server's ids, a harness's calls, their assembly. A trajectory's
+answer is read in one place too (`final_text`; all its assistant text: `output_text`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from gym_bridge.core.items import Item
+from gym_bridge.core.items import Item, item_text
 
-Segment = Literal["prompt", "model", "env"]
+
+def final_text(output: Sequence[Mapping[str, Any]]) -> str:
+    """The text of the last assistant message of a trajectory's items ('' if it has none)."""
+    for item in reversed(output):
+        if item["type"] == "message" and item.get("role", "assistant") == "assistant":
+            return item_text(item)
+    return ""
+
+
+def output_text(output: Sequence[Mapping[str, Any]]) -> str:
+    """The text of every assistant message of a trajectory's items, joined (the Responses API's
+    `output_text`; reasoning items are not included)."""
+    return "".join(item_text(item) for item in output if item["type"] == "message")
 
 
 def extends(context: Sequence[int], prompt: Sequence[int]) -> bool:

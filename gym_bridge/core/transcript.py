@@ -7,31 +7,31 @@ out; the chat template renders what the environment adds). `MessageTranscript` k
 messages of a chat policy; a hosted API gives no token ids (its records carry none), a server
 that returns each call's ids (NeMo RL's) gets them back on its assistant messages, and the token
 stream is built from what it reports, checked to be contiguous across calls. The engine picks the
-kind once per policy (`transcript_starter`); both write the same Responses items. The capture
-endpoint's sessions hold them too, one per segment (`ServedTranscript` for a token policy).
+kind once per policy (`transcript_starter`); both write the same Responses items through the
+`TrajectoryWriter` each holds (composition, no base class). The capture endpoint's sessions hold them
+too, one per conversation a harness sends (`ServedTranscript`, a token transcript and its messages).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, replace
 from itertools import chain, islice
-from dataclasses import InitVar, dataclass, field, replace
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
 from gym_bridge.core.bounded.call import call_bounded
-from gym_bridge.core.conversation import AssistantMessage, Message, TemplateMessage, appended, assistant_message, tool_call, tool_message
+from gym_bridge.core.conversation import AssistantMessage, Message, TemplateMessage, appended, assistant_message, tool_message
 from gym_bridge.core.dialects.chat import MessageIn
 from gym_bridge.core.dialects.template_view import task_template_messages, template_messages
 from gym_bridge.core.errors import FailRollout
-from gym_bridge.core.items import (POLICY_VERSION_FIELD, TOKEN_FIELDS, Item, function_call_item, function_call_output_item, message_item,
-                                   reasoning_item, user_message_item)
-from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn
-from gym_bridge.core.policy import CallTokens, ChatPolicy, ChatRequest, ChatTurn, Generation, GenerationRequest, Policy, SamplingParams, by_policy_kind
+from gym_bridge.core.items import Item, function_call_output_item, turn_items, user_message_item
+from gym_bridge.core.policy import ChatPolicy, ChatRequest, Generation, GenerationRequest, Policy, SamplingParams, by_policy_kind
 from gym_bridge.core.task import Task
 from gym_bridge.core.template.chat_template import ChatTemplate
 from gym_bridge.core.template.messages import ToolOutput
 from gym_bridge.core.toolcall import parse_turn
 from gym_bridge.core.trajectory import TokenView, Trajectory, extends, first_difference
+from gym_bridge.core.turn import CallTokens, ToolCall, Turn
 
 OFF_LOOP_TOKENIZE_CHARS = 8192
 """Environment messages at least this long are tokenized in a worker thread, off the event loop."""
@@ -42,9 +42,9 @@ TOKENIZE_TIMEOUT_S = 600.0
 class Transcript(Protocol):
     """One rollout's conversation as its policy reads it; writes the trajectory's tokens and items."""
 
-    async def generate(self, sampling: SamplingParams) -> tuple[Generation, ParsedTurn]:
-        """Sample one model turn and append it: its items (each call with the id it got in the
-        record) and, where the policy gives them, its token ids and log-probs. Raises the policy's errors."""
+    async def generate(self, sampling: SamplingParams) -> Turn:
+        """Sample one model turn and append it: its items and, where the policy gives them, its token ids and
+        log-probs. Returns the turn, each call with the id it got in the record; raises the policy's errors."""
         ...
 
     async def append_tool_outputs(self, outputs: Sequence[ToolOutput]) -> bool:
@@ -62,7 +62,7 @@ class Transcript(Protocol):
 
 class ItemIds:
     """Numbers a conversation's items `<prefix>_<label>_<n>`, n counting every item from 1; one per rollout,
-    shared by the transcripts of a capture session's segments (so their items never share an id)."""
+    shared by the transcripts of a capture session's conversations (so their items never share an id)."""
 
     __slots__ = ("label", "count")
 
@@ -76,68 +76,42 @@ class ItemIds:
 
 
 @dataclass(slots=True)
-class _Conversation:
-    """What both transcripts share: the trajectory they write, the budget, item ids, and the items of
+class TrajectoryWriter:
+    """What every transcript holds: the trajectory it writes, its token budget and item ids, and the items of
     model turns, answers and inputs."""
 
     trajectory: Trajectory
-    session_id: str
-    tools: tuple[dict[str, Any], ...]
     max_tokens: int
     """Model and environment tokens after the prompt, over all turns (`Limits.max_completion_tokens`)."""
-    numbering: InitVar[ItemIds | None] = None
-    """Numbers the items (default: a numbering of its own, labelled with `session_id`)."""
-    item_ids: ItemIds = field(init=False)
-
-    def __post_init__(self, numbering: ItemIds | None) -> None:
-        self.item_ids = ItemIds(self.session_id) if numbering is None else numbering
-
-    def item_id(self, prefix: str) -> str:
-        return self.item_ids(prefix)
+    item_ids: ItemIds
 
     @property
     def budget_left(self) -> int:
         return self.max_tokens - self.trajectory.tokens_spent
 
-    def add_turn(self, parsed: ParsedTurn, call_id: Callable[[str, ParsedCall], str], *,
-                 call_prefix: str = "call") -> tuple[ParsedTurn, list[Item]]:
-        """Count the turn's parse errors and build its items; `call_id(item_id, call)` names each call
-        (its item's id starts with `call_prefix`). Returns the turn with each call's record id, and the
-        items (not yet in the output)."""
-        trajectory = self.trajectory
-        if parsed.calls:
-            trajectory.parse_errors += parsed.parse_errors
-        elif parsed.unparsed_tool_call:
+    def add_turn(self, turn: Turn, call_id: Callable[[str, ToolCall], str], *, call_prefix: str = "call") -> Turn:
+        """Count the turn's parse errors and append its items (`gym_bridge.core.items.turn_items`); `call_id(item_id,
+        call)` names each call (its item's id starts with `call_prefix`). Returns the turn with each call's record id."""
+        trajectory, next_id = self.trajectory, self.item_ids
+        if turn.calls:
+            trajectory.parse_errors += turn.parse_errors
+        elif turn.unparsed_tool_call:
             trajectory.unparsed_tool_calls += 1
-        items: list[Item] = []
-        if parsed.reasoning:
-            items.append(reasoning_item(parsed.reasoning, item_id=self.item_id("rs")))
-        if parsed.content or not parsed.calls:
-            items.append(message_item(parsed.content, item_id=self.item_id("msg")))
-        if not parsed.calls:
-            return parsed, items
-        calls = []
-        for call in parsed.calls:
-            item_id = self.item_id(call_prefix)
-            record_id = call_id(item_id, call)
-            calls.append(ParsedCall(name=call.name, arguments=call.arguments, error=call.error, call_id=record_id))
-            items.append(function_call_item(call.name, call.arguments, call_id=record_id, item_id=item_id))
-        return ParsedTurn(reasoning=parsed.reasoning, content=parsed.content, calls=tuple(calls), unparsed_tool_call=parsed.unparsed_tool_call), items  # not replace(): ~10x slower
+        reasoning_id = next_id("rs") if turn.reasoning else ""
+        message_id = next_id("msg") if turn.text or not turn.calls else ""
+        call_item_ids = [next_id(call_prefix) for _ in turn.calls]
+        if turn.calls:
+            turn = replace(turn, calls=tuple(replace(call, id=call_id(item_id, call)) for item_id, call in zip(call_item_ids, turn.calls)))
+        trajectory.output.extend(turn_items(turn, reasoning_id=reasoning_id, message_id=message_id, call_item_ids=call_item_ids))
+        return turn
 
     def add_user_item(self, content: str) -> None:
-        self.trajectory.output.append(user_message_item(content, item_id=self.item_id("msg")))
+        self.trajectory.output.append(user_message_item(content, item_id=self.item_ids("msg")))
 
-    def add_answer(self, message: AssistantMessage, *, prompt_ids: Sequence[int], completion_ids: Sequence[int],
-                   logprobs: Sequence[float]) -> None:
-        """The items of an answer a chat endpoint gave (the capture sessions): reasoning, message and one
-        `fc` item per call, named as answered, the last item carrying the call's token fields."""
-        calls = tuple(ParsedCall(name=call["function"]["name"], arguments=call["function"]["arguments"], call_id=call["id"])
-                      for call in message.get("tool_calls") or [])
-        turn = ParsedTurn(reasoning=message.get("reasoning_content") or "", content=message["content"] or "", calls=calls)
-        _, items = self.add_turn(turn, _answered_id, call_prefix="fc")
-        last: Any = items[-1]
-        last.update(zip(TOKEN_FIELDS, (list(prompt_ids), list(completion_ids), list(logprobs))))
-        self.trajectory.output.extend(items)
+    def add_answer(self, turn: Turn) -> None:
+        """The items of a turn a chat endpoint answered (the capture sessions), its calls named as answered:
+        reasoning, message and one `fc` item per call, the last item carrying the call's token fields."""
+        self.add_turn(turn, _answered_id, call_prefix="fc")
 
     def add_inputs(self, messages: Sequence[Mapping[str, Any]]) -> None:
         """The items of messages a client added to the conversation: a tool message is a `function_call_output`,
@@ -148,55 +122,53 @@ class _Conversation:
             elif message["role"] == "user":
                 self.add_user_item(message["content"])
 
-    def finish(self) -> TokenView:
-        return self.trajectory.tokens()
+
+def _writer(trajectory: Trajectory, *, session_id: str, max_tokens: int, numbering: ItemIds | None) -> TrajectoryWriter:
+    """A transcript's writer; its items numbered by `numbering` (default: a numbering of its own, labelled `session_id`)."""
+    return TrajectoryWriter(trajectory=trajectory, max_tokens=max_tokens, item_ids=ItemIds(session_id) if numbering is None else numbering)
 
 
-class TokenTranscript(_Conversation):
+class TokenTranscript:
     """The append-only token stream of a token policy; the template renders what the environment adds."""
 
-    __slots__ = ("policy", "template", "_last_token")
+    __slots__ = ("policy", "template", "tools", "session_id", "writer", "last_token")
 
     def __init__(self, policy: Policy, template: ChatTemplate, *, task: Task | None, tools: tuple[dict[str, Any], ...],
                  trajectory: Trajectory, session_id: str, max_tokens: int, numbering: ItemIds | None = None) -> None:
         """`task`: its messages render the prompt; None: `trajectory` holds it already."""
-        super().__init__(trajectory=trajectory, session_id=session_id, tools=tools, max_tokens=max_tokens, numbering=numbering)
-        self.policy, self.template = policy, template
-        self._last_token: int | None = None
+        self.policy, self.template, self.tools, self.session_id = policy, template, tools, session_id
+        self.writer = _writer(trajectory, session_id=session_id, max_tokens=max_tokens, numbering=numbering)
+        self.last_token: int | None = None
         """The end-of-turn token the model sampled last, whose closing the next delta must not repeat."""
         if task is not None:
             trajectory.prompt_ids = template.prompt_ids(task_template_messages(task.messages), tools or None)
 
+    @property
+    def trajectory(self) -> Trajectory:
+        return self.writer.trajectory
+
     async def sample(self, sampling: SamplingParams) -> tuple[Generation, list[int]]:
         """One model call on everything so far, its tokens appended; returns it and the prompt ids it was given."""
-        trajectory = self.trajectory
+        trajectory = self.writer.trajectory
         prompt_ids = trajectory.context_ids()
         generation = await self.policy.generate(GenerationRequest(prompt_ids=prompt_ids, sampling=sampling, session_id=self.session_id))
         trajectory.append_model(generation.token_ids, generation.logprobs)
         return generation, prompt_ids
 
-    async def generate(self, sampling: SamplingParams) -> tuple[Generation, ParsedTurn]:
-        trajectory, template = self.trajectory, self.template
+    async def generate(self, sampling: SamplingParams) -> Turn:
         generation, prompt_ids = await self.sample(sampling)
-        ids = generation.token_ids
-        turn, _, self._last_token = read_turn(template, ids, text=generation.text, prompt_ids=prompt_ids, tools=self.tools)
-        parsed, items = self.add_turn(turn, self._call_id)
-        last: Any = items[-1]
-        last["prompt_token_ids"] = prompt_ids
-        last["generation_token_ids"] = list(ids)
-        last["generation_log_probs"] = list(generation.logprobs)
+        parsed, _, self.last_token = read_turn(self.template, generation.token_ids, text=generation.text, prompt_ids=prompt_ids,
+                                               tools=self.tools)
         if generation.policy_version is not None:
-            last[POLICY_VERSION_FIELD] = generation.policy_version
-            trajectory.policy_versions.append(generation.policy_version)
-        trajectory.output.extend(items)
-        return generation, parsed
+            self.writer.trajectory.policy_versions.append(generation.policy_version)
+        return self.writer.add_turn(sampled_turn(parsed, generation, prompt_ids), self._call_id)
 
-    def _call_id(self, item_id: str, call: ParsedCall) -> str:
+    def _call_id(self, item_id: str, call: ToolCall) -> str:
         # the id the template renders for the model (Mistral: nine letters and digits), so records and prompts agree
-        return self.template.call_id(item_id.removeprefix("call_"), written=call.call_id)
+        return self.template.call_id(item_id.removeprefix("call_"), written=call.id)
 
     async def append_tool_outputs(self, outputs: Sequence[ToolOutput]) -> bool:
-        template, last_token = self.template, self._last_token
+        template, last_token = self.template, self.last_token
         if sum(len(out.content) for out in outputs) < OFF_LOOP_TOKENIZE_CHARS:
             return self._append_env(template.tool_delta_ids(outputs, last_token_id=last_token))
         delta: list[int] = await call_bounded(lambda: template.tool_delta_ids(outputs, last_token_id=last_token),
@@ -204,7 +176,7 @@ class TokenTranscript(_Conversation):
         return self._append_env(delta)
 
     async def append_user_message(self, content: str) -> bool:
-        template, last_token = self.template, self._last_token
+        template, last_token = self.template, self.last_token
         if len(content) < OFF_LOOP_TOKENIZE_CHARS:
             delta = template.user_delta_ids(content, last_token_id=last_token)
         else:
@@ -212,30 +184,29 @@ class TokenTranscript(_Conversation):
                                        timeout_s=TOKENIZE_TIMEOUT_S, owner="tokenizer")
         if not self._append_env(delta):
             return False
-        self.add_user_item(content)
+        self.writer.add_user_item(content)
         return True
 
     def _append_env(self, delta: list[int]) -> bool:
-        if len(delta) >= self.budget_left:
+        if len(delta) >= self.writer.budget_left:
             return False
-        self.trajectory.append_env(delta)
+        self.writer.trajectory.append_env(delta)
         return True
 
+    def finish(self) -> TokenView:
+        return self.writer.trajectory.tokens()
 
-class ServedTranscript(TokenTranscript):
+
+class ServedTranscript:
     """The token transcript of a client that sends the whole conversation with every call (the capture
-    endpoint): it keeps the messages as rendered, so a call that only adds tool or user messages to them
-    extends its token stream (`extension`, `extended`: the sampled tokens are never re-tokenized), and any
-    other call (a rewritten history) starts a new one (`start`), a new segment."""
+    endpoint): it keeps the messages as rendered beside its token stream (`tokens`), so a call that only adds
+    tool or user messages to them extends that stream (`extension`, `extended`: the sampled tokens are never
+    re-tokenized), and any other call (a rewritten history) starts a new one (`start`)."""
 
-    __slots__ = ("messages",)
+    __slots__ = ("tokens", "messages")
 
-    def __init__(self, policy: Policy, template: ChatTemplate, *, messages: list[TemplateMessage], tools: tuple[dict[str, Any], ...],
-                 trajectory: Trajectory, session_id: str, max_tokens: int, numbering: ItemIds, last_token: int | None = None) -> None:
-        super().__init__(policy, template, task=None, tools=tools, trajectory=trajectory, session_id=session_id,
-                         max_tokens=max_tokens, numbering=numbering)
-        self.messages = messages
-        self._last_token = last_token
+    def __init__(self, tokens: TokenTranscript, messages: list[TemplateMessage]) -> None:
+        self.tokens, self.messages = tokens, messages
 
     @classmethod
     async def start(cls, policy: Policy, template: ChatTemplate, *, messages: list[TemplateMessage], tools: tuple[dict[str, Any], ...],
@@ -243,76 +214,85 @@ class ServedTranscript(TokenTranscript):
         """A conversation rendered whole from `messages` (in a worker thread when long), its items going to `output`.
         Raises what the chat template raises, TimeoutError when tokenizing outlasts `TOKENIZE_TIMEOUT_S`."""
         prompt_ids = await _tokenized(lambda: template.prompt_ids(messages, list(tools) or None), messages, tools)
-        return cls(policy, template, messages=messages, tools=tools, trajectory=Trajectory(prompt_ids=prompt_ids, output=output),
-                   session_id=session_id, max_tokens=max_tokens, numbering=numbering)
+        tokens = TokenTranscript(policy, template, task=None, tools=tools, trajectory=Trajectory(prompt_ids=prompt_ids, output=output),
+                                 session_id=session_id, max_tokens=max_tokens, numbering=numbering)
+        return cls(tokens, messages)
 
     def extension(self, messages: Sequence[TemplateMessage], tools: tuple[dict[str, Any], ...]) -> list[TemplateMessage] | None:
         """The messages a call adds when it extends this conversation (same tools) with tool or user messages only; else None."""
-        new = appended(self.messages, messages) if tools == self.tools else None
+        new = appended(self.messages, messages) if tools == self.tokens.tools else None
         return new if new and all(message["role"] in ("tool", "user") for message in new) else None
 
     async def extended(self, new: list[TemplateMessage]) -> ServedTranscript:
         """A copy that goes on with `new` (from `extension`): their rendering appended after the sampled tokens
         (environment tokens; in a worker thread when long) and their items added. A copy, so calls made at once
         each extend the conversation they were sent."""
-        template, trajectory = self.template, self.trajectory
-        closing = template.closing_text(self._last_token)
+        tokens = self.tokens
+        template, trajectory, writer = tokens.template, tokens.trajectory, tokens.writer
+        closing = template.closing_text(tokens.last_token)
         delta = await _tokenized(lambda: template.encode(template.delta_text(new, closing_sampled=closing)), new)
         copy = Trajectory(prompt_ids=trajectory.prompt_ids, completion_ids=list(trajectory.completion_ids),
                           completion_mask=list(trajectory.completion_mask), completion_logprobs=list(trajectory.completion_logprobs),
                           output=trajectory.output)
         copy.append_env(delta)
-        transcript = ServedTranscript(self.policy, template, messages=self.messages + new, tools=self.tools, trajectory=copy,
-                                      session_id=self.session_id, max_tokens=self.max_tokens, numbering=self.item_ids,
-                                      last_token=self._last_token)
-        transcript.add_inputs(new)
-        return transcript
+        extended = TokenTranscript(tokens.policy, template, task=None, tools=tokens.tools, trajectory=copy, session_id=tokens.session_id,
+                                   max_tokens=writer.max_tokens, numbering=writer.item_ids)
+        extended.last_token = tokens.last_token
+        extended.writer.add_inputs(new)
+        return ServedTranscript(extended, self.messages + new)
 
-    def answer(self, generation: Generation, prompt_ids: Sequence[int], *, number: int) -> AssistantMessage:
-        """The assistant message answering the call `sample` made (the `answer_message` rule, its calls named
+    def sample(self, sampling: SamplingParams) -> Awaitable[tuple[Generation, list[int]]]:
+        """One model call on the conversation's tokens (`TokenTranscript.sample`)."""
+        return self.tokens.sample(sampling)
+
+    def answer(self, generation: Generation, prompt_ids: list[int], *, number: int) -> AssistantMessage:
+        """The assistant message answering the call `sample` made (the `answer_turn` rule, its calls named
         `<number>x<n>`): its items added, the last with the call's tokens, and the conversation extended by it
         as the client sends it back."""
-        template, ids = self.template, generation.token_ids
-        parsed, text, self._last_token = read_turn(template, ids, text=None, prompt_ids=prompt_ids, tools=self.tools)
-        message = answer_message(parsed, text, tools_offered=bool(self.tools),
-                                 call_id=lambda n, call: template.call_id(f"{number}x{n}", written=call.call_id))
-        self.add_answer(message, prompt_ids=prompt_ids, completion_ids=ids, logprobs=generation.logprobs)
+        tokens = self.tokens
+        template = tokens.template
+        parsed, text, tokens.last_token = read_turn(template, generation.token_ids, text=None, prompt_ids=prompt_ids, tools=tokens.tools)
+        answered = answer_turn(parsed, text, tools_offered=bool(tokens.tools),
+                               call_id=lambda n, call: template.call_id(f"{number}x{n}", written=call.id))
+        tokens.writer.add_answer(sampled_turn(answered, generation, prompt_ids))
+        message = assistant_message(answered)
         self.messages = self.messages + template_messages([MessageIn.model_validate(message)], tool_format=template.tool_format)
         return message
 
+    def finish(self) -> TokenView:
+        return self.tokens.finish()
 
-class MessageTranscript(_Conversation):
+
+class MessageTranscript:
     """The chat messages of a chat policy; the token stream only from ids the server returns."""
 
-    __slots__ = ("policy", "messages")
+    __slots__ = ("policy", "tools", "session_id", "writer", "messages")
 
     def __init__(self, policy: ChatPolicy, *, task: Task | None, tools: tuple[dict[str, Any], ...],
                  trajectory: Trajectory, session_id: str, max_tokens: int, numbering: ItemIds | None = None) -> None:
         """`task`: the conversation starts with its messages; None: with none (a client sends them with each call)."""
-        super().__init__(trajectory=trajectory, session_id=session_id, tools=tools, max_tokens=max_tokens, numbering=numbering)
-        self.policy = policy
+        self.policy, self.tools, self.session_id = policy, tools, session_id
+        self.writer = _writer(trajectory, session_id=session_id, max_tokens=max_tokens, numbering=numbering)
         self.messages: list[Message] = list(task.messages) if task is not None else []
 
-    async def generate(self, sampling: SamplingParams) -> tuple[Generation, ParsedTurn]:
-        """One call of the chat policy: items and an assistant message, plus the call's tokens when
-        the server returned them (carried on the last item and on the assistant message)."""
+    @property
+    def trajectory(self) -> Trajectory:
+        return self.writer.trajectory
+
+    async def generate(self, sampling: SamplingParams) -> Turn:
+        """One call of the chat policy: items and an assistant message, plus the call's tokens when the server
+        returned them (carried on the last item and on the assistant message, which goes back to the server so it
+        keeps the prompt's prefix exact)."""
         request = ChatRequest(messages=list(self.messages), tools=self.tools, sampling=sampling, session_id=self.session_id)
-        turn = await self.policy.chat(request)
-        tokens = turn.tokens
-        if tokens is None:
+        answer = await self.policy.chat(request)
+        if answer.tokens is None:
             self.trajectory.append_model([], [])
-            self.trajectory.add_api_usage(turn.usage)
+            self.trajectory.add_api_usage(dict(answer.usage))
         else:
-            self._append_call_tokens(tokens)
-        parsed, items = self.add_turn(_parsed_chat_turn(turn), lambda item_id, call: item_id)
-        message = assistant_message(parsed.content, [tool_call(call.call_id or "", call.name, call.arguments) for call in parsed.calls])
-        if tokens is not None:
-            _carry_tokens(message, items[-1], tokens)
-        self.trajectory.output.extend(items)
-        self.messages.append(message)
-        generation = Generation(token_ids=list(tokens.generation_token_ids) if tokens else [],
-                                logprobs=list(tokens.generation_log_probs) if tokens else [], finish_reason=turn.finish_reason, text=turn.text)
-        return generation, parsed
+            self._append_call_tokens(answer.tokens)
+        turn = self.writer.add_turn(_read_chat_turn(answer), lambda item_id, call: item_id)
+        self.messages.append(assistant_message(turn))
+        return turn
 
     def _append_call_tokens(self, tokens: CallTokens) -> None:
         """Grow the token stream from a chat call's ids: its prompt must start with everything seen
@@ -350,12 +330,15 @@ class MessageTranscript(_Conversation):
 
     async def append_user_message(self, content: str) -> bool:
         self.messages.append({"role": "user", "content": content})
-        self.add_user_item(content)
+        self.writer.add_user_item(content)
         return True
+
+    def finish(self) -> TokenView:
+        return self.writer.trajectory.tokens()
 
 
 def read_turn(template: ChatTemplate, ids: Sequence[int], *, text: str | None, prompt_ids: Sequence[int],
-              tools: Sequence[dict[str, Any]]) -> tuple[ParsedTurn, str, int | None]:
+              tools: Sequence[dict[str, Any]]) -> tuple[Turn, str, int | None]:
     """A sampled turn read with the model family's parsers: the parsed turn, its text (`text` as the
     backend decoded it, else decoded here; without the end-of-turn token either way), and the
     end-of-turn token it ended on (None when it did not end on one)."""
@@ -367,17 +350,23 @@ def read_turn(template: ChatTemplate, ids: Sequence[int], *, text: str | None, p
     return template.parse(text, prompt_ids=prompt_ids, tools=tools), text, last_token
 
 
-def answer_message(parsed: ParsedTurn, text: str, *, tools_offered: bool, call_id: Callable[[int, ParsedCall], str]) -> AssistantMessage:
-    """The assistant message a chat server answers for a sampled turn (`text`, read by `read_turn` into
-    `parsed`), the one rule of serve-model and the capture endpoint: content and reasoning apart, and
-    each call named `call_id(n, call)`. With no tools offered, call-shaped text is content; a turn
-    whose calls do not all parse is answered as written (as vLLM's tool parsers do)."""
+def answer_turn(parsed: Turn, text: str, *, tools_offered: bool, call_id: Callable[[int, ToolCall], str]) -> Turn:
+    """The turn a chat server answers for a sampled turn (`text`, read by `read_turn` into `parsed`), the one
+    rule of serve-model and the capture endpoint: text and reasoning apart, and each call named `call_id(n, call)`.
+    With no tools offered, call-shaped text is the answer's text; a turn whose calls do not all parse is answered
+    as written (as vLLM's tool parsers do)."""
     if not tools_offered and parsed.calls:
-        return assistant_message(parsed.content or text, reasoning=parsed.reasoning)
+        return Turn(reasoning=parsed.reasoning, text=parsed.text or text)
     if any(call.error is not None for call in parsed.calls):
-        return assistant_message(text)
-    calls = [tool_call(call_id(n, call), call.name, call.arguments) for n, call in enumerate(parsed.calls)]
-    return assistant_message((parsed.content or None) if calls else parsed.content, calls, reasoning=parsed.reasoning)
+        return Turn(text=text)
+    return replace(parsed, calls=tuple(replace(call, id=call_id(n, call)) for n, call in enumerate(parsed.calls)))
+
+
+def sampled_turn(parsed: Turn, generation: Generation, prompt_ids: list[int]) -> Turn:
+    """A token policy's turn: what its parsers read (`parsed`) with the call's token ids, finish reason and policy
+    version (`generation`, sampled after `prompt_ids`)."""
+    tokens = CallTokens(prompt_ids, list(generation.token_ids), list(generation.logprobs))
+    return replace(parsed, tokens=tokens, finish_reason=generation.finish_reason, policy_version=generation.policy_version)
 
 
 class StartTranscript(Protocol):
@@ -411,8 +400,8 @@ def transcript_starter(policy: Policy | ChatPolicy, template: ChatTemplate | Non
     return by_policy_kind(policy, token=tokens, chat=messages)
 
 
-def _answered_id(item_id: str, call: ParsedCall) -> str:
-    return call.call_id or ""
+def _answered_id(item_id: str, call: ToolCall) -> str:
+    return call.id or ""
 
 
 async def _tokenized(render: Callable[[], list[int]], *rendered: Sequence[Mapping[str, Any]]) -> list[int]:
@@ -444,31 +433,22 @@ def _at_least_chars(value: Any, limit: int) -> bool:
     return total >= limit
 
 
-def _carry_tokens(message: AssistantMessage, last_item: Item, tokens: CallTokens) -> None:
-    """Put a chat call's token ids on its assistant message (sent back, so the server keeps the prefix
-    exact) and on its last item (the record's)."""
-    message["prompt_token_ids"] = list(tokens.prompt_token_ids)
-    message["generation_token_ids"] = list(tokens.generation_token_ids)
-    message["generation_log_probs"] = list(tokens.generation_log_probs)
-    last: Any = last_item
-    last.update(zip(TOKEN_FIELDS, (message["prompt_token_ids"], message["generation_token_ids"], message["generation_log_probs"])))
-
-
-def _parsed_chat_turn(turn: ChatTurn) -> ParsedTurn:
-    """A chat API's turn as the loop sees it; tool calls written as text (a server without a tool
-    parser) are parsed like a token policy's."""
-    if not turn.tool_calls:
-        parsed = parse_turn(turn.text)
-        return replace(parsed, reasoning=turn.reasoning or parsed.reasoning)
+def _read_chat_turn(answer: Turn) -> Turn:
+    """A chat API's turn as the loop sees it (its tokens, finish reason and usage kept); tool calls written as
+    text (a server without a tool parser) are parsed like a token policy's."""
+    if not answer.calls:
+        parsed = parse_turn(answer.text)
+        return replace(answer, reasoning=answer.reasoning or parsed.reasoning, text=parsed.text, calls=parsed.calls,
+                       unparsed_tool_call=parsed.unparsed_tool_call)
     calls = []
-    for call in turn.tool_calls:
+    for call in answer.calls:
         try:
             arguments = json.loads(call.arguments) if call.arguments.strip() else {}
         except json.JSONDecodeError:
-            calls.append(ParsedCall(name=call.name, arguments=call.arguments, error="'arguments' is not valid JSON"))
+            calls.append(ToolCall(name=call.name, arguments=call.arguments, error="'arguments' is not valid JSON"))
             continue
         if not isinstance(arguments, dict):
-            calls.append(ParsedCall(name=call.name, arguments=call.arguments, error="'arguments' must be a JSON object"))
+            calls.append(ToolCall(name=call.name, arguments=call.arguments, error="'arguments' must be a JSON object"))
         else:
-            calls.append(ParsedCall(name=call.name, arguments=json.dumps(arguments)))
-    return ParsedTurn(reasoning=turn.reasoning, content=turn.text.strip(), calls=tuple(calls))
+            calls.append(ToolCall(name=call.name, arguments=json.dumps(arguments)))
+    return replace(answer, text=answer.text.strip(), calls=tuple(calls))

@@ -25,7 +25,7 @@ from gym_bridge.core.items import Item, function_call_item, function_call_output
 from gym_bridge.core.registry import get_environment
 from gym_bridge.core.session import EnvironmentSession
 from gym_bridge.core.task import Task, iter_jsonl, parse_task
-from gym_bridge.core.template.parsers.call import ParsedCall
+from gym_bridge.core.turn import ToolCall
 
 ANSWER_FIELDS = ("expected_answer", "ground_truth", "answer", "expected", "target")
 """Row fields taken as the known answer when `--answer` is not given."""
@@ -80,7 +80,7 @@ async def _call(session: EnvironmentSession, call: ScriptedCall) -> tuple[str, s
     """The tool output the model would read (the rollout's own dispatch, `EnvironmentSession.call_tool`), and a problem
     or None: the rollout would fail as `env` (the tool crashed, hung or returned non-JSON), or the row offers no such
     tool."""
-    parsed = ParsedCall(name=call.name, arguments=json.dumps(call.arguments))
+    parsed = ToolCall(name=call.name, arguments=json.dumps(call.arguments))
     try:
         content = await session.call_tool(parsed)
     except FailRollout as error:

@@ -28,8 +28,9 @@ from gym_bridge.core.dialects.template_view import task_template_messages
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
 from gym_bridge.core.environment import Environment
 from gym_bridge.core.errors import FAILURE_KINDS, ConfigError, DataError
-from gym_bridge.core.dialects.responses import final_text
-from gym_bridge.core.policy import ChatRequest, ChatTurn
+from gym_bridge.core.trajectory import final_text
+from gym_bridge.core.policy import ChatRequest
+from gym_bridge.core.turn import Turn
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import resolve_tasks
 from gym_bridge.core.task import Task, parse_task
@@ -69,7 +70,7 @@ class TurnFeed:
     def __init__(self, *, idle_timeout_s: float) -> None:
         self.idle_timeout_s = idle_timeout_s
         self.requests: dict[str, asyncio.Queue[ChatRequest]] = {}
-        self.turns: dict[str, asyncio.Queue[ChatTurn]] = {}
+        self.turns: dict[str, asyncio.Queue[Turn]] = {}
 
     def open(self, session_id: str) -> None:
         self.requests[session_id], self.turns[session_id] = asyncio.Queue(), asyncio.Queue()
@@ -78,7 +79,7 @@ class TurnFeed:
         self.requests.pop(session_id, None)
         self.turns.pop(session_id, None)
 
-    async def chat(self, request: ChatRequest) -> ChatTurn:
+    async def chat(self, request: ChatRequest) -> Turn:
         turns = self.turns[request.session_id]
         await self.requests[request.session_id].put(request)
         try:
@@ -195,7 +196,7 @@ class GymBridgeEnvironment(_Interface):  # type: ignore[misc]  # nemo_rl's base 
                 return self._finish(session_id, meta)
         if not log or log[-1].get("role") != "assistant":
             raise ValueError(f"the message log of session {session_id} does not end with an assistant message")
-        await self.feed.turns[session_id].put(ChatTurn(text=str(log[-1].get("content") or "")))
+        await self.feed.turns[session_id].put(Turn(text=str(log[-1].get("content") or "")))
         request = await self._next_request(session_id, session)
         if request is None:
             return self._finish(session_id, meta)

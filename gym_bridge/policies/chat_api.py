@@ -24,7 +24,8 @@ from typing import Any, Literal
 
 from gym_bridge.core.dialects.chat import chat_request, chat_turn_from_completion
 from gym_bridge.core.dialects.responses import chat_turn_from_response, responses_request
-from gym_bridge.core.policy import ChatRequest, ChatTurn, SamplingParams
+from gym_bridge.core.policy import ChatRequest, SamplingParams
+from gym_bridge.core.turn import Turn
 from gym_bridge.core.errors import ContextOverflowError, BackendAnswerError, MissingExtraError
 from gym_bridge.policies.http import CONTEXT_OVERFLOW_PATTERN, RequestTimeoutError
 
@@ -90,7 +91,7 @@ class ChatAPIPolicy:
             self._clients[loop] = client
         return client
 
-    async def chat(self, request: ChatRequest) -> ChatTurn:
+    async def chat(self, request: ChatRequest) -> Turn:
         """One assistant turn. Raises `ContextOverflowError` when the API says the conversation does
         not fit, `BackendError` for everything else that goes wrong (after the client's retries)."""
         import openai
@@ -112,7 +113,7 @@ class ChatAPIPolicy:
         except openai.APIError as error:  # connection errors, timeouts, undecodable answers
             raise BackendAnswerError(f"{self.api} API: {type(error).__name__}: {error}") from None
 
-    async def _chat_completions(self, request: ChatRequest) -> ChatTurn:
+    async def _chat_completions(self, request: ChatRequest) -> Turn:
         sampling = request.sampling
         params = chat_request(request, model=self.model)
         extra = self._extra_body(sampling)
@@ -130,7 +131,7 @@ class ChatAPIPolicy:
             )
         return turn
 
-    async def _responses(self, request: ChatRequest) -> ChatTurn:
+    async def _responses(self, request: ChatRequest) -> Turn:
         sampling = request.sampling
         params = responses_request(request, model=self.model)
         extra = self._extra_body(sampling)

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from gym_bridge.core.errors import BackendAnswerError, ConfigError
-from gym_bridge.core.policy import ChatRequest, ChatTurn
+from gym_bridge.core.policy import ChatRequest
+from gym_bridge.core.turn import Turn
 from gym_bridge.policies.chat_api import ChatAPIPolicy
 from gym_bridge.policies.discovery import served_models
 from gym_bridge.policies.http import normalize_base_url
@@ -60,7 +61,7 @@ class RoutedChatPolicy:
             raise BackendAnswerError(f"{self.base_urls[0]} serves no model")
         return str(models[0]["id"])
 
-    async def chat(self, request: ChatRequest) -> ChatTurn:
+    async def chat(self, request: ChatRequest) -> Turn:
         """One turn from the session's server (`ReplicaRouter.choose`); raises what that server's policy raises."""
         servers = await self._servers()
         server = self.router.choose(request.session_id)

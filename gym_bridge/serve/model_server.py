@@ -36,7 +36,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, StrictInt
 
-from gym_bridge.core.conversation import AssistantMessage
+from gym_bridge.core.conversation import AssistantMessage, assistant_message
 from gym_bridge.core.dialects.chat import MAX_CHOICES, ApiError, ChatBody, MessageIn, SamplingBody, ToolIn, answer_choice, chat_completion, from_chat_tool
 from gym_bridge.core.dialects.completions import CompletionBody, completion_logprobs
 from gym_bridge.core.dialects.template_view import template_messages
@@ -45,7 +45,7 @@ from gym_bridge.core.errors import ContextOverflowError
 from gym_bridge.core.request_body import BodyError, json_object, read_json
 from gym_bridge.core.policy import Generation, GenerationRequest, LogprobsMode, SamplingParams
 from gym_bridge.core.template.chat_template import ChatTemplate
-from gym_bridge.core.transcript import answer_message
+from gym_bridge.core.transcript import answer_turn
 from gym_bridge.serve.listen import bind_socket, run_app
 from gym_bridge.serve.prefix_splice import required_prefix, splice_prefix
 from gym_bridge.serve.request_limit import RequestLimit
@@ -407,11 +407,11 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 def _assistant_message(template: ChatTemplate, text: str, *, prompt_ids: list[int], tools: list[dict[str, Any]] | None) -> AssistantMessage:
     """The assistant message of a chat choice: `text` read with the model family's parsers, answered by the
-    rule the capture endpoint answers with (`answer_message`), so one model answers alike through both;
+    rule the capture endpoint answers with (`answer_turn`), so one model answers alike through both;
     `tool_calls` is always there, as vLLM gives it."""
     parsed = template.parse(text, prompt_ids=prompt_ids, tools=tools or ())
-    message = answer_message(parsed, text, tools_offered=bool(tools),
-                             call_id=lambda n, call: template.call_id(uuid.uuid4().hex[:24], written=call.call_id))
+    message = assistant_message(answer_turn(parsed, text, tools_offered=bool(tools),
+                                            call_id=lambda n, call: template.call_id(uuid.uuid4().hex[:24], written=call.id)))
     message.setdefault("tool_calls", [])
     return message
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.training_row import to_training_row
+from gym_bridge.core.trajectory import final_text
 
 __all__ = ["GroupAdvantages", "TrainingSegment", "group_advantages", "last_text", "training_segments"]
 
@@ -71,8 +71,4 @@ def group_advantages(records: Sequence[RolloutRecord]) -> GroupAdvantages:
 
 def last_text(record: RolloutRecord) -> str:
     """The text of the rollout's last assistant message ('' when it ended without one)."""
-    for item in reversed(record.output):
-        if item.get("type") == "message" and item.get("role") == "assistant":
-            content: Any = item.get("content") or []
-            return "".join(str(part.get("text", "")) for part in content)
-    return ""
+    return final_text(record.output)

@@ -31,7 +31,7 @@ from gym_bridge.trl._dataset import REGISTRY, key_from_prompt
 from gym_bridge.trl._step_journal import StepJournal
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.training_row import TrainingRow, to_training_row
-from gym_bridge.core.dialects.responses import item_text
+from gym_bridge.core.items import item_text
 from gym_bridge.core.engine import Engine, EngineConfig, ready_tasks
 from gym_bridge.core.environment import Environment
 from gym_bridge.core.errors import ConfigError, DataError, SetupError, TokenPolicyRequiredError

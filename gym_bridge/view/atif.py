@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from gym_bridge.core.errors import DataError
-from gym_bridge.core.dialects.responses import item_text, to_messages
+from gym_bridge.core.dialects.responses import to_messages
+from gym_bridge.core.items import content_text, item_text
 from gym_bridge.core.items import TOKEN_FIELDS
 from gym_bridge.core.rollout_file import RolloutWriter, input_row
 from gym_bridge.view.reading import Skipped, numbered_rollouts, require_some
@@ -203,7 +204,7 @@ def _row_from_steps(trajectory: Mapping[str, Any], input_steps: Sequence[Mapping
 
 def _text(message: Any) -> str:
     if isinstance(message, list):  # content parts (ATIF v1.6+)
-        return "".join(str(part.get("text", "")) for part in message if isinstance(part, Mapping))
+        return content_text(message)
     return "" if message is None else str(message)
 
 

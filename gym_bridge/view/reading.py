@@ -21,7 +21,8 @@ from typing import Any
 from gym_bridge.core.errors import DataError
 from gym_bridge.core.conversation import tool_calls_of
 from gym_bridge.core.dialects.chat import ApiError
-from gym_bridge.core.dialects.responses import item_text, to_messages
+from gym_bridge.core.dialects.responses import to_messages
+from gym_bridge.core.items import item_text
 
 SORT_KEYS = ("reward", "best", "latency", "turns", "tokens", "file")
 """`--sort` choices: `reward` ascending (worst first), `best` (highest reward first), `latency`, `turns` and

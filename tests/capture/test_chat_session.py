@@ -15,8 +15,9 @@ import pytest
 
 from gym_bridge.capture import HarnessEnvironment
 from gym_bridge.core.engine import Engine, EngineConfig
-from gym_bridge.core.policy import CallTokens, ChatRequest, ChatToolCall, ChatTurn, SamplingParams
+from gym_bridge.core.policy import ChatRequest, SamplingParams
 from gym_bridge.core.task import parse_task
+from gym_bridge.core.turn import CallTokens, ToolCall, Turn
 
 ROW = {"responses_create_params": {"input": [{"role": "user", "content": "What is 12 + 30?"}], "tools": [
     {"type": "function", "name": "add", "description": "Add.", "parameters": {"type": "object", "properties": {}}}]},
@@ -29,7 +30,7 @@ class RecordingChat:
     def __init__(self, *, tokens: bool) -> None:
         self.tokens, self.requests = tokens, []
 
-    async def chat(self, request: ChatRequest) -> ChatTurn:
+    async def chat(self, request: ChatRequest) -> Turn:
         self.requests.append(request)
         first = len(self.requests) == 1
         tokens = None
@@ -38,8 +39,8 @@ class RecordingChat:
             tokens = CallTokens(prompt_token_ids=prompt, generation_token_ids=[10, 11] if first else [30, 31],
                                 generation_log_probs=[-0.5, -0.25] if first else [-0.125, -0.0625])
         if first:
-            return ChatTurn(text="", tool_calls=(ChatToolCall(name="add", arguments='{"a": 12, "b": 30}'),), tokens=tokens)
-        return ChatTurn(text="42", tokens=tokens)
+            return Turn(text="", calls=(ToolCall(name="add", arguments='{"a": 12, "b": 30}'),), tokens=tokens)
+        return Turn(text="42", tokens=tokens)
 
 
 async def tool_agent(client: openai.AsyncOpenAI, task: dict) -> str:

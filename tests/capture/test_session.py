@@ -11,8 +11,9 @@ from gym_bridge.capture.assembly import assemble
 from gym_bridge.capture.chat_session import ChatCaptureSession
 from gym_bridge.capture.session import CaptureSession
 from gym_bridge.core.agent_loop import Limits
-from gym_bridge.core.policy import CallTokens, ChatRequest, ChatTurn, SamplingParams, ScriptedPolicy
+from gym_bridge.core.policy import ChatRequest, SamplingParams, ScriptedPolicy
 from gym_bridge.core.transcript import MessageTranscript, ServedTranscript
+from gym_bridge.core.turn import CallTokens, Turn
 
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add.", "parameters": {"type": "object", "properties": {}}}}]
 CALL = '<tool_call>\n{"name": "add", "arguments": {}}\n</tool_call>'
@@ -37,11 +38,11 @@ def test_a_token_session_extends_one_transcript_per_segment(smol_template, turn)
         answer = (await capture.chat_completions({"messages": first, "tools": TOOLS}))["choices"][0]["message"]
         tool = {"role": "tool", "tool_call_id": answer["tool_calls"][0]["id"], "content": "2"}
         await capture.chat_completions({"messages": [*first, answer, tool], "tools": TOOLS})
-        segments.append(capture._segment)
+        segments.append(capture._conversation)
         rewritten = [{"role": "user", "content": "start over"}]  # a rewritten history: a new segment
         answer = (await capture.chat_completions({"messages": rewritten, "tools": TOOLS}))["choices"][0]["message"]
         await capture.chat_completions({"messages": [*rewritten, answer, {"role": "user", "content": "go on"}], "tools": TOOLS})
-        segments.append(capture._segment)
+        segments.append(capture._conversation)
         return segments
 
     segments = asyncio.run(main())
@@ -82,10 +83,10 @@ class TokenChat:
     def __init__(self) -> None:
         self.calls = 0
 
-    async def chat(self, request: ChatRequest) -> ChatTurn:
+    async def chat(self, request: ChatRequest) -> Turn:
         prompt = self.PROMPTS[self.calls]
         self.calls += 1
-        return ChatTurn(text=f"answer {self.calls}", tokens=CallTokens(prompt_token_ids=prompt, generation_token_ids=[40 + self.calls],
+        return Turn(text=f"answer {self.calls}", tokens=CallTokens(prompt_token_ids=prompt, generation_token_ids=[40 + self.calls],
                                                                        generation_log_probs=[-0.5]))
 
 
@@ -98,9 +99,9 @@ def test_a_chat_session_grows_a_transcript_while_the_servers_ids_extend_it() -> 
         first = [{"role": "user", "content": "q"}]
         answer = (await capture.chat_completions({"messages": first}))["choices"][0]["message"]
         await capture.chat_completions({"messages": [*first, answer, {"role": "user", "content": "and?"}]})
-        segments.append(capture._segment)
+        segments.append(capture._conversation)
         await capture.chat_completions({"messages": [{"role": "user", "content": "new"}]})
-        segments.append(capture._segment)
+        segments.append(capture._conversation)
         return segments
 
     first, second = asyncio.run(main())

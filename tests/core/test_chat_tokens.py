@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 
 from gym_bridge.core.engine import Engine, EngineConfig
-from gym_bridge.core.policy import CallTokens, ChatTurn, ScriptedChatPolicy
+from gym_bridge.core.policy import ScriptedChatPolicy
 from gym_bridge.core.task import parse_task
+from gym_bridge.core.turn import CallTokens, Turn
 from tests.support.invariants import assert_token_invariants
 
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
@@ -16,7 +17,7 @@ ROW = {"responses_create_params": {"input": "Weather in Oslo?"}, "environment": 
 
 def token_chat(turns: list[tuple[str, list[int] | None, list[int] | None]]) -> ScriptedChatPolicy:
     """Answers each call with the next (text, prompt ids, generation ids), each sampled id at log-prob -0.5."""
-    return ScriptedChatPolicy({"": [ChatTurn(text=text, tokens=None if prompt is None or generation is None else
+    return ScriptedChatPolicy({"": [Turn(text=text, tokens=None if prompt is None or generation is None else
                                              CallTokens(prompt, generation, [-0.5] * len(generation)))
                                     for text, prompt, generation in turns]})
 

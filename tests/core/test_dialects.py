@@ -12,7 +12,8 @@ import pytest
 from gym_bridge.core.dialects.chat import (
     ApiError, ChatBody, MessageIn, ToolIn, from_chat_tool, to_chat_tool, to_openai_messages, tool_call_arguments,
 )
-from gym_bridge.core.dialects.responses import from_chat_messages, item_text, to_messages, to_responses_tool
+from gym_bridge.core.dialects.responses import from_chat_messages, to_messages, to_responses_tool
+from gym_bridge.core.items import item_text
 from gym_bridge.core.dialects.responses_api import output_items
 from gym_bridge.core.dialects.template_view import template_messages, to_template_tool
 from gym_bridge.core.items import (

@@ -178,7 +178,7 @@ class ChatScript:
         self.texts, self.kill_at, self.calls = texts, kill_at, 0
 
     async def chat(self, request):
-        from gym_bridge.core.policy import ChatToolCall, ChatTurn
+        from gym_bridge.core.turn import ToolCall, Turn
 
         self.calls += 1
         if self.calls == self.kill_at:
@@ -186,8 +186,8 @@ class ChatScript:
         turn = sum(1 for message in request.messages if message["role"] == "assistant")
         text = self.texts[min(turn, len(self.texts) - 1)]
         if text.startswith("add "):
-            return ChatTurn(text="", tool_calls=(ChatToolCall(name="add", arguments=f'{{"n": {text[4:]}}}'),), usage={"input_tokens": 3})
-        return ChatTurn(text=text, usage={"input_tokens": 3, "output_tokens": 2})
+            return Turn(text="", calls=(ToolCall(name="add", arguments=f'{{"n": {text[4:]}}}'),), usage={"input_tokens": 3})
+        return Turn(text=text, usage={"input_tokens": 3, "output_tokens": 2})
 
 
 def test_a_chat_policy_rollout_resumes_from_its_messages(tmp_path):

@@ -9,16 +9,17 @@ import pytest
 
 from gym_bridge import ChatPolicy, ScriptedChatPolicy
 from gym_bridge.core.errors import BackendAnswerError
-from gym_bridge.core.policy import ChatRequest, ChatToolCall, ChatTurn, SamplingParams
+from gym_bridge.core.policy import ChatRequest, SamplingParams
+from gym_bridge.core.turn import ToolCall, Turn
 
 
-def ask(policy: ScriptedChatPolicy, session_id: str, text: str = "hi") -> ChatTurn:
+def ask(policy: ScriptedChatPolicy, session_id: str, text: str = "hi") -> Turn:
     request = ChatRequest(messages=[{"role": "user", "content": text}], tools=(), sampling=SamplingParams(), session_id=session_id)
     return asyncio.run(policy.chat(request))
 
 
 def test_turns_replay_in_order_per_session_with_the_fallback_for_the_rest():
-    call = ChatTurn(text="", tool_calls=(ChatToolCall(name="add", arguments='{"a": 1}'),), finish_reason="tool_calls")
+    call = Turn(text="", calls=(ToolCall(name="add", arguments='{"a": 1}'),), finish_reason="tool_calls")
     policy = ScriptedChatPolicy({"a": [call, "done"], "": ["fallback 1", "fallback 2"]})
     assert isinstance(policy, ChatPolicy)
     assert ask(policy, "a") == call and ask(policy, "a").text == "done"  # a str is a text-only turn

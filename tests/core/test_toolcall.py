@@ -6,7 +6,7 @@ from gym_bridge.core.toolcall import parse_turn
 def test_hermes_calls_and_surrounding_text():
     turn = parse_turn('Checking.\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>\n<tool_call>{"name": "g", "arguments": {}}</tool_call>')
     assert [(c.name, json.loads(c.arguments), c.error) for c in turn.calls] == [("f", {"x": 1}, None), ("g", {}, None)]
-    assert turn.content == "Checking."
+    assert turn.text == "Checking."
 
 
 def test_unterminated_hermes_call_is_still_read():
@@ -41,9 +41,9 @@ def test_arguments_that_are_not_an_object_are_an_error():
 def test_plain_answer_and_json_that_is_not_a_call():
     assert parse_turn("The answer is \\boxed{4}.").calls == ()
     turn = parse_turn('{"answer": 4}')
-    assert turn.calls == () and turn.content == '{"answer": 4}'
+    assert turn.calls == () and turn.text == '{"answer": 4}'
 
 
 def test_reasoning_is_split_off():
     turn = parse_turn("<think>2+2 is 4</think>The answer is 4.")
-    assert turn.reasoning == "2+2 is 4" and turn.content == "The answer is 4." and turn.calls == ()
+    assert turn.reasoning == "2+2 is 4" and turn.text == "The answer is 4." and turn.calls == ()

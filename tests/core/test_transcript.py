@@ -12,11 +12,12 @@ from gym_bridge.core.agent_loop import RolloutContext
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.environment import Environment, tool
 from gym_bridge.core.items import TOKEN_FIELDS
-from gym_bridge.core.policy import ChatTurn, Generation, ScriptedChatPolicy, ScriptedPolicy
+from gym_bridge.core.policy import Generation, ScriptedChatPolicy, ScriptedPolicy
 from gym_bridge.core.registry import register
 from gym_bridge.core.task import parse_task
 from gym_bridge.core.template.chat_template import ChatTemplate
 from gym_bridge.core.transcript import MessageTranscript, TokenTranscript, transcript_starter
+from gym_bridge.core.turn import Turn
 from gym_bridge.policies.embedded import load_embedded_tokenizer
 
 CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "a"}}\n</tool_call>'
@@ -42,8 +43,8 @@ class AskTwiceLoop:
     async def run(self, ctx: RolloutContext) -> str:
         step = await ctx.generate()
         assert step is not None
-        _, parsed = step
-        outputs = [await ctx.call_tool(call) for call in parsed.calls]
+        turn = step
+        outputs = [await ctx.call_tool(call) for call in turn.calls]
         assert await ctx.append_tool_outputs_async(outputs)
         assert await ctx.generate() is not None
         assert await ctx.append_user_message_async("And b?")
@@ -62,7 +63,7 @@ register(AskTwiceEnv)
 
 def scripted_chat(texts: list[str]) -> ScriptedChatPolicy:
     """A chat policy answering with the next text, each turn reporting 1 input and 2 output tokens."""
-    return ScriptedChatPolicy({"": [ChatTurn(text=text, usage={"input_tokens": 1, "output_tokens": 2}) for text in texts]})
+    return ScriptedChatPolicy({"": [Turn(text=text, usage={"input_tokens": 1, "output_tokens": 2}) for text in texts]})
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +114,7 @@ def test_generate_returns_each_call_with_its_record_id(template):
         async def run(self, ctx: RolloutContext) -> str:
             step = await ctx.generate()
             assert step is not None
-            record_ids.extend(call.call_id or "" for call in step[1].calls)
+            record_ids.extend(call.id or "" for call in step.calls)
             return "answer"
 
     class Env(LookupEnv):
@@ -196,16 +197,16 @@ def test_a_served_transcript_extends_only_with_tool_or_user_messages_and_copies(
     numbering, output = ItemIds("s"), []
     start = asyncio.run(ServedTranscript.start(token_policy(template, ["x"]), template, messages=first, tools=tools,
                                                session_id="s", max_tokens=100, numbering=numbering, output=output))
-    assert start.trajectory.prompt_ids == template.prompt_ids(first, list(tools))
+    assert start.tokens.trajectory.prompt_ids == template.prompt_ids(first, list(tools))
     user, tool = {"role": "user", "content": "more"}, {"role": "tool", "tool_call_id": "c1", "content": "42"}
     assert start.extension([*first, user, tool], tools) == [user, tool]
     assert start.extension([*first, user], ()) is None  # other tools: a rewrite
     assert start.extension([*first, {"role": "assistant", "content": "made up"}], tools) is None
     assert start.extension([{"role": "user", "content": "Bye"}], tools) is None and start.extension(first, tools) is None
     extended = asyncio.run(start.extended([user, tool]))
-    assert start.trajectory.completion_ids == [] and start.messages == first  # the original is left as it was
-    added = extended.trajectory.completion_ids
-    assert extended.trajectory.prompt_ids == start.trajectory.prompt_ids and set(extended.trajectory.completion_mask) == {0}
+    assert start.tokens.trajectory.completion_ids == [] and start.messages == first  # the original is left as it was
+    added = extended.tokens.trajectory.completion_ids
+    assert extended.tokens.trajectory.prompt_ids == start.tokens.trajectory.prompt_ids and set(extended.tokens.trajectory.completion_mask) == {0}
     assert "more" in template.decode(added) and "42" in template.decode(added) and extended.messages == [*first, user, tool]
     assert [(item["type"], item.get("id")) for item in output] == [("message", "msg_s_1"), ("function_call_output", None)]
-    assert extended.item_ids is start.item_ids is numbering
+    assert extended.tokens.writer.item_ids is start.tokens.writer.item_ids is numbering

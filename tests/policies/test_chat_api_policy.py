@@ -233,13 +233,13 @@ class ScriptedChatPolicy:
 
 def test_the_message_path_of_the_engine():
     from gym_bridge.core.agent_loop import Limits
-    from gym_bridge.core.policy import ChatToolCall, ChatTurn
+    from gym_bridge.core.turn import ToolCall, Turn
 
     policy = ScriptedChatPolicy([
         # a server without a tool parser: the call is in the text, and is parsed like a token policy's
-        ChatTurn(text='<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>', usage={"output_tokens": 6}),
-        ChatTurn(text="", tool_calls=(ChatToolCall(name="get_weather", arguments="{not json"),), usage={"output_tokens": 6}),
-        ChatTurn(text="never asked for", usage={"output_tokens": 6}),
+        Turn(text='<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>', usage={"output_tokens": 6}),
+        Turn(text="", calls=(ToolCall(name="get_weather", arguments="{not json"),), usage={"output_tokens": 6}),
+        Turn(text="never asked for", usage={"output_tokens": 6}),
     ])
     task = parse_task(WEATHER_ROW, index=0)
     config = EngineConfig(sampling=SamplingParams(max_new_tokens=8), limits=Limits(max_completion_tokens=12))

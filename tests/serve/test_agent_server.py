@@ -584,7 +584,7 @@ def test_runs_with_different_temperatures_share_one_engine_and_its_bound(monkeyp
     import threading
 
     from gym_bridge.core.engine import Engine
-    from gym_bridge.core.policy import ChatTurn
+    from gym_bridge.core.turn import Turn
 
     class Recording:
         def __init__(self) -> None:
@@ -597,7 +597,7 @@ def test_runs_with_different_temperatures_share_one_engine_and_its_bound(monkeyp
             await asyncio.sleep(0.2)
             self.running -= 1
             self.seen.append((request.messages[-1]["content"], request.sampling.temperature, request.sampling.top_p))
-            return ChatTurn(text="\\boxed{12}")
+            return Turn(text="\\boxed{12}")
 
     engines: list[int] = []
     rollout = Engine.rollout

@@ -12,8 +12,8 @@ import threading
 import httpx
 import pytest
 
+from gym_bridge.core.turn import ToolCall, Turn
 from gym_bridge.serve.agent_server import AgentServerSettings, build_app
-from gym_bridge.core.policy import ChatToolCall, ChatTurn
 from tests.support.http_server import app_in_thread
 
 CITIES = ("Paris", "London", "Rome")
@@ -37,8 +37,8 @@ class TurnChat:
         done = sum(1 for message in request.messages if message.get("role") == "assistant")
         if done < len(CITIES):
             arguments = json.dumps({"city": CITIES[done]})
-            return ChatTurn(text="", tool_calls=(ChatToolCall(name="get_weather", arguments=arguments),), finish_reason="tool_calls")
-        return ChatTurn(text="Cold, cold and mild.", finish_reason="stop")
+            return Turn(text="", calls=(ToolCall(name="get_weather", arguments=arguments),), finish_reason="tool_calls")
+        return Turn(text="Cold, cold and mild.", finish_reason="stop")
 
 
 def settings(tmp_path, journal: bool = True) -> AgentServerSettings:

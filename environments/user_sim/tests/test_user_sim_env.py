@@ -8,7 +8,7 @@ import json
 from environments.user_sim import UserSimEnvironment, matches
 from gym_bridge import Engine, EngineConfig, Generation, TextModel, SamplingParams, ScriptedPolicy
 from gym_bridge.core.agent_loop import Limits
-from gym_bridge.core.dialects.responses import item_text
+from gym_bridge.core.items import item_text
 from gym_bridge.core.task import load_tasks, parse_task
 from tests.support.invariants import assert_token_invariants
 

@@ -18,10 +18,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from gym_bridge.core.conversation import AssistantMessage, FinishReason, Message, assistant_message, tool_call
+from gym_bridge.core.conversation import AssistantMessage, FinishReason, Message, assistant_message
 from gym_bridge.core.errors import BackendAnswerError, ErrorAnswer
 from gym_bridge.core.items import TOKEN_FIELDS
-from gym_bridge.core.policy import CallTokens, ChatRequest, ChatToolCall, ChatTurn, LogprobsMode, SamplingParams
+from gym_bridge.core.policy import ChatRequest, LogprobsMode, SamplingParams
+from gym_bridge.core.turn import CallTokens, ToolCall, Turn
 
 MAX_CHOICES = 64
 """The most choices one request may ask for (prompts x n)."""
@@ -166,8 +167,9 @@ class MessageIn(BaseModel):
             return {"role": "user", "content": self.text()}
         if self.role == "tool":
             return {"role": "tool", "tool_call_id": self.tool_call_id or "", "content": self.text()}
-        calls = [tool_call(call.id, call.function.name, _arguments_text(call.function.arguments)) for call in self.tool_calls or []]
-        return assistant_message(self.text(), calls)
+        calls = tuple(ToolCall(id=call.id, name=call.function.name, arguments=_arguments_text(call.function.arguments))
+                      for call in self.tool_calls or [])
+        return assistant_message(Turn(text=self.text(), calls=calls))
 
 
 def _arguments_text(arguments: str | dict[str, Any] | None) -> str:
@@ -280,23 +282,23 @@ def chat_request(request: ChatRequest, *, model: str) -> dict[str, Any]:
     return params
 
 
-def chat_turn_from_completion(completion: dict[str, Any]) -> ChatTurn:
-    """A chat-completions answer as a `ChatTurn`; raises `BackendError` when it has no choice."""
+def chat_turn_from_completion(completion: dict[str, Any]) -> Turn:
+    """A chat-completions answer as a `Turn`; raises `BackendError` when it has no choice."""
     choices = completion.get("choices") or []
     if not choices or not isinstance(choices[0].get("message"), dict):
         raise BackendAnswerError(f"chat completion has no message: {json.dumps(completion)[:200]}")
     choice = choices[0]
     message = choice["message"]
     calls = tuple(
-        ChatToolCall(name=call["function"]["name"], arguments=call["function"].get("arguments") or "{}")
+        ToolCall(name=call["function"]["name"], arguments=call["function"].get("arguments") or "{}")
         for call in message.get("tool_calls") or [] if call.get("function")
     )
     reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
     usage = completion.get("usage") or {}
-    return ChatTurn(
+    return Turn(
         text=message.get("content") or "",
         reasoning=reasoning if isinstance(reasoning, str) else "",
-        tool_calls=calls,
+        calls=calls,
         finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
         usage={"input_tokens": int(usage.get("prompt_tokens") or 0), "output_tokens": int(usage.get("completion_tokens") or 0)},
         tokens=call_tokens(message),

@@ -1,10 +1,10 @@
-"""The Responses dialect: the text of an item, and Responses items <-> chat messages.
+"""The Responses dialect: Responses items <-> chat messages.
 
 Trajectories and task inputs are Responses items (`message`, `reasoning`, `function_call`,
 `function_call_output`); chat messages are the internal form the agent loop and the chat
-template work on. This module reads items (`item_text`; a trajectory's answer: `final_text`,
-`output_text`), turns a Responses `input` into the conversation (`to_messages`, the one
-converter: task inputs and `/v1/responses` requests alike, call ids kept) and the conversation
+template work on (an item's text is read by `gym_bridge.core.items.item_text`, a trajectory's answer by
+`gym_bridge.core.trajectory.final_text`). This module turns a Responses `input` into the conversation (`to_messages`,
+the one converter: task inputs and `/v1/responses` requests alike, call ids kept) and the conversation
 back into Responses input items (`from_chat_messages`), and a chat policy's Responses API request
 and the turn in its answer (`responses_request`, `chat_turn_from_response`).
 """
@@ -16,33 +16,9 @@ from typing import Any, Literal
 
 from gym_bridge.core.conversation import Message, tool_call, tool_calls_of
 from gym_bridge.core.dialects.chat import ApiError, tool_call_arguments
-from gym_bridge.core.policy import ChatRequest, ChatToolCall, ChatTurn
-
-
-
-def item_text(item: Mapping[str, Any]) -> str:
-    """The text of a message or reasoning item: its content parts' (or summary parts') texts
-    joined, a string content as it is, '' for other items."""
-    if item.get("type") == "reasoning":
-        return "".join(part.get("text", "") for part in item.get("summary", []))
-    content = item.get("content", "")
-    if isinstance(content, str):
-        return content
-    return "".join(part.get("text", "") for part in content or [] if isinstance(part, Mapping))
-
-
-def final_text(output: Sequence[Mapping[str, Any]]) -> str:
-    """The text of the last assistant message of a trajectory ('' if it has none)."""
-    for item in reversed(output):
-        if item["type"] == "message" and item.get("role", "assistant") == "assistant":
-            return item_text(item)
-    return ""
-
-
-def output_text(output: Sequence[Mapping[str, Any]]) -> str:
-    """The text of every assistant message of a trajectory, joined (the Responses API's
-    `output_text`; reasoning items are not included)."""
-    return "".join(item_text(item) for item in output if item["type"] == "message")
+from gym_bridge.core.items import content_text
+from gym_bridge.core.policy import ChatRequest
+from gym_bridge.core.turn import ToolCall, Turn
 
 
 def to_messages(request_input: str | Sequence[Mapping[str, Any]]) -> list[Message]:
@@ -174,23 +150,23 @@ def responses_request(request: ChatRequest, *, model: str) -> dict[str, Any]:
     return params
 
 
-def chat_turn_from_response(response: dict[str, Any], *, stop: tuple[str, ...] = ()) -> ChatTurn:
-    """A Responses answer as a `ChatTurn`: output text, reasoning summaries and `function_call` items.
+def chat_turn_from_response(response: dict[str, Any], *, stop: tuple[str, ...] = ()) -> Turn:
+    """A Responses answer as a `Turn`: output text, reasoning summaries and `function_call` items.
 
     Stop strings, which the Responses API lacks, cut the text after the first one.
     """
     texts: list[str] = []
     reasoning: list[str] = []
-    calls: list[ChatToolCall] = []
+    calls: list[ToolCall] = []
     for item in response.get("output") or []:
         kind = item.get("type")
         if kind == "message":
-            texts.extend(part.get("text") or "" for part in item.get("content") or [] if part.get("type") == "output_text")
+            texts.append(content_text(item.get("content")))
         elif kind == "reasoning":
             reasoning.extend(part.get("text") or "" for part in item.get("summary") or [])
             reasoning.extend(part.get("text") or "" for part in item.get("content") or [] if part.get("type") == "reasoning_text")
         elif kind == "function_call":
-            calls.append(ChatToolCall(name=item.get("name", ""), arguments=item.get("arguments") or "{}"))
+            calls.append(ToolCall(name=item.get("name", ""), arguments=item.get("arguments") or "{}"))
     text = "".join(texts)
     finish_reason: Literal["stop", "length"] = "stop"
     details = response.get("incomplete_details") or {}
@@ -200,7 +176,7 @@ def chat_turn_from_response(response: dict[str, Any], *, stop: tuple[str, ...] =
     if cuts:
         text, finish_reason, calls = text[: min(cuts)], "stop", []
     usage = response.get("usage") or {}
-    return ChatTurn(
-        text=text, reasoning="\n".join(r for r in reasoning if r), tool_calls=tuple(calls), finish_reason=finish_reason,
+    return Turn(
+        text=text, reasoning="\n".join(r for r in reasoning if r), calls=tuple(calls), finish_reason=finish_reason,
         usage={"input_tokens": int(usage.get("input_tokens") or 0), "output_tokens": int(usage.get("output_tokens") or 0)},
     )

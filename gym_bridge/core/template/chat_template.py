@@ -22,9 +22,9 @@ from gym_bridge.core.template.codec import TokenCodec, Tokenizer, special_tokens
 from gym_bridge.core.template.delta import DeltaPlanner
 from gym_bridge.core.template.messages import ToolOutput, conversation, tool_messages
 from gym_bridge.core.template.parsers import get_reasoning_parser, get_tool_parser, tool_parser_candidates
-from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn
-from gym_bridge.core.template.profile import PROBE_USER, TemplateProfile, assistant_message, build_profile, is_short_id, short_call_id
+from gym_bridge.core.template.profile import PROBE_USER, TemplateProfile, build_profile, is_short_id, short_call_id, template_message
 from gym_bridge.core.template.render import prepared_messages, render_chat
+from gym_bridge.core.turn import ToolCall, Turn
 
 ToolFormat = Literal["native", "hermes_system"]
 
@@ -55,7 +55,6 @@ The results come back in the next message. When you have the answer, reply witho
 (the example is that syntax, written by the family's tool parser)."""
 
 _UNSET: Any = object()
-
 
 
 _APPLY_ARGUMENTS = frozenset({
@@ -211,7 +210,7 @@ class ChatTemplate:
         return self._empty_tools
 
     def render(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[dict[str, Any]] | None, add_generation_prompt: bool) -> str:
-        """`messages` (chat messages; assistant turns as `assistant_message` builds them) rendered by
+        """`messages` (chat messages; assistant turns as `template_message` builds them) rendered by
         the template with the tool schemas `tools` (Responses function schemas). Raises TemplateError."""
         kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
         if self.tool_format == "native":
@@ -232,7 +231,7 @@ class ChatTemplate:
         if self._instruction_parser == "hermes":
             block = HERMES_TOOL_INSTRUCTIONS.format(tools=listing)
         else:
-            example = ParsedCall(name="<function name>", arguments='{"<argument>": "<value>"}')
+            example = ToolCall(name="<function name>", arguments='{"<argument>": "<value>"}')
             block = TOOL_INSTRUCTIONS.format(tools=listing, example=get_tool_parser(self._instruction_parser).format([example]))
         if messages and messages[0]["role"] == "system":
             return [{**messages[0], "content": f"{messages[0]['content']}\n\n{block}"}, *messages[1:]]
@@ -253,7 +252,7 @@ class ChatTemplate:
 
     # -- model turns ------------------------------------------------------------------------
 
-    def parse(self, text: str, *, prompt_ids: Sequence[int], tools: Sequence[Mapping[str, Any]] = ()) -> ParsedTurn:
+    def parse(self, text: str, *, prompt_ids: Sequence[int], tools: Sequence[Mapping[str, Any]] = ()) -> Turn:
         """Reasoning, content and tool calls of a sampled turn (`text`: special tokens kept, the
         end-of-turn token removed; `prompt_ids`: the prompt it was sampled after)."""
         profile = self.profile
@@ -268,10 +267,9 @@ class ChatTemplate:
             return written if written is not None and is_short_id(written) else short_call_id(seed)
         return f"call_{seed}"
 
-    def assistant_message(self, turn: ParsedTurn, *, call_ids: Sequence[str], raw_text: str) -> TemplateMessage:
-        """A sampled turn as the assistant message a chat server would give this template."""
-        return assistant_message(self.profile.style, content=turn.content, reasoning=turn.reasoning, calls=turn.calls,
-                                 call_ids=call_ids, raw_text=raw_text)
+    def template_message(self, turn: Turn, *, call_ids: Sequence[str], raw_text: str) -> TemplateMessage:
+        """A sampled turn as the assistant message a chat server would give this template (`profile.template_message`)."""
+        return template_message(self.profile.style, turn, call_ids=call_ids, raw_text=raw_text)
 
     def conversation(self, output: Sequence[Mapping[str, Any]]) -> list[TemplateMessage]:
         """A trajectory's items (a record's `response.output`) as the chat messages this template is

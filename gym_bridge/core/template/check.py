@@ -18,9 +18,9 @@ from typing import Any, Literal, Sequence
 
 from gym_bridge.core.errors import TemplateError
 from gym_bridge.core.conversation import TemplateMessage
-from gym_bridge.core.template.parsers.call import ParsedCall
 from gym_bridge.core.template.chat_template import ChatTemplate
-from gym_bridge.core.template.profile import PROBE_ANSWER, PROBE_REASONING, PROBE_TOOLS, ProbeTurn, canonical_turn, strip_end
+from gym_bridge.core.template.profile import PROBE_ANSWER, PROBE_REASONING, PROBE_TOOLS, canonical_turn, strip_end
+from gym_bridge.core.turn import ToolCall, Turn
 
 TemplateCheck = Literal["error", "warn", "off"]
 """What to do with a template that is not append-only: refuse it, warn and go on, or not check."""
@@ -84,28 +84,28 @@ class TemplateReport:
 
 @dataclass(frozen=True)
 class _Step:
-    turn: ProbeTurn | None = None
+    turn: Turn | None = None
     tool_outputs: tuple[tuple[str, str], ...] = ()
     """(call name, output) per call of the previous turn."""
     user: str = ""
 
 
-def _call(word: str) -> ParsedCall:
-    return ParsedCall(name="lookup", arguments=f'{{"word": "{word}"}}')
+def _call(word: str) -> ToolCall:
+    return ToolCall(name="lookup", arguments=f'{{"word": "{word}"}}')
 
 
 def _shapes(reasoning: str) -> dict[Shape, tuple[list[TemplateMessage], list[_Step]]]:
     system = {"role": "system", "content": "Be brief."}
     user = {"role": "user", "content": "What is a?"}
-    call_a = _Step(turn=ProbeTurn(reasoning=reasoning, calls=(_call("a"),)))
-    call_b = _Step(turn=ProbeTurn(reasoning=reasoning, calls=(_call("b"),)))
+    call_a = _Step(turn=Turn(reasoning=reasoning, calls=(_call("a"),)))
+    call_b = _Step(turn=Turn(reasoning=reasoning, calls=(_call("b"),)))
     out_a, out_b = ("lookup", '{"value": 4}'), ("lookup", '{"value": 5}')
-    answer = _Step(turn=ProbeTurn(reasoning=reasoning, content=PROBE_ANSWER))
+    answer = _Step(turn=Turn(reasoning=reasoning, text=PROBE_ANSWER))
     return {
         "tool call, tool output, answer": ([system, user], [call_a, _Step(tool_outputs=(out_a,)), answer]),
         "same without a system message": ([user], [call_a, _Step(tool_outputs=(out_a,)), answer]),
         "two calls in one turn": ([system, user], [
-            _Step(turn=ProbeTurn(reasoning=reasoning, calls=(_call("a"), _call("b")))), _Step(tool_outputs=(out_a, out_b)), answer]),
+            _Step(turn=Turn(reasoning=reasoning, calls=(_call("a"), _call("b")))), _Step(tool_outputs=(out_a, out_b)), answer]),
         "two tool-call turns in a row": ([system, user], [
             call_a, _Step(tool_outputs=(out_a,)), call_b, _Step(tool_outputs=(out_b,)), answer]),
         "new user message after an answer": ([system, user], [
@@ -140,8 +140,8 @@ def _run_shape(template: ChatTemplate, shape: Shape, messages: list[TemplateMess
             for _ in step.turn.calls:
                 calls_seen += 1
                 turn_ids.append(template.call_id(f"check_{calls_seen}"))
-            turn = ProbeTurn(reasoning=step.turn.reasoning, content=step.turn.content, calls=tuple(
-                ParsedCall(name=c.name, arguments=c.arguments, call_id=i) for c, i in zip(step.turn.calls, turn_ids)))
+            turn = Turn(reasoning=step.turn.reasoning, text=step.turn.text, calls=tuple(
+                ToolCall(name=c.name, arguments=c.arguments, id=i) for c, i in zip(step.turn.calls, turn_ids)))
             sampled = canonical_turn(template, profile, turn)
             raw = strip_end(sampled, template.end_texts)
             closing = sampled[len(raw):]
@@ -150,7 +150,7 @@ def _run_shape(template: ChatTemplate, shape: Shape, messages: list[TemplateMess
             if len(parsed.calls) != len(turn.calls):
                 return ShapeResult(shape=shape, verdict=UNSUPPORTED,
                                    detail=f"the template renders {len(parsed.calls)} of the {len(turn.calls)} calls of one turn")
-            conversation.append(template.assistant_message(parsed, call_ids=turn_ids, raw_text=raw))
+            conversation.append(template.template_message(parsed, call_ids=turn_ids, raw_text=raw))
         elif step.tool_outputs:
             new = [{"role": "tool", "name": name, "content": output, "tool_call_id": call_id}
                    for (name, output), call_id in zip(step.tool_outputs, turn_ids)]

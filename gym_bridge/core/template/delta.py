@@ -17,8 +17,8 @@ from typing import Any, Protocol
 
 from gym_bridge.core.conversation import TemplateMessage
 from gym_bridge.core.errors import TemplateError
-from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn
 from gym_bridge.core.template.profile import PROBE_TOOLS, PROBE_USER, Renderer, TemplateProfile, first_end, short_call_id
+from gym_bridge.core.turn import ToolCall, Turn
 
 _SENTINEL = "\u2063GYMBRIDGE_ASSISTANT\u2063"
 _PROBE_ANSWER = "\u2063GYMBRIDGE_ANSWER\u2063"
@@ -39,7 +39,7 @@ class DeltaTemplate(Renderer, Protocol):
     @property
     def profile(self) -> TemplateProfile: ...
 
-    def assistant_message(self, turn: ParsedTurn, *, call_ids: Sequence[str], raw_text: str) -> TemplateMessage: ...
+    def template_message(self, turn: Turn, *, call_ids: Sequence[str], raw_text: str) -> TemplateMessage: ...
 
 
 @dataclass(frozen=True)
@@ -107,11 +107,11 @@ class DeltaPlanner:
 
     def _previous_turn(self, new_messages: Sequence[Mapping[str, Any]]) -> TemplateMessage:
         """The probe's assistant turn before `new_messages`: calls answered by the tool messages among them."""
-        calls = [ParsedCall(name=m.get("name", ""), arguments="{}") for m in new_messages if m["role"] == "tool"]
+        calls = [ToolCall(name=m.get("name", ""), arguments="{}") for m in new_messages if m["role"] == "tool"]
         ids = [m.get("tool_call_id", "") for m in new_messages if m["role"] == "tool"]
-        turn = ParsedTurn(reasoning="", content="" if calls else _PROBE_ANSWER, calls=tuple(calls))
+        turn = Turn(reasoning="", text="" if calls else _PROBE_ANSWER, calls=tuple(calls))
         raw = self.template.profile.parser.format(turn.calls) if calls else _PROBE_ANSWER
-        return self.template.assistant_message(turn, call_ids=ids, raw_text=raw)
+        return self.template.template_message(turn, call_ids=ids, raw_text=raw)
 
     def _plan(self, new_messages: Sequence[Mapping[str, Any]]) -> DeltaPlan:
         marks = [dict(m, content=f"\u2063GB{i}\u2063") for i, m in enumerate(new_messages)]

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gym_bridge.core.conversation import TemplateMessage
-from gym_bridge.core.dialects.responses import item_text
-from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn
+from gym_bridge.core.items import item_text
+from gym_bridge.core.turn import ToolCall, Turn
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class TurnTemplate(Protocol):
 
     def decode(self, token_ids: Sequence[int]) -> str: ...
 
-    def assistant_message(self, turn: ParsedTurn, *, call_ids: Sequence[str], raw_text: str) -> TemplateMessage: ...
+    def template_message(self, turn: Turn, *, call_ids: Sequence[str], raw_text: str) -> TemplateMessage: ...
 
 
 def tool_messages(outputs: Sequence[ToolOutput]) -> list[TemplateMessage]:
@@ -49,7 +49,7 @@ def conversation(template: TurnTemplate, output: Sequence[Mapping[str, Any]]) ->
     names: dict[str, str] = {}
     reasoning: list[str] = []
     content: list[str] = []
-    calls: list[ParsedCall] = []
+    calls: list[ToolCall] = []
     for item in output:
         kind = item.get("type")
         if kind == "reasoning":
@@ -57,7 +57,7 @@ def conversation(template: TurnTemplate, output: Sequence[Mapping[str, Any]]) ->
         elif kind == "message":
             content.append(item_text(item))
         elif kind == "function_call":
-            calls.append(ParsedCall(name=item["name"], arguments=item["arguments"], call_id=item["call_id"]))
+            calls.append(ToolCall(name=item["name"], arguments=item["arguments"], id=item["call_id"]))
             names[item["call_id"]] = item["name"]
         elif kind == "function_call_output":
             messages.append({"role": "tool", "name": names.get(item["call_id"], ""), "content": item["output"],
@@ -65,7 +65,7 @@ def conversation(template: TurnTemplate, output: Sequence[Mapping[str, Any]]) ->
         if "generation_token_ids" in item:  # the last item of a model call
             ids = list(item["generation_token_ids"])
             raw = template.decode(ids[:-1] if ids and ids[-1] in template.eos_token_ids else ids)
-            turn = ParsedTurn(reasoning="\n".join(reasoning), content="".join(content), calls=tuple(calls))
-            messages.append(template.assistant_message(turn, call_ids=[call.call_id or "" for call in calls], raw_text=raw))
+            turn = Turn(reasoning="\n".join(reasoning), text="".join(content), calls=tuple(calls))
+            messages.append(template.template_message(turn, call_ids=[call.id or "" for call in calls], raw_text=raw))
             reasoning, content, calls = [], [], []
     return messages

@@ -20,7 +20,8 @@ from gym_bridge.core.conversation import TemplateMessage, UserMessage
 from gym_bridge.core.template.parsers import (
     ReasoningParser, TurnParser, get_reasoning_parser, get_tool_parser, reasoning_parser_for, tool_parser_candidates,
 )
-from gym_bridge.core.template.parsers.call import ParsedCall, arguments_object
+from gym_bridge.core.template.parsers.call import arguments_object
+from gym_bridge.core.turn import ToolCall, Turn
 
 PROBE_USER: UserMessage = {"role": "user", "content": "What is the value of a?"}
 PROBE_TOOLS = ({"type": "function", "name": "lookup", "description": "Look a word up.",
@@ -71,15 +72,6 @@ class TurnStyle:
 
 
 @dataclass(frozen=True)
-class ProbeTurn:
-    """A model turn of a probe conversation."""
-
-    reasoning: str = ""
-    content: str = ""
-    calls: tuple[ParsedCall, ...] = ()
-
-
-@dataclass(frozen=True)
 class TemplateProfile:
     tool_parser: str
     reasoning_parser: str
@@ -108,10 +100,10 @@ def is_short_id(call_id: str | None) -> bool:
     return call_id is not None and len(call_id) == 9 and call_id.isascii() and call_id.isalnum()
 
 
-def assistant_message(style: TurnStyle, *, content: str, reasoning: str, calls: Sequence[ParsedCall],
-                      call_ids: Sequence[str], raw_text: str) -> TemplateMessage:
-    """One model turn as an assistant message in `style` (`raw_text`: the turn as sampled,
-    without its end-of-turn token)."""
+def template_message(style: TurnStyle, turn: Turn, *, call_ids: Sequence[str], raw_text: str) -> TemplateMessage:
+    """A model turn as the assistant message a chat template is given, in `style` (`raw_text`: the turn as sampled,
+    without its end-of-turn token); the one converter from `Turn` to a `TemplateMessage`."""
+    content, reasoning, calls = turn.text, turn.reasoning, turn.calls
     if not style.tool_calls:
         return {"role": "assistant", "content": raw_text}
     message: TemplateMessage = {"role": "assistant", "content": None if (calls and not content and style.none_content) else content}
@@ -141,9 +133,9 @@ def _reasoning_field(template_text: str) -> str | None:
     return None
 
 
-def probe_call(short_ids: bool, index: int = 0, word: str = "a") -> ParsedCall:
+def probe_call(short_ids: bool, index: int = 0, word: str = "a") -> ToolCall:
     call_id = short_call_id(f"probe{index}") if short_ids else f"call_probe_{index}"
-    return ParsedCall(name="lookup", arguments=json.dumps({"word": word}), call_id=call_id)
+    return ToolCall(name="lookup", arguments=json.dumps({"word": word}), id=call_id)
 
 
 def first_end(text: str, markers: Sequence[str]) -> tuple[int, str] | None:
@@ -152,16 +144,15 @@ def first_end(text: str, markers: Sequence[str]) -> tuple[int, str] | None:
     return min(found) if found else None
 
 
-def canonical_turn(template: Renderer, profile: TemplateProfile, turn: ProbeTurn, *, style: TurnStyle | None = None) -> str:
+def canonical_turn(template: Renderer, profile: TemplateProfile, turn: Turn, *, style: TurnStyle | None = None) -> str:
     """The text a model of this family samples for `turn` after a one-user-message prompt, end-of-turn
     token included: the template's own rendering of the turn (structured styles), or the parser's
     writing of it (raw text). Raises TemplateError when the template cannot render the turn."""
     style = style or profile.style
     opened = bool(profile.opener)
     if not style.tool_calls:
-        return profile.parser.format(turn.calls, reasoning=turn.reasoning, content=turn.content, opened=opened) + profile.end_of_turn
-    message = assistant_message(style, content=turn.content, reasoning=turn.reasoning, calls=turn.calls,
-                                call_ids=[call.call_id or "" for call in turn.calls], raw_text="")
+        return profile.parser.format(turn.calls, reasoning=turn.reasoning, content=turn.text, opened=opened) + profile.end_of_turn
+    message = template_message(style, turn, call_ids=[call.id or "" for call in turn.calls], raw_text="")
     tools = list(PROBE_TOOLS)
     head = template.render([PROBE_USER], tools=tools, add_generation_prompt=True)
     full = template.render([PROBE_USER, message], tools=tools, add_generation_prompt=False)
@@ -186,13 +177,13 @@ def strip_end(text: str, markers: Sequence[str]) -> str:
     return text
 
 
-def _same_calls(parsed: Sequence[ParsedCall], expected: Sequence[ParsedCall], *, short_ids: bool) -> bool:
+def _same_calls(parsed: Sequence[ToolCall], expected: Sequence[ToolCall], *, short_ids: bool) -> bool:
     if len(parsed) != len(expected):
         return False
     for got, want in zip(parsed, expected):
         if got.error or got.name != want.name or arguments_object(got) != arguments_object(want):
             return False
-        if short_ids and got.call_id is not None and got.call_id != want.call_id:
+        if short_ids and got.id is not None and got.id != want.id:
             return False
     return True
 
@@ -204,14 +195,14 @@ def _round_trips(template: Renderer, profile: TemplateProfile, style: TurnStyle)
     opened = bool(profile.opener)
     call = probe_call(style.short_ids)
     try:
-        call_text = canonical_turn(template, profile, ProbeTurn(reasoning=reasoning, calls=(call,)), style=style)
-        answer_text = canonical_turn(template, profile, ProbeTurn(reasoning=reasoning, content=PROBE_ANSWER), style=style)
+        call_text = canonical_turn(template, profile, Turn(reasoning=reasoning, calls=(call,)), style=style)
+        answer_text = canonical_turn(template, profile, Turn(reasoning=reasoning, text=PROBE_ANSWER), style=style)
     except TemplateError:
         return False
     parsed_call = profile.parser.parse(strip_end(call_text, template.end_texts), opened=opened, tools=PROBE_TOOLS)
     parsed_answer = profile.parser.parse(strip_end(answer_text, template.end_texts), opened=opened, tools=PROBE_TOOLS)
     return (_same_calls(parsed_call.calls, [call], short_ids=style.short_ids)
-            and not parsed_answer.calls and parsed_answer.content.strip() == PROBE_ANSWER)
+            and not parsed_answer.calls and parsed_answer.text.strip() == PROBE_ANSWER)
 
 
 def _end_of_turn(template: Renderer) -> str:

@@ -31,7 +31,7 @@ def calls(turn) -> list[tuple[str, dict]]:
 def test_qwen3_call_inside_the_think_block_is_a_call(text):
     turn = parse("hermes", text, reasoning="qwen3")
     assert calls(turn) == [("get_weather", {"city": "Oslo"})]
-    assert turn.reasoning == "The user wants Oslo's weather." and turn.content == ""  # the stray </think> is dropped
+    assert turn.reasoning == "The user wants Oslo's weather." and turn.text == ""  # the stray </think> is dropped
 
 
 def test_qwen3_coder_call_inside_the_think_block_is_a_call():
@@ -47,15 +47,15 @@ def test_deepseek_r1_keeps_a_call_in_unclosed_reasoning_but_flags_it():
 
 
 def test_think_block_answer_and_plain_answer_unchanged():
-    assert parse("hermes", "<think>\nEasy.\n</think>\n\nIt is 4.", reasoning="qwen3").content == "It is 4."
+    assert parse("hermes", "<think>\nEasy.\n</think>\n\nIt is 4.", reasoning="qwen3").text == "It is 4."
     plain = parse("hermes", "It is 4.", reasoning="qwen3")
-    assert (plain.reasoning, plain.content, plain.unparsed_tool_call) == ("", "It is 4.", False)
+    assert (plain.reasoning, plain.text, plain.unparsed_tool_call) == ("", "It is 4.", False)
 
 
 def test_llama3_call_inside_prose():
     turn = parse("llama3_json", 'Here is the result: {"name": "getOpenIncidentsTool", "parameters": {}} Would you like to know more?')
     assert calls(turn) == [("getOpenIncidentsTool", {})]
-    assert turn.content == "Here is the result: Would you like to know more?"
+    assert turn.text == "Here is the result: Would you like to know more?"
 
 
 @pytest.mark.parametrize("separator", ["; ", ";", " ; ", "\n"])
@@ -64,34 +64,34 @@ def test_llama3_calls_separated_by_semicolons_or_newlines(separator):
                            '{"name": "searchTool", "parameters": {"query": "test2"}}'])
     turn = parse("llama3_json", f"Here are the results: {text} Would you like to know more?")
     assert calls(turn) == [("searchTool", {"query": "test1"}), ("getOpenIncidentsTool", {}), ("searchTool", {"query": "test2"})]
-    assert turn.content == "Here are the results: Would you like to know more?"
+    assert turn.text == "Here are the results: Would you like to know more?"
 
 
 def test_llama3_json_that_is_no_call_stays_text():
     assert parse("llama3_json", 'The JSON is {"a": 1}.').calls == ()
     assert parse("llama3_json", '{"name": "toolWithoutParams"}').calls == ()  # vLLM needs parameters (or arguments) too
     with_quote = parse("llama3_json", '{"name": "searchTool", "parameters": {"query": "test {value} [x]"}} I used {searchTool}.')
-    assert calls(with_quote) == [("searchTool", {"query": "test {value} [x]"})] and with_quote.content == "I used {searchTool}."
+    assert calls(with_quote) == [("searchTool", {"query": "test {value} [x]"})] and with_quote.text == "I used {searchTool}."
 
 
 def test_llama3_malformed_call_is_an_error_call():
     turn = parse("llama3_json", 'Calling: {"name": "invalidTool", "parameters": {invalid json}')
-    assert [(call.name, bool(call.error)) for call in turn.calls] == [("invalidTool", True)] and turn.content == "Calling:"
+    assert [(call.name, bool(call.error)) for call in turn.calls] == [("invalidTool", True)] and turn.text == "Calling:"
 
 
 def test_default_turn_parser_finds_json_calls_in_prose():
     turn = parse_turn('Sure. {"name": "get_weather", "parameters": {"city": "Oslo"}}')
-    assert calls(turn) == [("get_weather", {"city": "Oslo"})] and turn.content == "Sure."
+    assert calls(turn) == [("get_weather", {"city": "Oslo"})] and turn.text == "Sure."
 
 
 def test_mistral_v3_list_with_trailing_text():
     turn = parse("mistral", '[TOOL_CALLS] [{"name": "add", "arguments": {"a": 3.5, "b": 4}}] Let me know if you need more.')
-    assert calls(turn) == [("add", {"a": 3.5, "b": 4})] and turn.content == "Let me know if you need more."
+    assert calls(turn) == [("add", {"a": 3.5, "b": 4})] and turn.text == "Let me know if you need more."
 
 
 def test_mistral_v3_list_after_leading_junk():
     turn = parse("mistral", '[TOOL_CALLS] Sure: [{"name": "add", "arguments": {"a": 1, "b": 2}}]')
-    assert calls(turn) == [("add", {"a": 1, "b": 2})] and turn.content == "Sure:"  # not a call named after the junk
+    assert calls(turn) == [("add", {"a": 1, "b": 2})] and turn.text == "Sure:"  # not a call named after the junk
 
 
 def test_mistral_v3_single_object():
@@ -105,7 +105,7 @@ def test_mistral_v11_call_without_arguments(text):
 
 def test_mistral_v11_call_with_trailing_text():
     turn = parse("mistral", '[TOOL_CALLS]get_weather{"city": "Oslo"} and then I answer.')
-    assert calls(turn) == [("get_weather", {"city": "Oslo"})] and turn.content == "and then I answer."
+    assert calls(turn) == [("get_weather", {"city": "Oslo"})] and turn.text == "and then I answer."
 
 
 def test_mistral_text_that_is_no_call_is_an_error_call():
@@ -116,7 +116,7 @@ def test_mistral_text_that_is_no_call_is_an_error_call():
 @pytest.mark.parametrize("marker", ["<tool_call>", "<tool_call> ", "<|tool_call|>", "<|tool_call|> "])
 def test_granite_3_0_and_3_1_markers(marker):
     turn = parse("granite", f'Sure. {marker}[{WEATHER}, {{"name": "noop", "arguments": {{}}}}]')
-    assert calls(turn) == [("get_weather", {"city": "Oslo"}), ("noop", {})] and turn.content == "Sure."
+    assert calls(turn) == [("get_weather", {"city": "Oslo"}), ("noop", {})] and turn.text == "Sure."
 
 
 def test_granite_plain_tool_call_marker_needs_a_list():
@@ -128,12 +128,12 @@ def test_granite_plain_tool_call_marker_needs_a_list():
 def test_harmony_recipient_without_functions_prefix(header):
     text = f'<|channel|>analysis<|message|>Need weather.<|end|><|start|>{header}<|message|>{{"city": "Oslo"}}'
     turn = parse("openai", text, reasoning="openai_gptoss")
-    assert (turn.reasoning, turn.content, calls(turn)) == ("Need weather.", "", [("get_weather", {"city": "Oslo"})])
+    assert (turn.reasoning, turn.text, calls(turn)) == ("Need weather.", "", [("get_weather", {"city": "Oslo"})])
 
 
 def test_harmony_builtin_tool_is_no_function_call_but_is_flagged():
     turn = parse("openai", '<|channel|>commentary to=browser.search <|constrain|>json<|message|>{"query": "weather"}', reasoning="openai_gptoss")
-    assert turn.calls == () and turn.unparsed_tool_call and turn.content == '{"query": "weather"}'
+    assert turn.calls == () and turn.unparsed_tool_call and turn.text == '{"query": "weather"}'
     python = parse("openai", "<|channel|>analysis<|message|>Compute.<|end|><|start|>assistant to=python<|channel|>analysis code<|message|>1+1",
                    reasoning="openai_gptoss")
     assert python.calls == () and python.reasoning == "Compute.\n1+1" and python.unparsed_tool_call

@@ -7,10 +7,11 @@ import json
 import pytest
 
 from gym_bridge.core.errors import UnknownParserError
+from gym_bridge.core.turn import ToolCall
 from gym_bridge.core.template.parsers import (
     REASONING_PARSERS, TOOL_PARSERS, TurnParser, get_reasoning_parser, get_tool_parser, reasoning_parser_for, tool_parser_candidates,
 )
-from gym_bridge.core.template.parsers.call import ParsedCall
+
 
 DS = {"begin": "<\uff5ctool\u2581calls\u2581begin\uff5c>", "call": "<\uff5ctool\u2581call\u2581begin\uff5c>",
       "sep": "<\uff5ctool\u2581sep\uff5c>", "call_end": "<\uff5ctool\u2581call\u2581end\uff5c>", "end": "<\uff5ctool\u2581calls\u2581end\uff5c>"}
@@ -47,9 +48,9 @@ def test_every_tool_parser_has_a_sample():
 def test_reads_its_familys_call_and_the_text_around_it(name):
     turn = TurnParser(get_tool_parser(name)).parse(SAMPLES[name])
     assert [(call.name, json.loads(call.arguments), call.error) for call in turn.calls] == [("get_weather", {"city": "Oslo"}, None)]
-    assert turn.content == ("" if name == "llama3_json" else "Let me check.") and turn.parse_errors == 0  # Llama: the call is the whole turn
+    assert turn.text == ("" if name == "llama3_json" else "Let me check.") and turn.parse_errors == 0  # Llama: the call is the whole turn
     if name == "mistral":
-        assert turn.calls[0].call_id == "a1B2c3D4e"  # the id the model wrote is kept
+        assert turn.calls[0].id == "a1B2c3D4e"  # the id the model wrote is kept
 
 
 @pytest.mark.parametrize("name", list(TOOL_PARSERS))
@@ -62,14 +63,14 @@ def test_malformed_call_is_a_counted_error_not_an_answer(name):
 @pytest.mark.parametrize("name", list(TOOL_PARSERS))
 def test_format_writes_what_parse_reads(name):
     parser = get_tool_parser(name)
-    calls = [ParsedCall(name="lookup", arguments='{"word": "a", "n": [1, 2]}', call_id="x1y2z3w4v"),
-             ParsedCall(name="submit", arguments='{"values": {"k": true}}', call_id="a9b8c7d6e")]
+    calls = [ToolCall(name="lookup", arguments='{"word": "a", "n": [1, 2]}', id="x1y2z3w4v"),
+             ToolCall(name="submit", arguments='{"values": {"k": true}}', id="a9b8c7d6e")]
     if name in ("openai", "llama3_json"):  # one call per turn in these syntaxes
         calls = calls[:1]
     parsed = parser.parse(parser.format(calls), [])
     assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == [(c.name, json.loads(c.arguments)) for c in calls]
     if name == "mistral":
-        assert [c.call_id for c in parsed.calls] == [c.call_id for c in calls]
+        assert [c.id for c in parsed.calls] == [c.id for c in calls]
 
 
 @pytest.mark.parametrize("name", list(TOOL_PARSERS))
@@ -83,13 +84,13 @@ def test_a_call_in_another_syntax_is_flagged_unparsed(name):
 def test_plain_answers_are_not_flagged():
     for name in TOOL_PARSERS:
         turn = TurnParser(get_tool_parser(name)).parse("The answer is \\boxed{4}.")
-        assert turn.calls == () and not turn.unparsed_tool_call and turn.content == "The answer is \\boxed{4}."
+        assert turn.calls == () and not turn.unparsed_tool_call and turn.text == "The answer is \\boxed{4}."
 
 
 def test_mistral_small_and_v11_shapes():
     parser = get_tool_parser("mistral")
     small = parser.parse('[TOOL_CALLS]get_weather[CALL_ID]a1B2c3D4e[ARGS]{"city": "Oslo"}[TOOL_CALLS]noop[ARGS]{}')
-    assert [(c.name, c.call_id) for c in small.calls] == [("get_weather", "a1B2c3D4e"), ("noop", None)]
+    assert [(c.name, c.id) for c in small.calls] == [("get_weather", "a1B2c3D4e"), ("noop", None)]
     v11 = parser.parse('[TOOL_CALLS]get_weather{"city": "Oslo"}')
     assert v11.calls[0].name == "get_weather" and json.loads(v11.calls[0].arguments) == {"city": "Oslo"}
 
@@ -101,9 +102,9 @@ def test_harmony_recipient_in_the_role_or_the_channel_and_reasoning():
     channel = parser.parse('<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary '
                            'to=functions.get_weather <|constrain|>json<|message|>{"city": "Oslo"}')
     for turn in (role, channel):
-        assert turn.reasoning == "Need weather." and turn.calls[0].name == "get_weather" and turn.content == ""
+        assert turn.reasoning == "Need weather." and turn.calls[0].name == "get_weather" and turn.text == ""
     final = parser.parse("<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>It is 4.")
-    assert (final.reasoning, final.content, final.calls) == ("Easy.", "It is 4.", ())
+    assert (final.reasoning, final.text, final.calls) == ("Easy.", "It is 4.", ())
 
 
 def test_qwen3_coder_values_follow_the_schema():

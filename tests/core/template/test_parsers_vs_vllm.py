@@ -23,7 +23,7 @@ from typing import Any, Callable
 import pytest
 
 from gym_bridge.core.template.parsers import REASONING_PARSERS, TOOL_PARSERS, TurnParser, get_reasoning_parser, get_tool_parser
-from gym_bridge.core.template.parsers.call import ParsedCall
+from gym_bridge.core.turn import ToolCall
 from tests.support import families
 
 pytestmark = pytest.mark.vllm
@@ -379,7 +379,7 @@ def _generated(tool: str, index: int) -> Case:
         drawn = drawn[:1]
         body = writer(*drawn[0], "c0xYz90Qa")
     else:  # gym_bridge's format, maybe several calls
-        body = get_tool_parser(tool).format([ParsedCall(name=name, arguments=json.dumps(arguments)) for name, arguments in drawn])
+        body = get_tool_parser(tool).format([ToolCall(name=name, arguments=json.dumps(arguments)) for name, arguments in drawn])
         tokenizer = "mistral_v3" if tool == "mistral" else ""
     if rng.random() < 0.5:
         prefix = PREFIX.get(tool, "Let me check.\n")
@@ -453,7 +453,7 @@ def vllm_outcome(case: Case, tokenizer: Any) -> Outcome:
 def gym_bridge_outcome(case: Case) -> Outcome:
     parser = TurnParser(get_tool_parser(case.tool), get_reasoning_parser(case.reasoning) if case.reasoning else None)
     turn = parser.parse(case.text, opened=case.opened, tools=case.tools)
-    return Outcome(reasoning=turn.reasoning.strip() if case.reasoning else "", content=turn.content.strip(),
+    return Outcome(reasoning=turn.reasoning.strip() if case.reasoning else "", content=turn.text.strip(),
                    calls=tuple((call.name, _arguments(call.arguments) if call.error is None else call.arguments) for call in turn.calls),
                    errors=tuple(call.name for call in turn.calls if call.error), unparsed=turn.unparsed_tool_call)
 

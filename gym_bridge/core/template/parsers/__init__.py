@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping, Protocol, Sequence
 
 from gym_bridge.core.errors import UnknownParserError
-from gym_bridge.core.template.parsers.call import CALL_MARKERS, ParsedCall, ParsedTurn, ToolParser, looks_like_call
+from gym_bridge.core.template.parsers.call import CALL_MARKERS, ToolParser, looks_like_call
 from gym_bridge.core.template.parsers.deepseek import DeepSeekParser
 from gym_bridge.core.template.parsers.harmony import HarmonyReasoningParser, HarmonyToolParser
 from gym_bridge.core.template.parsers.hermes import HermesParser
@@ -21,9 +21,10 @@ from gym_bridge.core.template.parsers.llama3 import Llama3JsonParser
 from gym_bridge.core.template.parsers.mistral import MistralParser
 from gym_bridge.core.template.parsers.qwen3_coder import Qwen3CoderParser
 from gym_bridge.core.template.parsers.think import ThinkParser
+from gym_bridge.core.turn import ToolCall, Turn
 
 __all__ = [
-    "CALL_MARKERS", "REASONING_PARSERS", "TOOL_PARSERS", "ParsedCall", "ParsedTurn", "ReasoningParser", "ToolParser",
+    "CALL_MARKERS", "REASONING_PARSERS", "TOOL_PARSERS", "ToolCall", "Turn", "ReasoningParser", "ToolParser",
     "TurnParser", "get_reasoning_parser", "get_tool_parser", "reasoning_parser_for", "tool_parser_candidates",
 ]
 
@@ -123,7 +124,7 @@ class TurnParser:
     tool: ToolParser
     reasoning: ReasoningParser | None = None
 
-    def parse(self, text: str, *, opened: bool = False, tools: Sequence[Mapping[str, Any]] = ()) -> ParsedTurn:
+    def parse(self, text: str, *, opened: bool = False, tools: Sequence[Mapping[str, Any]] = ()) -> Turn:
         """Reasoning, content and calls of `text` (special tokens kept, end-of-turn token removed).
         `opened`: the prompt ended inside a reasoning block."""
         reasoning, rest = ("", text) if self.reasoning is None else self.reasoning.split(text, opened=opened)
@@ -131,11 +132,11 @@ class TurnParser:
         if reasoning:
             turn = replace(turn, reasoning=f"{reasoning}\n{turn.reasoning}" if turn.reasoning else reasoning)
         written_in_reasoning = any(marker in reasoning for marker in self.tool.markers)  # deepseek_r1 keeps such a call there
-        if not turn.calls and ((turn.content and looks_like_call(turn.content)) or written_in_reasoning):
+        if not turn.calls and ((turn.text and looks_like_call(turn.text)) or written_in_reasoning):
             turn = replace(turn, unparsed_tool_call=True)
         return turn
 
-    def format(self, calls: Sequence[ParsedCall], *, reasoning: str = "", content: str = "", opened: bool = False) -> str:
+    def format(self, calls: Sequence[ToolCall], *, reasoning: str = "", content: str = "", opened: bool = False) -> str:
         """A turn as this family writes it: reasoning, content, then the calls."""
         head = self.reasoning.format(reasoning, opened=opened) if reasoning and self.reasoning is not None else ""
         body = self.tool.format(calls) if calls else ""

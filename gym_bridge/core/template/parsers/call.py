@@ -1,7 +1,7 @@
-"""What a parsed model turn is, and the JSON helpers every tool-call syntax shares.
+"""The tool parser protocol, and the JSON helpers every tool-call syntax shares.
 
-A tool parser turns the text of one model turn into `content` (text outside call markup) and
-`ParsedCall`s; a call that cannot be read keeps an `error` so the model is told what was wrong
+A tool parser reads the text of one model turn into a `Turn` (`gym_bridge.core.turn`): its `text` outside call
+markup and its `ToolCall`s; a call that cannot be read keeps an `error` so the model is told what was wrong
 instead of its text being taken silently as an answer. `CALL_MARKERS` are the openings of every
 known call syntax: a turn without calls that contains one is counted as an unparsed tool call.
 """
@@ -10,38 +10,9 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence
 
-
-@dataclass(frozen=True)
-class ParsedCall:
-    """One tool call as the model wrote it."""
-
-    name: str
-    arguments: str
-    """The arguments as a JSON object string (the raw text when they did not parse)."""
-    error: str | None = None
-    """Why the call is malformed; the model is shown this instead of running the tool."""
-    call_id: str | None = None
-    """The call's id when the model wrote one (Mistral); None otherwise."""
-
-
-@dataclass(frozen=True)
-class ParsedTurn:
-    reasoning: str
-    content: str
-    """The turn's text outside reasoning and tool-call markup."""
-    calls: tuple[ParsedCall, ...] = field(default_factory=tuple)
-    unparsed_tool_call: bool = False
-    """True when the turn has no parsed call but its content holds a known tool-call marker (or is a
-    bare JSON call object), its reasoning holds a call marker of its own family, or it addresses a
-    tool gym_bridge does not run (harmony's built-in tools): a call it cannot act on, scored as an answer."""
-
-    @property
-    def parse_errors(self) -> int:
-        """Calls that looked like calls but could not be read."""
-        return sum(call.error is not None for call in self.calls)
+from gym_bridge.core.turn import ToolCall, Turn
 
 
 class ToolParser(Protocol):
@@ -57,12 +28,12 @@ class ToolParser(Protocol):
         """Substrings that open a call in this syntax (a cheap test before any regex)."""
         ...
 
-    def parse(self, text: str, tools: Sequence[Mapping[str, Any]] = ()) -> ParsedTurn:
+    def parse(self, text: str, tools: Sequence[Mapping[str, Any]] = ()) -> Turn:
         """Content and calls of `text` (reasoning already split off); `tools` are the offered
         Responses function schemas, for syntaxes whose argument values carry no types."""
         ...
 
-    def format(self, calls: Sequence[ParsedCall]) -> str:
+    def format(self, calls: Sequence[ToolCall]) -> str:
         """The calls written as the model writes them (without the end-of-turn token)."""
         ...
 
@@ -87,41 +58,41 @@ def guess_name(text: str) -> str:
     return match.group(1) if match else ""
 
 
-def call_from_object(obj: Any, *, raw: str, call_id: str | None = None) -> ParsedCall:
+def call_from_object(obj: Any, *, raw: str, call_id: str | None = None) -> ToolCall:
     """A call from a decoded `{"name": ..., "arguments"|"parameters": ...}` object."""
     if not isinstance(obj, dict):
-        return ParsedCall(name="", arguments=raw, error="a tool call must be a JSON object with 'name' and 'arguments'")
+        return ToolCall(name="", arguments=raw, error="a tool call must be a JSON object with 'name' and 'arguments'")
     name = obj.get("name")
     if not isinstance(name, str) or not name:
-        return ParsedCall(name="", arguments=raw, error="the tool call has no 'name'")
+        return ToolCall(name="", arguments=raw, error="the tool call has no 'name'")
     written_id = obj.get("id")
     if call_id is None and isinstance(written_id, str) and written_id:
         call_id = written_id
     return call_from_arguments(name, obj.get("arguments", obj.get("parameters", {})), call_id=call_id)
 
 
-def call_from_arguments(name: str, arguments: Any, *, call_id: str | None = None) -> ParsedCall:
+def call_from_arguments(name: str, arguments: Any, *, call_id: str | None = None) -> ToolCall:
     """A call from a name and arguments given as a dict or as JSON text."""
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
         except json.JSONDecodeError as error:
-            return ParsedCall(name=name, arguments=arguments, error=f"'arguments' is not valid JSON ({error.msg})", call_id=call_id)
+            return ToolCall(name=name, arguments=arguments, error=f"'arguments' is not valid JSON ({error.msg})", id=call_id)
     if not isinstance(arguments, dict):
-        return ParsedCall(name=name, arguments=json.dumps(arguments), error="'arguments' must be a JSON object", call_id=call_id)
-    return ParsedCall(name=name, arguments=json.dumps(arguments, ensure_ascii=False), call_id=call_id)
+        return ToolCall(name=name, arguments=json.dumps(arguments), error="'arguments' must be a JSON object", id=call_id)
+    return ToolCall(name=name, arguments=json.dumps(arguments, ensure_ascii=False), id=call_id)
 
 
-def parse_json_call(text: str, *, call_id: str | None = None) -> ParsedCall:
+def parse_json_call(text: str, *, call_id: str | None = None) -> ToolCall:
     """One call from JSON text; a decoding error becomes the call's `error`."""
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as error:
-        return ParsedCall(name=guess_name(text), arguments=text, error=f"the tool call is not valid JSON ({error.msg})", call_id=call_id)
+        return ToolCall(name=guess_name(text), arguments=text, error=f"the tool call is not valid JSON ({error.msg})", id=call_id)
     return call_from_object(obj, raw=text, call_id=call_id)
 
 
-def arguments_object(call: ParsedCall) -> Any:
+def arguments_object(call: ToolCall) -> Any:
     """The call's arguments decoded (for writing them back in a family's syntax)."""
     try:
         return json.loads(call.arguments)

@@ -13,7 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn, arguments_object, call_from_arguments, to_json
+from gym_bridge.core.template.parsers.call import arguments_object, call_from_arguments, to_json
+from gym_bridge.core.turn import ToolCall, Turn
 
 START, MESSAGE, END, CALL, RETURN, CHANNEL = "<|start|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>", "<|channel|>"
 _RECIPIENT = re.compile(r"to=([^\s<]+)")
@@ -84,9 +85,9 @@ class HarmonyToolParser:
     name = "openai"
     markers = ("to=functions.",)
 
-    def parse(self, text: str, tools: Sequence[Mapping[str, Any]] = ()) -> ParsedTurn:
+    def parse(self, text: str, tools: Sequence[Mapping[str, Any]] = ()) -> Turn:
         if MESSAGE not in text:
-            return ParsedTurn(reasoning="", content=text.strip())
+            return Turn(reasoning="", text=text.strip())
         reasoning, content, calls, builtin = [], [], [], False
         for message in split_messages(text):
             if message.function:
@@ -96,10 +97,10 @@ class HarmonyToolParser:
             else:
                 content.append(message.body)
             builtin = builtin or bool(message.recipient and not message.function)
-        return ParsedTurn(reasoning="\n".join(reasoning), content="\n".join(content).strip(), calls=tuple(calls),
+        return Turn(reasoning="\n".join(reasoning), text="\n".join(content).strip(), calls=tuple(calls),
                           unparsed_tool_call=builtin and not calls)
 
-    def format(self, calls: Sequence[ParsedCall]) -> str:
+    def format(self, calls: Sequence[ToolCall]) -> str:
         return f"{CALL}{START}assistant".join(
             f" to=functions.{call.name}{CHANNEL}commentary json{MESSAGE}{to_json(arguments_object(call))}" for call in calls
         )

@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Sequence
 
-from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn, arguments_object, parse_json_call, to_json
+from gym_bridge.core.template.parsers.call import arguments_object, parse_json_call, to_json
+from gym_bridge.core.turn import ToolCall, Turn
 
 _CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 
@@ -18,13 +19,13 @@ class HermesParser:
     name = "hermes"
     markers = ("<tool_call>",)
 
-    def parse(self, text: str, tools: Sequence[Mapping[str, Any]] = ()) -> ParsedTurn:
+    def parse(self, text: str, tools: Sequence[Mapping[str, Any]] = ()) -> Turn:
         if "<tool_call>" not in text:
-            return ParsedTurn(reasoning="", content=text.strip())
+            return Turn(reasoning="", text=text.strip())
         calls = tuple(parse_json_call(body.strip()) for body in _CALL.findall(text))
-        return ParsedTurn(reasoning="", content=_CALL.sub("", text).strip(), calls=calls)
+        return Turn(reasoning="", text=_CALL.sub("", text).strip(), calls=calls)
 
-    def format(self, calls: Sequence[ParsedCall]) -> str:
+    def format(self, calls: Sequence[ToolCall]) -> str:
         return "\n".join(
             f'<tool_call>\n{{"name": {to_json(call.name)}, "arguments": {to_json(arguments_object(call))}}}\n</tool_call>' for call in calls
         )

@@ -14,7 +14,8 @@ import json
 import re
 from typing import Any, Mapping, Sequence
 
-from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn, arguments_object, call_from_object, guess_name, to_json
+from gym_bridge.core.template.parsers.call import arguments_object, call_from_object, guess_name, to_json
+from gym_bridge.core.turn import ToolCall, Turn
 
 
 class JsonListParser:
@@ -29,32 +30,32 @@ class JsonListParser:
         self._opening = re.compile(re.escape(marker) + ("" if text_marker is None else "|" + re.escape(text_marker) + r"(?=\s*\[)"))
         """The first marker; a text marker only where a list follows it."""
 
-    def parse(self, text: str, tools: Sequence[Mapping[str, Any]] = ()) -> ParsedTurn:
+    def parse(self, text: str, tools: Sequence[Mapping[str, Any]] = ()) -> Turn:
         opening = self._opening.search(text)
         if opening is None:
-            return ParsedTurn(reasoning="", content=text.strip())
+            return Turn(reasoning="", text=text.strip())
         at = opening.start()
         body = text[opening.end() - (1 if self._list_in_marker else 0):].strip()
         try:
             obj, end = json.JSONDecoder().raw_decode(body)
         except json.JSONDecodeError as error:
-            call = ParsedCall(name=guess_name(body), arguments=body, error=f"the tool calls are not valid JSON ({error.msg})")
-            return ParsedTurn(reasoning="", content=text[:at].strip(), calls=(call,))
+            call = ToolCall(name=guess_name(body), arguments=body, error=f"the tool calls are not valid JSON ({error.msg})")
+            return Turn(reasoning="", text=text[:at].strip(), calls=(call,))
         content_before = text[:at].strip()
         if not isinstance(obj, list):
-            call = ParsedCall(name=guess_name(body), arguments=body[:end],
+            call = ToolCall(name=guess_name(body), arguments=body[:end],
                               error=f"the tool calls after {self.marker} must be a JSON list: [{{\"name\": ..., \"arguments\": {{...}}}}]")
-            return ParsedTurn(reasoning="", content=" ".join(piece for piece in (content_before, body[end:].strip()) if piece), calls=(call,))
+            return Turn(reasoning="", text=" ".join(piece for piece in (content_before, body[end:].strip()) if piece), calls=(call,))
         calls = tuple(call_from_object(entry, raw=json.dumps(entry)) for entry in obj) or (
-            ParsedCall(name="", arguments=body, error="the list of tool calls is empty"),
+            ToolCall(name="", arguments=body, error="the list of tool calls is empty"),
         )
         if self._require_arguments and not all(_complete(entry) for entry in obj):
             reason = "every tool call needs a 'name' and 'arguments'; one lacks them, so none of this turn's calls is read"
-            calls = tuple(ParsedCall(name=call.name, arguments=call.arguments, error=call.error or reason) for call in calls)
+            calls = tuple(ToolCall(name=call.name, arguments=call.arguments, error=call.error or reason) for call in calls)
         content = " ".join(piece for piece in (content_before, body[end:].strip()) if piece)
-        return ParsedTurn(reasoning="", content=content, calls=calls)
+        return Turn(reasoning="", text=content, calls=calls)
 
-    def format(self, calls: Sequence[ParsedCall]) -> str:
+    def format(self, calls: Sequence[ToolCall]) -> str:
         entries = ", ".join(f'{{"name": {to_json(call.name)}, "arguments": {to_json(arguments_object(call))}}}' for call in calls)
         prefix = self.marker[:-1] if self._list_in_marker else self.marker
         return f"{prefix}[{entries}]"

@@ -13,7 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn, arguments_object, call_from_object, guess_name, to_json
+from gym_bridge.core.template.parsers.call import arguments_object, call_from_object, guess_name, to_json
+from gym_bridge.core.turn import ToolCall, Turn
 
 _PYTHON_TAG = "<|python_tag|>"
 _CALL_START = re.compile(r'\{\s*"name"\s*:')
@@ -29,7 +30,7 @@ def _is_call(obj: Any) -> bool:
 
 @dataclass(frozen=True)
 class JsonCalls:
-    calls: tuple[ParsedCall, ...]
+    calls: tuple[ToolCall, ...]
     prose: tuple[str, ...]
     """The text around the calls, piece by piece (separators and fences removed)."""
 
@@ -38,7 +39,7 @@ def find_json_calls(text: str) -> JsonCalls:
     """The call objects written anywhere in `text`, and the prose around them. A call that
     starts `{"name":` but does not decode takes the rest of the text as its (malformed) body."""
     decoder = json.JSONDecoder()
-    calls: list[ParsedCall] = []
+    calls: list[ToolCall] = []
     pieces: list[str] = []
     position = cursor = 0
     while (start := _OBJECT_START.search(text, cursor)) is not None:
@@ -51,7 +52,7 @@ def find_json_calls(text: str) -> JsonCalls:
                 continue
             body = text[brace:].strip()
             pieces.append(text[position:brace])
-            calls.append(ParsedCall(name=guess_name(body), arguments=body, error=f"the tool call is not valid JSON ({error.msg})"))
+            calls.append(ToolCall(name=guess_name(body), arguments=body, error=f"the tool call is not valid JSON ({error.msg})"))
             position = len(text)
             break
         if _is_call(obj):
@@ -72,11 +73,11 @@ class Llama3JsonParser:
     name = "llama3_json"
     markers = (_PYTHON_TAG, '{"name"')
 
-    def parse(self, text: str, tools: Sequence[Mapping[str, Any]] = ()) -> ParsedTurn:
+    def parse(self, text: str, tools: Sequence[Mapping[str, Any]] = ()) -> Turn:
         found = find_json_calls(text)
         if not found.calls:
-            return ParsedTurn(reasoning="", content=text.strip())
-        return ParsedTurn(reasoning="", content=" ".join(found.prose), calls=found.calls)
+            return Turn(reasoning="", text=text.strip())
+        return Turn(reasoning="", text=" ".join(found.prose), calls=found.calls)
 
-    def format(self, calls: Sequence[ParsedCall]) -> str:
+    def format(self, calls: Sequence[ToolCall]) -> str:
         return "; ".join(f'{{"name": {to_json(call.name)}, "parameters": {to_json(arguments_object(call))}}}' for call in calls)

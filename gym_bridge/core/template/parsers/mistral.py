@@ -16,7 +16,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn, arguments_object, call_from_arguments, call_from_object, guess_name, to_json
+from gym_bridge.core.template.parsers.call import arguments_object, call_from_arguments, call_from_object, guess_name, to_json
+from gym_bridge.core.turn import ToolCall, Turn
 
 _BOT = "[TOOL_CALLS]"
 _NAME = re.compile(r"[A-Za-z_][\w.\-]*")
@@ -29,7 +30,7 @@ _ARGS = "[ARGS]"
 class _Read:
     """What follows one `[TOOL_CALLS]`: its calls, and the text beside them that is content."""
 
-    calls: tuple[ParsedCall, ...]
+    calls: tuple[ToolCall, ...]
     text: str = ""
 
 
@@ -38,23 +39,23 @@ def _json_calls(body: str, *, before: str = "") -> _Read:
     try:
         value, end = json.JSONDecoder().raw_decode(body)
     except json.JSONDecodeError as error:
-        return _Read((ParsedCall(name=guess_name(body), arguments=body, error=f"the tool calls are not valid JSON ({error.msg})"),), before)
+        return _Read((ToolCall(name=guess_name(body), arguments=body, error=f"the tool calls are not valid JSON ({error.msg})"),), before)
     entries = value if isinstance(value, list) else [value]
     calls = tuple(call_from_object(entry, raw=json.dumps(entry)) for entry in entries)
     text = f"{before} {body[end:].strip()}".strip()
-    return _Read(calls or (ParsedCall(name="", arguments=body, error="the list of tool calls is empty"),), text)
+    return _Read(calls or (ToolCall(name="", arguments=body, error="the list of tool calls is empty"),), text)
 
 
 def _named_call(name: str, arguments: str, *, call_id: str | None = None) -> _Read:
     """`name` with the JSON object at the start of `arguments` (none written: `{}`)."""
     if not name:
-        return _Read((ParsedCall(name="", arguments=arguments, error="the tool call has no name"),))
+        return _Read((ToolCall(name="", arguments=arguments, error="the tool call has no name"),))
     if not arguments.strip():
-        return _Read((ParsedCall(name=name, arguments="{}", call_id=call_id),))
+        return _Read((ToolCall(name=name, arguments="{}", id=call_id),))
     try:
         value, end = json.JSONDecoder().raw_decode(arguments.strip())
     except json.JSONDecodeError as error:
-        return _Read((ParsedCall(name=name, arguments=arguments.strip(), error=f"'arguments' is not valid JSON ({error.msg})", call_id=call_id),))
+        return _Read((ToolCall(name=name, arguments=arguments.strip(), error=f"'arguments' is not valid JSON ({error.msg})", id=call_id),))
     return _Read((call_from_arguments(name, value, call_id=call_id),), arguments.strip()[end:].strip())
 
 
@@ -73,27 +74,27 @@ def _read(segment: str) -> _Read:
     start = _JSON_START.search(body)
     if start:
         return _json_calls(body[start.start():], before=body[:start.start()].strip())
-    return _Read((ParsedCall(name="", arguments=body, error="[TOOL_CALLS] is followed by neither a JSON list of calls nor name{arguments}"),))
+    return _Read((ToolCall(name="", arguments=body, error="[TOOL_CALLS] is followed by neither a JSON list of calls nor name{arguments}"),))
 
 
 class MistralParser:
     name = "mistral"
     markers = (_BOT,)
 
-    def parse(self, text: str, tools: Sequence[Mapping[str, Any]] = ()) -> ParsedTurn:
+    def parse(self, text: str, tools: Sequence[Mapping[str, Any]] = ()) -> Turn:
         if _BOT not in text:
-            return ParsedTurn(reasoning="", content=text.strip())
+            return Turn(reasoning="", text=text.strip())
         content, *segments = text.split(_BOT)
         reads = [_read(segment) for segment in segments if segment.strip()]
         calls = [call for read in reads for call in read.calls]
         prose = [content.strip(), *(read.text for read in reads)]
         if not calls:
-            calls.append(ParsedCall(name="", arguments="", error="[TOOL_CALLS] is followed by no call"))
-        return ParsedTurn(reasoning="", content=" ".join(piece for piece in prose if piece), calls=tuple(calls))
+            calls.append(ToolCall(name="", arguments="", error="[TOOL_CALLS] is followed by no call"))
+        return Turn(reasoning="", text=" ".join(piece for piece in prose if piece), calls=tuple(calls))
 
-    def format(self, calls: Sequence[ParsedCall]) -> str:
+    def format(self, calls: Sequence[ToolCall]) -> str:
         entries = []
         for call in calls:
             entry = f'{{"name": {to_json(call.name)}, "arguments": {to_json(arguments_object(call))}'
-            entries.append(entry + (f', "id": {to_json(call.call_id)}}}' if call.call_id else "}"))
+            entries.append(entry + (f', "id": {to_json(call.id)}}}' if call.id else "}"))
         return f"{_BOT}[{', '.join(entries)}]"

@@ -9,7 +9,8 @@ import json
 import re
 from typing import Any, Mapping, Sequence
 
-from gym_bridge.core.template.parsers.call import ParsedCall, ParsedTurn, arguments_object, to_json
+from gym_bridge.core.template.parsers.call import arguments_object, to_json
+from gym_bridge.core.turn import ToolCall, Turn
 
 _CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 _FUNCTION = re.compile(r"<function=([^>\n]*)>(.*?)(?:</function>|$)", re.DOTALL)
@@ -39,24 +40,24 @@ class Qwen3CoderParser:
     name = "qwen3_coder"
     markers = ("<function=",)
 
-    def parse(self, text: str, tools: Sequence[Mapping[str, Any]] = ()) -> ParsedTurn:
+    def parse(self, text: str, tools: Sequence[Mapping[str, Any]] = ()) -> Turn:
         if "<function=" not in text:
-            return ParsedTurn(reasoning="", content=text.strip())
+            return Turn(reasoning="", text=text.strip())
         calls = []
         for body in _CALL.findall(text) or [text]:
             for name, params in _FUNCTION.findall(body):
                 name = name.strip()
                 if not name:
-                    calls.append(ParsedCall(name="", arguments=params, error="the tool call has no function name"))
+                    calls.append(ToolCall(name="", arguments=params, error="the tool call has no function name"))
                     continue
                 types = _property_types(tools, name)
                 arguments = {key.strip(): _value(value, types.get(key.strip())) for key, value in _PARAMETER.findall(params)}
-                calls.append(ParsedCall(name=name, arguments=json.dumps(arguments, ensure_ascii=False)))
+                calls.append(ToolCall(name=name, arguments=json.dumps(arguments, ensure_ascii=False)))
         start = text.find("<tool_call>")
         content = text[: start if start >= 0 else text.find("<function=")]
-        return ParsedTurn(reasoning="", content=content.strip(), calls=tuple(calls))
+        return Turn(reasoning="", text=content.strip(), calls=tuple(calls))
 
-    def format(self, calls: Sequence[ParsedCall]) -> str:
+    def format(self, calls: Sequence[ToolCall]) -> str:
         out = []
         for call in calls:
             arguments = arguments_object(call)
