@@ -257,6 +257,7 @@ def run_sync(server: StubServer, tokenizer: Any, args: argparse.Namespace) -> di
         generated = time.perf_counter()
         groups = loop.run_until_complete(engine.run_groups(batch, group_size=args.group))
         trainer.wait_s += time.perf_counter() - generated
+        trainer.step_waits_s.append(round(time.perf_counter() - generated, 3))
         trainer.trained_turns += [int(record.task["turns"]) for group in groups for record in group if not record.failed]
         trainer.complete += [record.reward == 1.0 for group in groups for record in group if not record.failed]
         trainer.staleness += [0] * sum(len(group) for group in groups)
@@ -390,7 +391,7 @@ def summary(trainer: Trainer, server: StubServer, wall_s: float, args: argparse.
         "max_oldest_token_staleness": max(trainer.oldest_staleness, default=0),
         "long_episodes_trained": sum(turns >= args.long_turns for turns in trained),
         "long_rows_dropped_stale": sum(turns >= args.long_turns for turns in trainer.discarded_turns),
-        "first_step_wait_s": trainer.step_waits_s[0] if trainer.step_waits_s else round(trainer.wait_s / max(len(trained) // args.batch, 1), 3),
+        "first_step_wait_s": trainer.step_waits_s[0] if trainer.step_waits_s else 0.0,
         "later_steps_wait_s": round(sum(trainer.step_waits_s[1:]), 3),
         "long_share_trained": round(sum(turns >= args.long_turns for turns in trained) / max(len(trained), 1), 3),
         "mean_tool_calls_trained": round(statistics.mean(trained), 3),
