@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -108,9 +109,10 @@ class Admission:
     """When the worker's next group may start, and the version each of its rows carries; owned by the worker's loop.
 
     A group starts when `StalenessWindow` admits its rows at the trainer's version, or, with nothing in flight and
-    nothing waiting for the trainer, anyway (`forced`: the trainer can only wait for rows, so never a deadlock)."""
+    nothing waiting for the trainer, anyway (`forced_admissions`: the trainer can only wait for rows, so never a deadlock)."""
 
-    def __init__(self, window: StalenessWindow, *, group_size: int, row_version: RowVersion, version: Callable[[], int]) -> None:
+    def __init__(self, window: StalenessWindow, *, group_size: int, row_version: RowVersion, version: Callable[[], int],
+                 counts: Counter[str]) -> None:
         self.window = window
         self.group_size = group_size
         self.row_version_rule: RowVersion = row_version
@@ -118,8 +120,8 @@ class Admission:
         self.clock = CallClock(version, on_change=self.wake)
         self.admitted: set[int] = set()
         """Groups in the window now."""
-        self.forced = 0
-        """Groups started with nothing in flight although the window was full."""
+        self.counts = counts
+        """`forced_admissions`: groups started with nothing in flight although the window was full."""
         self._wake: asyncio.Event | None = None
 
     def wake(self) -> None:
@@ -138,7 +140,7 @@ class Admission:
             if self.window.admits(self.group_size, self.version()):
                 break
             if idle():
-                self.forced += 1
+                self.counts["forced_admissions"] += 1
                 break
             self._wake.clear()
             try:

@@ -1,12 +1,9 @@
 """gym_bridge as TRL's async rollout worker: `AsyncGRPOTrainer(rollout_worker=AsyncRolloutWorker(...))`.
 
-It implements TRL 1.16's `RolloutWorkerProtocol` in the trainer's process: an event loop on a thread runs gym_bridge's
-engine against the trainer's vLLM server (token-in `/v1/completions`, the append-only token stream), group by group
-over rows that name their environment, and pushes one `RolloutSample` per training row. This module is the protocol
-surface and the loop; the roles are beside it (`gym_bridge.trl._async`): `admission` (when a group starts, its rows'
-versions), `rows` (records -> rows and advantages), `buffer` (what a take by the trainer tells the worker),
-`progress` (the journal and the trainer's checkpoints). A failed rollout is left out of the loss and of its group's
-statistics, counted, and never stops the worker.
+TRL 1.16's `RolloutWorkerProtocol` in the trainer's process: an event loop on a thread runs gym_bridge's engine against
+the trainer's vLLM server group by group and pushes one `RolloutSample` per training row; a failed rollout is counted
+and left out, never stopping the worker. This module is the protocol surface and the loop; the roles beside it
+(`gym_bridge.trl._async`): `admission`, `rows`, `buffer`, `progress`.
 """
 
 from __future__ import annotations
@@ -136,13 +133,13 @@ class AsyncRolloutWorker:
         self.link = WorkerLink()
         self.policy = VersionedPolicy(policy, lambda: self.link.version)
         self.window = StalenessWindow(settings.max_staleness, settings.rows_per_version)
+        self.counts: Counter[str] = Counter()
+        """Totals since start: `groups`, `rollouts`, `failed`, `failed/<kind>`, `rows`, `forced_admissions`, `group_errors`."""
         self.admission = Admission(self.window, group_size=settings.group_size, row_version=settings.row_version,
-                                   version=lambda: self.link.version)
+                                   version=lambda: self.link.version, counts=self.counts)
         config = EngineConfig(sampling=settings.sampling, limits=settings.limits, max_concurrency=settings.max_concurrency,
                               deadline_s=settings.deadline_s, model_name=settings.model_name)
         self._engine = Engine(ClockedPolicy(self.policy, self.admission.clock), template, config)  # checks the template is append-only
-        self.counts: Counter[str] = Counter()
-        """Totals since start: `groups`, `rollouts`, `failed`, `failed/<kind>`, `rows`, `forced_admissions`, `group_errors`."""
         end_of_turn = template.end_of_turn_id
         self.rows = RowMaker(async_seams().rollout_sample, row_version=self.admission.row_version, counts=self.counts,
                              eos_token_ids=(end_of_turn, *(t for t in (eos_token_ids or template.eos_token_ids) if t != end_of_turn)),
@@ -284,7 +281,6 @@ class AsyncRolloutWorker:
                                                      stopping=lambda: self.link.stopping)
                 if waited_s is None:
                     break
-                self.counts["forced_admissions"] = self.admission.forced
                 self._push_metrics({"gym_bridge/admission_wait_s": waited_s, "gym_bridge/inflight_rows": float(self.window.in_flight_rows)})
                 job = asyncio.ensure_future(self._run_group(group_id, self._tasks[group_id % len(self._tasks)]))
                 running.add(job)
