@@ -15,9 +15,11 @@ AsyncGRPOTrainer does. Episodes have a long-tailed number of turns (Pareto, capp
 - `trl`: TRL 1.16's own `_AsyncRolloutLoop` (in a thread of this process instead of its spawned child) on the
   same stub: it re-renders messages each turn, stamps a group's version at dispatch, caps work in flight at
   `max_inflight_tasks` (its default, max_staleness x batch).
-Per mode: wall time per `rows` trained rows, the trainer's and the generator's idle shares, rows discarded for
-staleness, the largest staleness seen (by the row's version, and by its oldest token's), and how many long episodes
-(>= `long_turns`) made it into training. Each repeat also measures the pipeline limit, the wall time no pipeline can
+Per mode: wall time per `rows` trained rows, the trainer's and the generator's idle shares, where the trainer's wait
+went (for its first batch, and for all later ones together), rows discarded for staleness (and how many of them were
+long episodes' rows), the largest staleness seen (by the row's version, and by its oldest token's), and how many long
+episodes' rows (>= `long_turns`) made it into training; for gym_bridge's worker also how many it started, and of those
+not trained, how many were done and waiting when the row budget ended the run and how many were still running. Each repeat also measures the pipeline limit, the wall time no pipeline can
 beat: the larger of generating the run's episodes at full concurrency (every rollout at once, no trainer) and
 training alone (the steps and syncs over rows already waiting), and reports each mode's wall time as a ratio to it.
 The generation half is that of the first `rows` rows' groups in task order; a worker that trains groups admitted
@@ -184,6 +186,10 @@ class Trainer:
         self.trained_turns: list[int] = []
         self.complete: list[bool] = []
         """Per trained row: did its episode make exactly its number of tool calls (the stub obeys, so it should)."""
+        self.discarded_turns: list[int] = []
+        """Per row dropped for staleness: its episode's tool calls."""
+        self.step_waits_s: list[float] = []
+        """Per optimizer step: how long the trainer waited for its batch's rows."""
 
     def sync(self) -> None:
         self.http.post(self.server.url + "/pause", params={"mode": "keep"})
@@ -196,18 +202,23 @@ class Trainer:
         """Train until `args.rows` rows went into steps; `oldest_version(sample)` is the version of a row's oldest
         token (None: the row's own version)."""
         batch: list[Any] = []
+        waited_s = 0.0
         while len(self.trained_turns) < self.args.rows:
             started = time.perf_counter()
             sample = rows.get()
-            self.wait_s += time.perf_counter() - started
+            waited_s += time.perf_counter() - started
             staleness = 0 if sample is None else self.version - int(sample.model_version)
             if staleness > self.args.max_staleness:
                 self.discarded += 1
+                self.discarded_turns.append(turns_of(sample))
                 continue
             self.staleness.append(staleness)
             self.oldest_staleness.append(staleness if oldest_version is None else self.version - int(oldest_version(sample)))
             batch.append(sample)
             if len(batch) == self.args.batch:
+                self.wait_s += waited_s
+                self.step_waits_s.append(round(waited_s, 3))
+                waited_s = 0.0
                 self.trained_turns += [turns_of(sample) for sample in batch]
                 self.complete += [complete(sample) for sample in batch]
                 batch = []
@@ -246,6 +257,7 @@ def run_sync(server: StubServer, tokenizer: Any, args: argparse.Namespace) -> di
         generated = time.perf_counter()
         groups = loop.run_until_complete(engine.run_groups(batch, group_size=args.group))
         trainer.wait_s += time.perf_counter() - generated
+        trainer.step_waits_s.append(round(time.perf_counter() - generated, 3))
         trainer.trained_turns += [int(record.task["turns"]) for group in groups for record in group if not record.failed]
         trainer.complete += [record.reward == 1.0 for group in groups for record in group if not record.failed]
         trainer.staleness += [0] * sum(len(group) for group in groups)
@@ -276,13 +288,23 @@ def run_async(server: StubServer, tokenizer: Any, args: argparse.Namespace, row_
     started = time.perf_counter()
     server.reset_clock()
     worker.start()
+    turns_of = lambda sample: by_prompt[tuple(sample.prompt[-1]["content"].split())]  # noqa: E731
     try:
-        trainer.take(worker.rollout_buffer, lambda sample: by_prompt[tuple(sample.prompt[-1]["content"].split())],
-                     lambda sample: sample.metrics["reward"] == 1.0,
+        trainer.take(worker.rollout_buffer, turns_of, lambda sample: sample.metrics["reward"] == 1.0,
                      lambda sample: sample.model_version - sample.metrics.get("gym_bridge/row_version_span", 0.0))
+        in_flight = [int(tasks[group_id % len(tasks)]["turns"]) for group_id in list(worker.admission.admitted)] * args.group
     finally:
         worker.stop()
-    return summary(trainer, server, time.perf_counter() - started, args)
+    wall_s = time.perf_counter() - started
+    waiting = []
+    while not worker.rollout_buffer.empty():
+        waiting.append(turns_of(worker.rollout_buffer.get_nowait()))
+    result = summary(trainer, server, wall_s, args)
+    # a row budget ends the run: what was started and not trained is either done and waiting or still running
+    result["long_rows_waiting_at_end"] = sum(turns >= args.long_turns for turns in waiting)
+    result["long_rows_in_flight_at_end"] = sum(turns >= args.long_turns for turns in in_flight)
+    result["long_rows_started"] = result["long_episodes_trained"] + result["long_rows_waiting_at_end"] + result["long_rows_in_flight_at_end"]
+    return result
 
 
 def run_trl(server: StubServer, tokenizer: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -368,6 +390,9 @@ def summary(trainer: Trainer, server: StubServer, wall_s: float, args: argparse.
         "max_staleness_seen": max(trainer.staleness, default=0),
         "max_oldest_token_staleness": max(trainer.oldest_staleness, default=0),
         "long_episodes_trained": sum(turns >= args.long_turns for turns in trained),
+        "long_rows_dropped_stale": sum(turns >= args.long_turns for turns in trainer.discarded_turns),
+        "first_step_wait_s": trainer.step_waits_s[0] if trainer.step_waits_s else 0.0,
+        "later_steps_wait_s": round(sum(trainer.step_waits_s[1:]), 3),
         "long_share_trained": round(sum(turns >= args.long_turns for turns in trained) / max(len(trained), 1), 3),
         "mean_tool_calls_trained": round(statistics.mean(trained), 3),
         "complete_episode_share": round(sum(trainer.complete[: args.rows]) / max(len(trained), 1), 3),

@@ -30,8 +30,8 @@ def recipe():
 
 @pytest.mark.parametrize("name", ["trl_async_grpo_cpu.yaml", "trl_async_grpo_gpu.yaml"])
 def test_shipped_configs_are_valid(recipe, name, tmp_path):
-    from gym_bridge.trl._async import rows_per_version
-    from gym_bridge.trl._async_api import async_seams
+    from gym_bridge.trl._trainer_args import rows_per_version
+    from gym_bridge.trl._async.seams import async_seams
 
     # use_cpu: the GPU config is checked on this machine, which has no GPU for its bf16
     config = recipe.load_recipe_config(str(CONFIGS / name), [f"async_grpo.output_dir={tmp_path}", "async_grpo.use_cpu=true"])

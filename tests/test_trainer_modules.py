@@ -73,7 +73,8 @@ def test_every_public_name_resolves(module):
     public = importlib.import_module(f"gym_bridge.{module}")
     adapter = importlib.import_module(ADAPTERS[module])
     assert set(adapter.__all__) <= set(public.__all__)  # a name added to the adapter is added here too
-    homes = {name: path for path in (ROOT / "gym_bridge" / module).glob("_*.py") for name in bindings(module_name(path))[0]}
+    folder = ROOT / "gym_bridge" / module
+    homes = {name: path for path in [*folder.glob("_*.py"), *folder.glob("_*/[!_]*.py")] for name in bindings(module_name(path))[0]}
     for name in public.__all__:  # each is the object its home module defines (issue 37: no re-export in between)
         assert getattr(public, name) is getattr(importlib.import_module(module_name(homes[name])), name), name
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
@@ -84,9 +85,9 @@ def test_the_async_recipes_parts_resolve_from_the_package_and_stay_light():
     code = (
         "import sys\n"
         "import gym_bridge.trl as trl\n"
-        "from gym_bridge.trl._async_weights import FileWeightReceiver, FileWeightTransfer\n"
-        "from gym_bridge.trl._async_api import async_seams\n"
-        "from gym_bridge.trl._async_cpu import cpu_async_grpo_trainer\n"
+        "from gym_bridge.trl._async.weights import FileWeightReceiver, FileWeightTransfer\n"
+        "from gym_bridge.trl._async.seams import async_seams\n"
+        "from gym_bridge.trl._async.cpu import cpu_async_grpo_trainer\n"
         "assert trl.FileWeightReceiver is FileWeightReceiver and trl.FileWeightTransfer is FileWeightTransfer\n"
         "assert trl.async_seams is async_seams and trl.cpu_async_grpo_trainer is cpu_async_grpo_trainer\n"
         "assert {'FileWeightReceiver', 'async_seams'} <= set(dir(trl)) and 'FileWeightReceiver' not in trl.__all__\n"

@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING
 from gym_bridge._lazy import lazy_homes
 
 if TYPE_CHECKING:  # the names, for type checkers and linters; at run time `__getattr__` imports them
-    from gym_bridge.trl._async_api import async_seams  # noqa: F401
-    from gym_bridge.trl._async_checkpoint import restore_async_worker, worker_checkpoint_callback  # noqa: F401
-    from gym_bridge.trl._async_cpu import cpu_async_grpo_trainer  # noqa: F401
-    from gym_bridge.trl._async_weights import FileWeightReceiver, FileWeightTransfer  # noqa: F401
-    from gym_bridge.trl._async import AsyncRolloutWorker, AsyncWorkerSettings  # noqa: F401
+    from gym_bridge.trl._async.seams import async_seams  # noqa: F401
+    from gym_bridge.trl._async.checkpoint import restore_async_worker, worker_checkpoint_callback  # noqa: F401
+    from gym_bridge.trl._async.cpu import cpu_async_grpo_trainer  # noqa: F401
+    from gym_bridge.trl._async.weights import FileWeightReceiver, FileWeightTransfer  # noqa: F401
+    from gym_bridge.trl._async.settings import AsyncWorkerSettings  # noqa: F401
+    from gym_bridge.trl._async.worker import AsyncRolloutWorker  # noqa: F401
     from gym_bridge.trl._dataset import example_data_paths, load_dataset  # noqa: F401
     from gym_bridge.trl._options import RolloutOptions  # noqa: F401
     from gym_bridge.trl._rewards import env_reward, reward_metrics  # noqa: F401
@@ -35,18 +36,18 @@ __all__ = [
 ]
 _HOMES = {
     **dict.fromkeys(("TRLRollout", "make_rollout", "rollout", "to_trl_batch"), "gym_bridge.trl._rollout"),
-    "AsyncRolloutWorker": "gym_bridge.trl._async", "AsyncWorkerSettings": "gym_bridge.trl._async",
+    "AsyncRolloutWorker": "gym_bridge.trl._async.worker", "AsyncWorkerSettings": "gym_bridge.trl._async.settings",
     "RolloutOptions": "gym_bridge.trl._options", "env_reward": "gym_bridge.trl._rewards", "reward_metrics": "gym_bridge.trl._rewards",
     "example_data_paths": "gym_bridge.trl._dataset", "load_dataset": "gym_bridge.trl._dataset",
 }
 """Each public name's home module."""
 _ASYNC_PARTS = {
-    "async_seams": "gym_bridge.trl._async_api",
-    "restore_async_worker": "gym_bridge.trl._async_checkpoint",
-    "worker_checkpoint_callback": "gym_bridge.trl._async_checkpoint",
-    "cpu_async_grpo_trainer": "gym_bridge.trl._async_cpu",
-    "FileWeightTransfer": "gym_bridge.trl._async_weights",
-    "FileWeightReceiver": "gym_bridge.trl._async_weights",
+    "async_seams": "gym_bridge.trl._async.seams",
+    "restore_async_worker": "gym_bridge.trl._async.checkpoint",
+    "worker_checkpoint_callback": "gym_bridge.trl._async.checkpoint",
+    "cpu_async_grpo_trainer": "gym_bridge.trl._async.cpu",
+    "FileWeightTransfer": "gym_bridge.trl._async.weights",
+    "FileWeightReceiver": "gym_bridge.trl._async.weights",
 }
 """What the async recipe and a vLLM server's worker extension name; not in `__all__`, so `import *` stays as it was."""
 _RECIPE_PARTS = dict.fromkeys(["load_recipe_config", "compact_log_line", "use_compact_log", "quiet_vllm_version_warning",

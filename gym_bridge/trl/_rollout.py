@@ -29,7 +29,7 @@ from gym_bridge.trl._options import RolloutOptions
 from gym_bridge.trl._backend import LOOP, BackendName, generation_context, on_ray, pick_backend, release_policy
 from gym_bridge.trl._dataset import REGISTRY, key_from_prompt
 from gym_bridge.trl._step_journal import StepJournal
-from gym_bridge.core.agent_loop import Limits
+from gym_bridge.trl._trainer_args import limits_from_args, sampling_from_args
 from gym_bridge.core.training_row import TrainingRow, to_training_row
 from gym_bridge.core.items import item_text
 from gym_bridge.core.engine import Engine, EngineConfig, ready_tasks
@@ -38,7 +38,6 @@ from gym_bridge.core.errors import ConfigError, DataError, SetupError, TokenPoli
 from gym_bridge.core.health import ToolCallAlarm
 from gym_bridge.core.journal import RolloutKey
 from gym_bridge.core.template.parsers import get_reasoning_parser, get_tool_parser
-from gym_bridge.core.policy import SamplingParams
 from gym_bridge.core.record import RolloutRecord, with_train_step
 from gym_bridge.core.task import Task, parse_task
 from gym_bridge.core.template.chat_template import ChatTemplate
@@ -158,10 +157,12 @@ class TRLRollout:
         backend, policy = pick_backend(trainer, options)
         template = ChatTemplate(tokenizer, tool_format=options.tool_format, eos_token_ids=eos_token_ids, tool_parser=options.tool_parser,
                                 reasoning_parser=options.reasoning_parser, chat_template_kwargs=options.chat_template_kwargs)
+        per_call, limits = limits_from_args(args, trainer="sync", max_turns=options.max_turns, max_completion_length=max_completion_length,
+                                            max_new_tokens_per_turn=options.max_new_tokens_per_turn,
+                                            max_tool_output_chars=options.max_tool_output_chars)
         config = EngineConfig(
-            sampling=sampling_from_args(args, max_new_tokens=min(options.max_new_tokens_per_turn or max_completion_length, max_completion_length)),
-            limits=Limits(max_turns=options.max_turns, max_completion_tokens=max_completion_length,
-                          max_tool_output_chars=options.max_tool_output_chars),
+            sampling=sampling_from_args(args, max_new_tokens=per_call, trainer="sync"),
+            limits=limits,
             max_concurrency=options.max_concurrency,
             per_env_concurrency=options.per_env_concurrency,
             deadline_s=options.deadline_s,
@@ -286,29 +287,6 @@ def repeat_indices(prompts: Sequence[Any], *, group_size: int, offset: int = 0) 
         run = run + 1 if i and prompts[i] == prompts[i - 1] else 0
         counted.append(run)
     return counted
-
-
-def sampling_from_args(args: Any, *, max_new_tokens: int) -> SamplingParams:
-    """SamplingParams from a GRPOConfig: temperature, top_p, top_k (0, None or -1: off), with
-    log-probs of the temperature-scaled logits, which is what the trainer recomputes."""
-    top_p = getattr(args, "top_p", None)
-    top_k = getattr(args, "top_k", None)
-    ignored = {
-        name: value for name, value, neutral in (
-            ("min_p", getattr(args, "min_p", None), (None, 0, 0.0)),
-            ("repetition_penalty", getattr(args, "repetition_penalty", 1.0), (None, 1, 1.0)),
-            ("generation_kwargs", getattr(args, "generation_kwargs", None), (None, {})),
-        ) if value not in neutral
-    }
-    if ignored:
-        logger.warning("gym_bridge.trl ignores these GRPOConfig generation settings: %s", ignored)
-    return SamplingParams(
-        temperature=float(getattr(args, "temperature", 1.0)),
-        top_p=float(top_p) if top_p not in (None, 0) else 1.0,
-        top_k=int(top_k) if top_k is not None and top_k > 0 else 0,
-        max_new_tokens=max_new_tokens,
-        logprobs_mode="processed",
-    )
 
 
 async def _run_all(engine: Engine, jobs: Sequence[tuple[Task, type[Environment]]], repeats: Sequence[int],

@@ -35,3 +35,12 @@ def test_a_small_run_of_every_mode():
         assert figures["wall_to_limit"]["median"] == pytest.approx(figures["wall_s"]["median"] / limit["limit_s"]["median"], rel=0.5)
     # a row's oldest token is never newer than the row's version
     assert report["modes"]["async"]["max_oldest_token_staleness"]["min"] >= report["modes"]["async"]["max_staleness_seen"]["min"]
+    # where the trainer's wait went adds up to its idle share, and every long row gym_bridge's worker started is
+    # trained, done and waiting, or still running when the row budget ends the run (none dropped)
+    for mode, figures in report["modes"].items():
+        waits = figures["first_step_wait_s"]["median"] + figures["later_steps_wait_s"]["median"]
+        assert waits == pytest.approx(figures["trainer_idle_share"]["median"] * figures["wall_s"]["median"], abs=0.05), mode
+        assert figures["long_rows_dropped_stale"]["max"] <= figures["discarded_stale"]["max"], mode
+    worker = report["modes"]["async"]
+    assert worker["long_rows_started"]["median"] == (worker["long_episodes_trained"]["median"] + worker["long_rows_waiting_at_end"]["median"]
+                                                     + worker["long_rows_in_flight_at_end"]["median"])

@@ -83,7 +83,7 @@ def take(worker: Any, version: int, dropped: list[int]) -> Any:
 
 
 def main(argv: list[str]) -> None:
-    from gym_bridge.trl._async_ledger import WorkerState
+    from gym_bridge.trl._async.ledger import WorkerState
 
     work, url, steps = Path(argv[0]), argv[1], int(argv[2])
     path = work / "checkpoint.json"

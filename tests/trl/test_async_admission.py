@@ -8,7 +8,7 @@ import random
 import pytest
 
 from gym_bridge.core.staleness import StalenessWindow
-from gym_bridge.trl._async_admission import CallClock
+from gym_bridge.trl._async.admission import CallClock
 
 
 def simulate(row_version, *, max_staleness, rows_per_version, group_size=4, groups=120, seed=0):

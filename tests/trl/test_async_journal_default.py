@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("trl.experimental.async_grpo", reason="needs TRL >= 1.16")
 
 from gym_bridge.core.task import load_tasks  # noqa: E402
-from gym_bridge.trl._async import AsyncRolloutWorker  # noqa: E402
+from gym_bridge.trl._async.worker import AsyncRolloutWorker  # noqa: E402
 from tests.support.resume_kit import TurnPolicy  # noqa: E402
 
 ROOT = Path(__file__).parents[2]

@@ -37,8 +37,8 @@ import pytest
 pytest.importorskip("trl.experimental.async_grpo", reason="needs TRL >= 1.16")
 
 from gym_bridge.core.journal import read_frames  # noqa: E402
-from gym_bridge.trl._async_checkpoint import STATE_FILE  # noqa: E402
-from gym_bridge.trl._async_ledger import WorkerState  # noqa: E402
+from gym_bridge.trl._async.checkpoint import STATE_FILE  # noqa: E402
+from gym_bridge.trl._async.ledger import WorkerState  # noqa: E402
 from tests.support.http_server import app_in_thread  # noqa: E402
 from tests.support.vllm_async_stand_in import AsyncVLLMStandIn  # noqa: E402
 

@@ -17,8 +17,8 @@ import pytest
 pytest.importorskip("trl.experimental.async_grpo", reason="needs TRL >= 1.16")
 
 from gym_bridge.core.errors import ConfigError  # noqa: E402
-from gym_bridge.trl._async_checkpoint import STATE_FILE  # noqa: E402
-from gym_bridge.trl._async_ledger import GroupLedger, WorkerState  # noqa: E402
+from gym_bridge.trl._async.checkpoint import STATE_FILE  # noqa: E402
+from gym_bridge.trl._async.ledger import GroupLedger, WorkerState  # noqa: E402
 from tests.support.http_server import app_in_thread  # noqa: E402
 from tests.support.vllm_async_stand_in import AsyncVLLMStandIn  # noqa: E402
 
@@ -105,7 +105,7 @@ def test_resume_true_skips_a_checkpoint_cut_off_while_being_saved(tmp_path, capl
     import logging
     from types import SimpleNamespace
 
-    from gym_bridge.trl._async_checkpoint import restore_async_worker, save_worker_state
+    from gym_bridge.trl._async.checkpoint import restore_async_worker, save_worker_state
     from tests.support.async_trainer import worker_for
 
     out = tmp_path / "out"
@@ -118,7 +118,7 @@ def test_resume_true_skips_a_checkpoint_cut_off_while_being_saved(tmp_path, capl
     (out / "checkpoint-3" / "config.json").write_text("{}")  # the kill came while checkpoint-3 was being written
     assert restore_async_worker(trainer, worker, True) == str(out / "checkpoint-3")  # no worker state anywhere: the latest
     save_worker_state(WorkerState(next_group=2, taken_after=(), model_version=3), out / "checkpoint-2")
-    with caplog.at_level(logging.WARNING, logger="gym_bridge.trl._async_checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="gym_bridge.trl._async.checkpoint"):
         assert restore_async_worker(trainer, worker, True) == str(out / "checkpoint-2")
     assert "checkpoint-3" in caplog.text and "cut off" in caplog.text
     assert trainer.model_version == 3 and worker.model_version == 3

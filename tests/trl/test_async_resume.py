@@ -14,7 +14,8 @@ import pytest
 
 pytest.importorskip("trl.experimental.async_grpo", reason="needs TRL >= 1.16")
 
-from gym_bridge.trl._async import AsyncRolloutWorker, AsyncWorkerSettings  # noqa: E402
+from gym_bridge.trl._async.settings import AsyncWorkerSettings  # noqa: E402
+from gym_bridge.trl._async.worker import AsyncRolloutWorker  # noqa: E402
 from gym_bridge.core.agent_loop import Limits  # noqa: E402
 from gym_bridge.core.task import load_tasks, parse_task  # noqa: E402
 from tests.support.resume_kit import TurnPolicy  # noqa: E402

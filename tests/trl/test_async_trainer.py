@@ -10,10 +10,10 @@ import pytest
 
 pytest.importorskip("trl.experimental.async_grpo", reason="needs TRL >= 1.16")
 
-from gym_bridge.trl._async import AsyncRolloutWorker  # noqa: E402
-from gym_bridge.trl._async_api import async_seams  # noqa: E402
-from gym_bridge.trl._async_cpu import cpu_async_grpo_trainer, cpu_tree_attention  # noqa: E402
-from gym_bridge.trl._async_weights import FileWeightTransfer  # noqa: E402
+from gym_bridge.trl._async.worker import AsyncRolloutWorker  # noqa: E402
+from gym_bridge.trl._async.seams import async_seams  # noqa: E402
+from gym_bridge.trl._async.cpu import cpu_async_grpo_trainer, cpu_tree_attention  # noqa: E402
+from gym_bridge.trl._async.weights import FileWeightTransfer  # noqa: E402
 from tests.trl.test_async_worker import mixed_tasks  # noqa: E402
 from tests.support.vllm_async_stand_in import AsyncVLLMStandIn  # noqa: E402
 from tests.support.failing_env import RaisesOneInEight  # noqa: E402

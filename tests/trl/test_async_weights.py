@@ -11,7 +11,7 @@ import torch
 from fastapi import FastAPI, Request
 
 from gym_bridge.core.errors import WeightSyncError
-from gym_bridge.trl._async_weights import FileWeightReceiver, FileWeightTransfer
+from gym_bridge.trl._async.weights import FileWeightReceiver, FileWeightTransfer
 from tests.support.http_server import app_in_thread
 
 

@@ -14,8 +14,9 @@ import pytest
 
 pytest.importorskip("trl.experimental.async_grpo", reason="needs TRL >= 1.16")
 
-from gym_bridge.trl._async import AsyncRolloutWorker, AsyncWorkerSettings  # noqa: E402
-from gym_bridge.trl._async_rows import group_advantages  # noqa: E402
+from gym_bridge.trl._async.settings import AsyncWorkerSettings  # noqa: E402
+from gym_bridge.trl._async.worker import AsyncRolloutWorker  # noqa: E402
+from gym_bridge.trl._async.rows import group_advantages  # noqa: E402
 from gym_bridge.core.agent_loop import Limits  # noqa: E402
 from gym_bridge.core.policy import SamplingParams  # noqa: E402
 from gym_bridge.core.registry import register  # noqa: E402
@@ -102,7 +103,7 @@ def test_for_trainer_checks_the_servers_ids_against_the_trainers_tokenizer(smol_
                            weight_sync_steps=1, max_completion_length=64, temperature=1.0, top_p=1.0, top_k=0,
                            vllm_server_base_url="http://127.0.0.1:9", request_timeout=30)
     worker = AsyncRolloutWorker.for_trainer(args, tasks=mixed_tasks(), tokenizer=smol_tokenizer, served_model="m")
-    policy = worker._policy.policy  # under the VersionedPolicy that stamps versions
+    policy = worker.policy.policy  # under the VersionedPolicy that stamps versions
     assert isinstance(policy, RemotePolicy) and policy.vocab_size == len(smol_tokenizer) == 49152
 
 
@@ -246,7 +247,7 @@ def test_a_harness_rollout_with_rewritten_history_trains_every_segment(smol_temp
     plain = TokenView(prompt_ids=[1, 2], completion_ids=[8, 2], completion_mask=[1, 1], completion_logprobs=[-0.2, -0.2])
     settings = AsyncWorkerSettings(group_size=2, max_staleness=1, rows_per_version=4)
     worker = AsyncRolloutWorker([task], ScriptedPolicy({"": []}), smol_template, settings)
-    samples = worker._samples(7, [record(1.0, flat), record(0.0, plain)], worker._env_classes[task.env_name])
+    samples = [row.sample for row in worker.rows.group(7, [record(1.0, flat), record(0.0, plain)], worker.env_classes[task.env_name]).rows]
     assert [list(sample.input_ids) for sample in samples] == [[1, 2, 3, 4, 5], [1, 9, 6, 7], [1, 2, 8, 2]]
     assert [list(sample.completion_mask) for sample in samples] == [[0, 0, 1, 0, 1], [0, 0, 1, 1], [0, 0, 1, 1]]
     assert list(samples[0].old_log_probs) == pytest.approx([0.0, 0.0, -0.1, 0.0, -0.3])
@@ -267,7 +268,7 @@ def test_an_unknown_row_version_is_refused_naming_the_choices():
 def test_settings_that_could_never_admit_a_group_are_refused_and_a_dead_loop_is_reported(smol_template):
     from types import SimpleNamespace
 
-    from gym_bridge.trl._async import rows_per_version
+    from gym_bridge.trl._trainer_args import rows_per_version
     from gym_bridge.core.policy import ScriptedPolicy
 
     # TRL's defaults with its token budget: one row per micro-batch is all the worker may count on
@@ -279,6 +280,6 @@ def test_settings_that_could_never_admit_a_group_are_refused_and_a_dead_loop_is_
     worker = AsyncRolloutWorker(mixed_tasks()[:1], ScriptedPolicy({"": []}), smol_template,
                                 AsyncWorkerSettings(group_size=2, max_staleness=1, rows_per_version=4))
     worker.check_health(1.0)  # not started: nothing to report
-    worker._error = RuntimeError("boom")
+    worker.link.fail(RuntimeError("boom"))
     with pytest.raises(RuntimeError, match="rollout worker stopped: RuntimeError: boom"):
         worker.check_health(1.0)

@@ -7,7 +7,8 @@ import json
 import pytest
 
 import gym_bridge
-from gym_bridge.trl._rollout import make_rollout, repeat_indices, sampling_from_args, to_trl_batch
+from gym_bridge.trl._rollout import make_rollout, repeat_indices, to_trl_batch
+from gym_bridge.trl._trainer_args import sampling_from_args
 from gym_bridge.trl._rewards import env_reward, reward_metrics
 from gym_bridge.core.task import task_key
 from gym_bridge.trl._dataset import REGISTRY, load_dataset
@@ -200,6 +201,31 @@ def test_sampling_comes_from_the_trainers_args():
     sampling = sampling_from_args(args, max_new_tokens=32)
     assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.max_new_tokens) == (0.7, 1.0, 0, 32)
     assert sampling.logprobs_mode == "processed"
+
+
+@pytest.mark.parametrize(("temperature", "top_p", "top_k", "async_mode"),
+                         [(1.0, 1.0, -1, "raw"), (1.0, 0, None, "raw"), (0.7, 0.9, 20, "processed"), (1.0, 0.95, 0, "raw")])
+def test_the_sync_and_async_paths_map_a_trl_config_the_same_way(smol_tokenizer, temperature, top_p, top_k, async_mode):
+    """One mapping (gym_bridge.trl._trainer_args): both paths give the same temperature, top_p and top_k (-1, 0 and None
+    all mean off), and differ only in the log-prob mode, which follows the server that generates (see its docstring)."""
+    from types import SimpleNamespace
+
+    from gym_bridge.core.task import parse_task
+    from gym_bridge.trl import AsyncRolloutWorker
+
+    pytest.importorskip("trl.experimental.async_grpo", reason="needs TRL >= 1.16")
+    args = SimpleNamespace(num_generations=2, max_staleness=1, per_device_train_batch_size=4, token_budget=0, gradient_accumulation_steps=1,
+                           weight_sync_steps=1, max_completion_length=48, temperature=temperature, top_p=top_p, top_k=top_k,
+                           vllm_server_base_url="http://127.0.0.1:9", request_timeout=30)
+    sync = sampling_from_args(args, max_new_tokens=48)
+    worker = AsyncRolloutWorker.for_trainer(args, tasks=[parse_task({"prompt": "2 + 2?", "environment": "arithmetic", "answer": "4"}, index=0)],
+                                            tokenizer=smol_tokenizer, served_model="m", max_turns=3, journal_dir=False)
+    settings = worker.settings.sampling
+    assert (settings.temperature, settings.top_p, settings.top_k) == (sync.temperature, sync.top_p, sync.top_k)
+    assert (sync.top_p, sync.top_k) == (top_p or 1.0, max(top_k or 0, 0))
+    assert sync.logprobs_mode == "processed" and settings.logprobs_mode == async_mode
+    # max_completion_length bounds a sync rollout's turns together, and each model call of an async one
+    assert settings.max_new_tokens == 48 and worker.settings.limits.max_completion_tokens == 48 * 3
 
 
 def test_to_trl_batch_masks_samples_the_verifier_masked(dataset, smol_tokenizer, turn):

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from gym_bridge.core.errors import ConfigError
-from gym_bridge.trl._async import AsyncRolloutWorker
-from gym_bridge.trl._async_ledger import WorkerState
+from gym_bridge.trl._async.worker import AsyncRolloutWorker
+from gym_bridge.trl._async.ledger import WorkerState
+from gym_bridge.trl._trainer_args import rows_per_step
 
 STATE_FILE = "gym_bridge_worker_state.json"
 """In each checkpoint folder, next to TRL's files."""
@@ -80,14 +81,6 @@ def worker_checkpoint_callback(worker: AsyncRolloutWorker) -> Any:
             worker.checkpoint_saved(progress)
 
     return WorkerCheckpoint()
-
-
-def rows_per_step(args: Any) -> int | None:
-    """Rows an `AsyncGRPOConfig` trainer trains per optimizer step: exact with `token_budget=0` (fixed-count batches);
-    None with a token budget, where it varies (a checkpoint then counts every row taken as trained)."""
-    if args.token_budget is None or args.token_budget > 0:
-        return None
-    return int(args.per_device_train_batch_size) * int(args.world_size) * int(args.gradient_accumulation_steps)
 
 
 def restore_async_worker(trainer: Any, worker: AsyncRolloutWorker, resume_from_checkpoint: str | bool | None) -> str | None:

@@ -8,18 +8,27 @@ weights), so its tokens come from several versions. TRL drops a row whose `model
 - `"first_call"`: the version its first model call started under, i.e. its oldest token's.
 `CallClock` follows each rollout's calls: under `"last_call"` a group's floor, the lowest version its rows can still
 carry, rises with its calls, and `StalenessWindow` bounds the groups by their floors, so no admitted row is dropped.
+`Admission` holds the window, the clock and the groups in flight for the worker's loop, which alone touches it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections import Counter
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Literal
 
 from gym_bridge.core.policy import Generation, GenerationRequest, Policy
+from gym_bridge.core.record import RolloutRecord
+from gym_bridge.core.staleness import StalenessWindow
 
-__all__ = ["ROLLOUT", "CallClock", "ClockedPolicy", "RowVersion"]
+__all__ = ["ROLLOUT", "Admission", "CallClock", "ClockedPolicy", "RowVersion"]
+
+WAKE_CHECK_S = 0.5
+"""How often a group waiting for the window looks again without being woken (a stop, a missed wake-up)."""
 
 RowVersion = Literal["last_call", "first_call"]
 
@@ -94,3 +103,76 @@ class ClockedPolicy:
 
     async def aclose(self) -> None:
         await self.policy.aclose()
+
+
+class Admission:
+    """When the worker's next group may start, and the version each of its rows carries; owned by the worker's loop.
+
+    A group starts when `StalenessWindow` admits its rows at the trainer's version, or, with nothing in flight and
+    nothing waiting for the trainer, anyway (`forced_admissions`: the trainer can only wait for rows, so never a deadlock)."""
+
+    def __init__(self, window: StalenessWindow, *, group_size: int, row_version: RowVersion, version: Callable[[], int],
+                 counts: Counter[str]) -> None:
+        self.window = window
+        self.group_size = group_size
+        self.row_version_rule: RowVersion = row_version
+        self.version = version
+        self.clock = CallClock(version, on_change=self.wake)
+        self.admitted: set[int] = set()
+        """Groups in the window now."""
+        self.counts = counts
+        """`forced_admissions`: groups started with nothing in flight although the window was full."""
+        self._wake: asyncio.Event | None = None
+
+    def wake(self) -> None:
+        """Look at the window again (a version bump, a group done, a floor risen); on the loop's thread only."""
+        if self._wake is not None:
+            self._wake.set()
+
+    async def wait(self, group_id: int, *, idle: Callable[[], bool], stopping: Callable[[], bool]) -> float | None:
+        """Wait until group `group_id` may start, then reserve its rows; the seconds waited, None when stopping.
+        `idle()`: nothing in flight and no row waiting for the trainer."""
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        started = time.perf_counter()
+        while not stopping():
+            self._advance_floors()
+            if self.window.admits(self.group_size, self.version()):
+                break
+            if idle():
+                self.counts["forced_admissions"] += 1
+                break
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=WAKE_CHECK_S)
+            except TimeoutError:
+                pass
+        else:
+            return None
+        self.window.admit(group_id, self.version(), self.group_size)
+        self.admitted.add(group_id)
+        return time.perf_counter() - started
+
+    def finish(self, group_id: int, rows_pushed: int) -> None:
+        """Group `group_id` is done and pushed `rows_pushed` rows: its reservation goes, the next group may start."""
+        self.window.finish(group_id, rows_pushed)
+        self.admitted.discard(group_id)
+        self.clock.forget(group_id, self.group_size)
+        self.wake()
+
+    def row_version(self, group_id: int, repeat: int, record: RolloutRecord) -> int:
+        """The version rollout `repeat` of `group_id`'s rows carry (see `RowVersion`)."""
+        if self.row_version_rule == "first_call":
+            return min(record.policy_versions) if record.policy_versions else self.version()
+        returned = self.clock.returned_at((group_id, repeat))
+        if returned is not None:
+            return returned
+        return max(record.policy_versions) if record.policy_versions else self.version()  # every call replayed from the journal
+
+    def _advance_floors(self) -> None:
+        """Under `"last_call"`, raise each group's bound in the window to the lowest version its rows can still carry."""
+        if self.row_version_rule != "last_call":
+            return
+        for group_id in self.admitted:
+            floor = min(self.clock.floor((group_id, repeat)) for repeat in range(self.group_size))
+            self.window.advance(group_id, floor)

@@ -49,7 +49,7 @@ def use_cpu_tree_attention() -> None:
     registers the CUDA kernel under it)."""
     from transformers import AttentionInterface
 
-    from gym_bridge.trl._async_api import tree_attention_name
+    from gym_bridge.trl._async.seams import tree_attention_name
 
     AttentionInterface.register(tree_attention_name(), cpu_tree_attention)
 
@@ -59,7 +59,7 @@ def cpu_async_grpo_trainer(**kwargs: Any) -> Any:
     import importlib
     from unittest import mock
 
-    from gym_bridge.trl._async_api import async_seams
+    from gym_bridge.trl._async.seams import async_seams
 
     trainer_class = async_seams().trainer
     module = importlib.import_module(trainer_class.__module__)
