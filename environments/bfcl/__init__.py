@@ -200,8 +200,7 @@ class BfclMultiTurnEnvironment(_BfclBase):
         if not added:
             return ctx
         self.request("add_functions", "env", session=self.session, turn=str(index))
-        # the context caches the offered names (`_tool_names`): a copy offering more tools starts without the cache
-        return dataclasses.replace(ctx, tools=(*ctx.tools, *added["tools"]), _tool_names=None)
+        return dataclasses.replace(ctx, tools=(*ctx.tools, *added["tools"]))
 
     def user_message(self, index: int) -> str:
         """The user message of turn `index` (BFCL's turns hold one); a held-out-function turn has BFCL's message

@@ -88,7 +88,7 @@ class RolloutContext:
         """
         call_id = call_id or call.call_id or ""
         self.trajectory.tool_calls += 1
-        content = await self.session.call_tool(call)
+        content = await self.session.call_tool(call, self.tools)
         self.trajectory.output.append(function_call_output_item(content, call_id=call_id))
         return ToolOutput(name=call.name, content=content, call_id=call_id)
 

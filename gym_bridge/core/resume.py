@@ -155,19 +155,19 @@ class RolloutResume:
         self._pending.append(_chat_event(turn, message_count=len(request.messages), digest=digest))
         return turn
 
-    async def call_tool(self, call: ParsedCall, session: EnvironmentSession) -> str:
+    async def call_tool(self, call: ParsedCall, session: EnvironmentSession, tools: tuple[dict[str, Any], ...] | None) -> str:
         """The output of a tool call: the journal's for a committed call of a `snapshot` environment; else the call
         run in `session` (for a committed call of a `replay` environment, checked against the journal's output)."""
         event = self._replayed(ToolEvent)
         if event is None:
-            content = await session.call_tool(call)
+            content = await session.call_tool(call, tools)
             self._pending.append(ToolEvent(name=call.name, arguments=call.arguments, output=content))
             return content
         if event.name != call.name or event.arguments != call.arguments:
             self._diverge(f"tool call {call.name!r} of turn {self._turn()} is not the journal's {event.name!r} call")
         if self.kind == "snapshot":
             return event.output
-        content = await session.call_tool(call)
+        content = await session.call_tool(call, tools)
         if content != event.output:
             self._diverge(f"replayed tool call {call.name!r} of turn {self._turn()} returned another output than the journal's")
         return content
@@ -315,8 +315,8 @@ class JournaledSession:
     async def setup(self, task: Task) -> None:
         await self.resume.setup(task, self.session)
 
-    async def call_tool(self, call: ParsedCall) -> str:
-        return await self.resume.call_tool(call, self.session)
+    async def call_tool(self, call: ParsedCall, tools: tuple[dict[str, Any], ...] | None = None) -> str:
+        return await self.resume.call_tool(call, self.session, tools)
 
     def user_message(self, content: str) -> None:
         self.resume.user_message(content)

@@ -86,7 +86,7 @@ class Session(Protocol):
 
     async def setup(self, task: Task) -> None: ...
 
-    async def call_tool(self, call: ParsedCall) -> str: ...
+    async def call_tool(self, call: ParsedCall, tools: tuple[dict[str, Any], ...] | None = None) -> str: ...
 
     def user_message(self, content: str) -> None: ...
 
@@ -120,16 +120,18 @@ class EnvironmentSession:
         """`snapshot()` in a worker thread under the tool timeout; raises FailRollout(`env`) naming it."""
         return await call_step(self.env, "snapshot", step="tool", what="snapshot()", timeout_s=self.env_class.tool_timeout_s)
 
-    async def call_tool(self, call: ParsedCall) -> str:
+    async def call_tool(self, call: ParsedCall, tools: tuple[dict[str, Any], ...] | None = None) -> str:
         """The output of `call` as the model reads it: the tool's text, or its JSON, cut at `max_tool_output_chars`; a
-        malformed call, an unknown tool or a ToolError (invalid arguments included) as `{"error": ...}`.
+        malformed call, a tool not offered (`tools`, when the loop offers others than at the start; else the
+        session's) or a ToolError (invalid arguments included) as `{"error": ...}`.
 
         Raises FailRollout(`env`) when the tool itself crashes, hangs or returns what is not JSON data."""
         spec = self.env_class.tool_specs().get(call.name)
+        offered = self.offered if tools is None or tools is self.tools else frozenset(schema["name"] for schema in tools)
         if call.error:
             return json.dumps({"error": f"malformed tool call: {call.error}"})
-        if call.name not in self.offered or (spec is None and not self.env_class.tools_from_row):
-            return json.dumps({"error": f"unknown tool {call.name!r}; available tools: {sorted(self.offered)}"})
+        if call.name not in offered or (spec is None and not self.env_class.tools_from_row):
+            return json.dumps({"error": f"unknown tool {call.name!r}; available tools: {sorted(offered)}"})
         try:
             result = await self._run(call.name, call.arguments, spec)
         except ToolError as error:
