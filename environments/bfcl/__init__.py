@@ -122,10 +122,8 @@ class SingleAnswerLoop:
     """One model call: its tool calls (parsed, never run) are the answer BFCL checks."""
 
     async def run(self, ctx: RolloutContext) -> str:
-        step = await ctx.generate()
-        if step is None:
-            return "budget"
-        return "length" if step.finish_reason == "length" else "answer"
+        step = await generate_turn(ctx)
+        return step if isinstance(step, str) else "answer"
 
 
 class BfclEnvironment(_BfclBase):

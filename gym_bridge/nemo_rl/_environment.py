@@ -7,8 +7,8 @@ NeMo RL is imported only when installed; otherwise an `EnvironmentReturn` of its
 
 Masking: NeMo RL does not read the `mask_sample` this path puts in the metadata of a finished sample
 (on any version), so a failed rollout trains as reward 0 here. On the `/run` path
-(`gym_bridge.serve.agent_server`) NeMo RL v0.7.0 ignores `instance_config.mask_sample` and
-`reward_components` too; main after v0.7.0 reads them (docs/training/nemo-rl.md gives the commits).
+(`gym_bridge.serve.agent_server`, its result written by `gym_bridge.core.dialects.nemo_gym`) NeMo RL v0.7.0
+ignores `instance_config.mask_sample` and `reward_components` too; main after v0.7.0 reads them (docs/training/nemo-rl.md gives the commits).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.training_row import to_training_row
 from gym_bridge.core.trajectory import final_text
 
-__all__ = ["GroupAdvantages", "GroupRows", "Row", "RowMaker", "TrainingSegment", "group_advantages", "last_text", "training_segments"]
+__all__ = ["GroupAdvantages", "GroupRows", "Row", "RowMaker", "TrainingSegment", "group_advantages", "training_segments"]
 
 ADVANTAGE_EPSILON = 1e-8
 """Added to the group's reward deviation, as TRL does, so a group of equal rewards gets advantages of 0."""
@@ -71,11 +71,6 @@ def group_advantages(records: Sequence[RolloutRecord]) -> GroupAdvantages:
     std = math.sqrt(sum((value - mean) ** 2 for value in scaled.values()) / len(scaled))
     advantages = {position: (value - mean) / (std + ADVANTAGE_EPSILON / scale) for position, value in scaled.items()}
     return GroupAdvantages(advantages, mean * scale, std * scale)
-
-
-def last_text(record: RolloutRecord) -> str:
-    """The text of the rollout's last assistant message ('' when it ended without one)."""
-    return final_text(record.output)
 
 
 @dataclass(frozen=True)
@@ -143,7 +138,7 @@ class RowMaker:
 
         return self.sample_class(
             prompt=[dict(message) for message in record.task.messages],
-            completion=[{"role": "assistant", "content": last_text(record)}],
+            completion=[{"role": "assistant", "content": final_text(record.output)}],
             input_ids=np.asarray(segment.input_ids, dtype=np.int64),
             completion_mask=np.asarray(segment.completion_mask, dtype=np.int64),
             old_log_probs=np.asarray(segment.old_log_probs, dtype=np.float32),
