@@ -104,12 +104,17 @@ def test_a_resumed_rollout_equals_the_uninterrupted_one_and_no_committed_turn_is
     assert {index: comparable(record) for index, record in records.items()} == {i: comparable(r) for i, r in baseline.items()}
     for record in records.values():
         assert_token_invariants(record)
-        assert record["metrics"]["attempts"] == 2
-    committed = sum(record["metrics"]["resumed_from_turn"] for record in records.values())
+    # a rollout with a committed turn resumed (attempt 2); one whose first call was in flight ran once (under load one
+    # rollout may make all 4 calls before the other's setup ends)
+    resumed = [record["metrics"] for record in records.values() if "attempts" in record["metrics"]]
+    assert resumed and all(metrics["attempts"] == 2 for metrics in resumed)
+    committed = sum(metrics["resumed_from_turn"] for metrics in resumed)
     assert committed >= 2  # of the 4 calls made, at most one per rollout was in flight (not committed)
     assert policy.calls == 8 - committed  # no committed turn was generated again
-    # every committed turn made one tool call: a snapshot restores their effect, a replay runs them again
-    assert len(executed) == (6 if env == ReplayCounter.name else 6 - committed)
+    # each committed turn but the answer (the 4th) made one tool call: a snapshot restores their effect, a replay
+    # runs them again
+    committed_calls = sum(min(metrics["resumed_from_turn"], 3) for metrics in resumed)
+    assert len(executed) == (6 if env == ReplayCounter.name else 6 - committed_calls)
     assert not (tmp_path / "journal").exists()  # every record written: the journal is gone
 
 
