@@ -32,7 +32,7 @@ class FirstTurnScripted:
         return await self.real.generate(request)
 
 
-@pytest.mark.slow  # about 15-20 s; by default: the embedded model under eval via serve-model and its local parity (test_serve_eval.py)
+@pytest.mark.slow  # about 15-20 s; by default: the embedded model under eval via serve-model and its local parity (serve/test_eval_over_http.py)
 def test_real_model_continues_after_tool_outputs_with_exact_tokens(smol_tokenizer):
     real = TransformersPolicy.from_pretrained(None)
     template = ChatTemplate(real.tokenizer, eos_token_ids=sorted(real.eos_token_ids))
