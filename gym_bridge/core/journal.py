@@ -367,7 +367,7 @@ class RunJournal:
 
     @classmethod
     def join(cls, directory: str | Path, fingerprint: RunFingerprint, *, fsync: bool = True) -> RunJournal:
-        """Open a journal file of its own in the folder a driver prepared in `directory` (a Ray worker's): nothing is read
+        """Open a journal file of its own in `directory`, a journal folder a driver prepared (a Ray worker's): nothing is read
         or removed here, and the driver holds the folder's lock; `load` reads the committed state of the rollouts this
         process is sent again.
 
