@@ -3,7 +3,7 @@
 The weather task and a multi-turn script (a tool call, then an answer, each token with its own
 log-prob) go through
 - TRL: `gym_bridge.trl.make_rollout(policy=ScriptedPolicy)` with the stand-in trainer of
-  `test_trl_rollout.py`, read from the rows it returns (`prompt_ids`, `completion_ids`, `env_mask`,
+  `tests/trl/test_rollout.py`, read from the rows it returns (`prompt_ids`, `completion_ids`, `env_mask`,
   `logprobs`, `env_reward`);
 - verl: `GymBridgeAgentLoop` built by verl 0.9.1's `AgentLoopWorker` from a `gym-bridge data to-verl`
   file, generating through verl's `LLMServerClient` against the scripted server stand-in, read from

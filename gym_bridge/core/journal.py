@@ -69,8 +69,8 @@ _PREFIX = struct.Struct("<4sII")
 """Magic, payload length, CRC-32 of the payload; followed by the CRC-32 of these 12 bytes (`_CHECK`), then the payload."""
 _CHECK = struct.Struct("<I")
 _HEADER_SIZE = _PREFIX.size + _CHECK.size
-_SEGMENT_NAME = re.compile(r"\d{20}-\d+\.log")
-"""How `RunJournal` names a segment: nanoseconds since the epoch, then the pid of the process writing it."""
+_FILE_NAME = re.compile(r"\d{20}-\d+\.log")
+"""How `RunJournal` names a journal file: nanoseconds since the epoch, then the pid of the process writing it."""
 LOCK_NAME = "lock"
 """The lock file in a journal folder (`gym_bridge.core.lock_file`): one process prepares a folder at a time."""
 FULL_DISK_WAIT_S = 10.0
@@ -199,7 +199,7 @@ def encode_frame(payload: Mapping[str, Any]) -> bytes:
 
 
 def read_frames(path: Path) -> Iterator[dict[str, Any]]:
-    """The frames of one segment. A torn tail (what a write cut off by a kill or a power loss left after the last whole
+    """The frames of one journal file. A torn tail (what a write cut off by a kill or a power loss left after the last whole
     frame: part of a frame, or zero bytes) is dropped with a warning naming its bytes; raises JournalError naming the
     file and byte for any other damage, bytes that are not a journal, or a journal of an older format."""
     data = path.read_bytes()
@@ -251,13 +251,13 @@ def _zero_from(data: bytes) -> int:
     return len(data.rstrip(b"\0"))
 
 
-def segments(directory: Path) -> list[Path]:
-    """The journal segments in `directory`, oldest first: regular files (never a symbolic link) named as `RunJournal`
-    names them whose first bytes are a journal frame's magic (or a part of it: a segment cut off as it was created).
+def journal_files(directory: Path) -> list[Path]:
+    """The journal files in `directory`, oldest first: regular files (never a symbolic link) named as `RunJournal`
+    names them whose first bytes are a journal frame's magic (or a part of it: a file cut off as it was created).
     Nothing else in the folder is read or removed."""
     found = []
     for path in sorted(directory.iterdir()):
-        if _SEGMENT_NAME.fullmatch(path.name) and not path.is_symlink() and path.is_file():
+        if _FILE_NAME.fullmatch(path.name) and not path.is_symlink() and path.is_file():
             with path.open("rb") as file:
                 head = file.read(len(_MAGIC))
             if any(magic.startswith(head) for magic in (_MAGIC, *_OLD_MAGICS)):
@@ -288,7 +288,7 @@ def rollouts_in_flight(directory: Path) -> int:
     if not directory.exists():
         return 0
     try:
-        return len(RunJournal(directory, RunFingerprint(model="", tasks=""))._read(segments(directory), check=False))
+        return len(RunJournal(directory, RunFingerprint(model="", tasks=""))._read(journal_files(directory), check=False))
     except OSError as error:
         raise JournalError(f"the journal folder {directory} cannot be read: {error}") from None
 
@@ -302,7 +302,7 @@ class RunJournal:
     """The journal of one run: `prepare` it (reading what an earlier, killed run left), `restore` each rollout's
     committed state, `commit` at turn boundaries, `finish` a rollout once its record is written, `close` at the end.
 
-    One process writes one segment; `prepare` folds the segments it found into its own (one frame per rollout still
+    One process writes one journal file; `prepare` folds the files it found into its own (one frame per rollout still
     in flight) before removing them, so a crash at any moment leaves a readable journal. `prepare` holds the folder's
     lock until `close`: a second process preparing it is refused, naming the holder.
     """
@@ -313,17 +313,18 @@ class RunJournal:
         self.directory = directory
         self.fingerprint = fingerprint
         self.fsync = fsync
-        self.segment = directory / f"{time.time_ns():020d}-{os.getpid()}.log"
+        self.path = directory / f"{time.time_ns():020d}-{os.getpid()}.log"
+        """This process's journal file in `directory`."""
         self._fd: int | None = None
         self._end = 0
-        """The segment's length up to its last durable frame: where a failed write is cut back to."""
+        """The file's length up to its last durable frame: where a failed write is cut back to."""
         self._lock: tuple[str, int | None] | None = None
         """The folder's key in `_locked_folders` and the lock's descriptor, while this journal holds it."""
         self.failure: JournalError | None = None
         """Set once writing failed for good (a full disk past `full_disk_wait_s`): every later commit raises it."""
         self._states: dict[RolloutKey, RolloutState] = {}
         self._live: set[RolloutKey] = set()
-        """Rollouts with committed frames in this segment and no `finish` yet."""
+        """Rollouts with committed frames in this file and no `finish` yet."""
         self._frames: list[bytes] = []
         """Encoded frames not written yet (joined once per group: appending to one growing buffer copied it again and
         again as it grew)."""
@@ -339,7 +340,7 @@ class RunJournal:
     def prepare(cls, directory: str | Path, fingerprint: RunFingerprint, *, resume: bool,
                 finished: set[RolloutKey] | frozenset[RolloutKey] = frozenset(), fsync: bool = True) -> RunJournal:
         """Open the journal in `directory` for a run. With `resume`, the rollouts an earlier run left in flight (not in
-        `finished`) are read and carried into this run's segment; without it, an old journal is discarded.
+        `finished`) are read and carried into this run's journal file; without it, an old journal is discarded.
 
         Raises JournalError (naming the folder or the file) for a folder in use by another process, one that cannot be a
         journal folder or written, a damaged journal, or one of another run (naming what differs).
@@ -349,24 +350,24 @@ class RunJournal:
         try:
             journal.directory.mkdir(parents=True, exist_ok=True)
             journal._take_lock()
-            old = segments(journal.directory)
+            old = journal_files(journal.directory)
             if resume:
                 journal._states = {key: state for key, state in journal._read(old).items() if key not in finished}
-            journal._start_segment([encode_frame(state.to_frame()) for state in journal._states.values()])
+            journal._start_file([encode_frame(state.to_frame()) for state in journal._states.values()])
         except BaseException as error:
             journal._abandon()
             if isinstance(error, OSError):
                 raise JournalError(f"the journal folder {journal.directory} cannot be used: {error}") from None
             raise
         journal._live = set(journal._states)
-        for path in old:  # folded into the new segment, which is durable: an old one left behind is read again harmlessly
+        for path in old:  # folded into the new file, which is durable: an old one left behind is read again harmlessly
             with contextlib.suppress(OSError):
                 path.unlink()
         return journal
 
     @classmethod
     def join(cls, directory: str | Path, fingerprint: RunFingerprint, *, fsync: bool = True) -> RunJournal:
-        """Open a segment of its own in the journal a driver prepared in `directory` (a Ray worker's): nothing is read
+        """Open a journal file of its own in `directory`, a journal folder a driver prepared (a Ray worker's): nothing is read
         or removed here, and the driver holds the folder's lock; `load` reads the committed state of the rollouts this
         process is sent again.
 
@@ -376,7 +377,7 @@ class RunJournal:
             raise JournalError(f"the journal directory {journal.directory} does not exist on this node: the workers must "
                                "see the driver's --output directory (a shared file system at the same path)")
         try:
-            journal._start_segment([])
+            journal._start_file([])
         except OSError as error:
             journal._abandon()
             raise JournalError(f"the journal folder {journal.directory} cannot be used: {error}") from None
@@ -402,9 +403,9 @@ class RunJournal:
             del _locked_folders[key]
         lock_file.release(fd, self.directory / LOCK_NAME)
 
-    def _start_segment(self, frames: list[bytes]) -> None:
-        """Create this process's segment with its header frame and `frames`, durable (the folder's entry too)."""
-        self._fd = os.open(self.segment, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_EXCL, 0o644)
+    def _start_file(self, frames: list[bytes]) -> None:
+        """Create this process's journal file with its header frame and `frames`, durable (the folder's entry too)."""
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_EXCL, 0o644)
         header = encode_frame({"k": "header", "v": JOURNAL_VERSION, "fingerprint": self.fingerprint.to_dict()})
         data = b"".join([header, *frames])
         self._append(data)
@@ -414,18 +415,18 @@ class RunJournal:
         _fsync_dir(self.directory)
 
     def _abandon(self) -> None:
-        """Undo a `prepare` or `join` that failed part way: its segment (which holds nothing yet) and lock go."""
+        """Undo a `prepare` or `join` that failed part way: its file (which holds nothing yet) and lock go."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-            self.segment.unlink(missing_ok=True)
+            self.path.unlink(missing_ok=True)
         self._release_lock()
 
     def load(self, keys: Sequence[RolloutKey]) -> None:
-        """Read what every segment of the directory holds for `keys` (rollouts sent again after their process died), for
-        `restore`. Raises JournalError for a damaged segment or one of another run."""
+        """Read what every journal file of the directory holds for `keys` (rollouts sent again after their process died), for
+        `restore`. Raises JournalError for a damaged file or one of another run."""
         wanted = set(keys)
-        found = self._read(segments(self.directory))
+        found = self._read(journal_files(self.directory))
         self._states.update({key: state for key, state in found.items() if key in wanted})
 
     def pending(self) -> list[RolloutKey]:
@@ -437,8 +438,8 @@ class RunJournal:
         return key in self._states
 
     def _read(self, paths: Sequence[Path], *, check: bool = True) -> dict[RolloutKey, RolloutState]:
-        """The rollouts in flight over the segments `paths` (with `check`, of this run only). One attempt of a rollout runs in
-        one process (one segment), and a later attempt continues the events of the earlier ones: a rollout's commits
+        """The rollouts in flight over the journal files `paths` (with `check`, of this run only). One attempt of a rollout runs in
+        one process (one file), and a later attempt continues the events of the earlier ones: a rollout's commits
         are applied in attempt order."""
         commits: dict[RolloutKey, list[tuple[int, int, int, dict[str, Any], Path]]] = {}
         done: set[RolloutKey] = set()
@@ -512,7 +513,7 @@ class RunJournal:
 
     async def close(self, *, complete: bool = False) -> None:
         """Write what is pending; remove the journal when no rollout is left in flight (else keep it for `--resume`).
-        `complete`: every rollout of the run has its record, so the segments of other processes (Ray workers) go too.
+        `complete`: every rollout of the run has its record, so the files of other processes (Ray workers) go too.
         A journal that failed (`failure`) or fails now is kept as it is, cut back to its last whole frame."""
         if self._flusher is not None:
             await asyncio.shield(self._flusher)
@@ -524,14 +525,14 @@ class RunJournal:
             self._fd = None
         remove = self.failure is None and (complete or (not self.in_flight and not self.shared))  # shared: its `done` frames speak for others' commits
         if remove:
-            for path in segments(self.directory) if complete else [self.segment]:
+            for path in journal_files(self.directory) if complete else [self.path]:
                 path.unlink(missing_ok=True)
         self._release_lock()
         if remove:
             try:
                 self.directory.rmdir()
             except OSError:
-                pass  # something else lives there (another process's segment of a run cut off, a file not the journal's)
+                pass  # something else lives there (another process's file of a run cut off, a file not the journal's)
 
     def _schedule(self) -> None:
         if self._flusher is not None:
@@ -594,17 +595,17 @@ class RunJournal:
             self._fail(error, 0.0)
 
     def _append(self, data: bytes) -> None:
-        """Write all of `data` at the end of the segment (the caller moves `_end` past it once it is durable)."""
+        """Write all of `data` at the end of the file (the caller moves `_end` past it once it is durable)."""
         if self._fd is None:
-            raise JournalError(f"{self.segment}: the journal is closed")
+            raise JournalError(f"{self.path}: the journal is closed")
         view = memoryview(data)
         while view:
             written = os.write(self._fd, view)
             view = view[written:]
 
     def _cut_back(self) -> None:
-        """Cut the segment back to its last whole frame after a failed write (a partial frame must not stay in the
-        middle of the segment: the frames after it would be refused on `--resume`)."""
+        """Cut the file back to its last whole frame after a failed write (a partial frame must not stay in the
+        middle of the file: the frames after it would be refused on `--resume`)."""
         if self._fd is None:
             return
         try:
@@ -617,7 +618,7 @@ class RunJournal:
         if self.failure is None:
             self.failure = JournalError(
                 f"the journal folder {self.directory} cannot be written ({error.strerror or error}; tried for {waited_s:.0f} s): "
-                f"no more turns are committed, those committed are kept in {self.segment.name}. Free space there, then "
+                f"no more turns are committed, those committed are kept in {self.path.name}. Free space there, then "
                 "resume (gym-bridge eval: rerun with --resume)")
 
 
@@ -664,7 +665,7 @@ def _fsync_dir(directory: Path) -> None:
 
 JournalMode = Literal["resume", "fresh", "join"]
 """How `open_journal` opens a journal folder: `resume` (carry on what a killed run left in flight), `fresh` (discard
-it), `join` (a segment of this process's own in a journal a driver prepared: a Ray worker)."""
+it), `join` (a journal file of this process's own in a folder a driver prepared: a Ray worker)."""
 
 
 def open_journal(directory: str | Path, fingerprint: RunFingerprint, *, mode: JournalMode = "resume",
@@ -674,7 +675,7 @@ def open_journal(directory: str | Path, fingerprint: RunFingerprint, *, mode: Jo
     rollouts depend on (`RunFingerprint.of_engine`, with the model's identity where the entry point knows it).
 
     `resume` and `fresh` prepare the folder (`RunJournal.prepare`: this process holds its lock until `close`); with
-    `resume`, the rollouts a killed run left in flight, less `finished`, are carried on. `join` opens a segment in a
+    `resume`, the rollouts a killed run left in flight, less `finished`, are carried on. `join` opens a file in a
     journal a driver prepared (`RunJournal.join`). `shared`: other processes commit to this journal too (the Ray
     driver's: `finish` marks every rollout done). Raises JournalError naming the folder or file (in use, damaged,
     another run's, missing for `join`) before anything is committed."""

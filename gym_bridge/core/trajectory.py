@@ -52,7 +52,9 @@ class TokenView:
     completion_logprobs: list[float]
     """The sampled log-prob of each model token; 0.0 on environment tokens."""
     segments: tuple[TokenView, ...] = ()
-    """Every token segment of a harness that rewrote its history (the flat view is the last); empty otherwise."""
+    """Every token segment of a harness that rewrote its history (the flat view is the last); empty otherwise. A segment
+    is the one meaning of the word in gym_bridge: the token view of a run of consecutive harness calls, each call's
+    prompt starting with everything before it (`gym_bridge.capture.assembly`); a rewritten history starts the next."""
 
     def to_dict(self) -> dict[str, Any]:
         view: dict[str, Any] = {

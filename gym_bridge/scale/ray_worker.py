@@ -49,7 +49,7 @@ class RolloutWorker:
 
         self.engine: Engine = cloudpickle.loads(build_engine)()
         self.journaled: Engine | None = None
-        """`engine` committing to the run's journal (a segment of this worker's own), once a group brings one."""
+        """`engine` committing to the run's journal (a journal file of this worker's own), once a group brings one."""
 
     def ready(self, samples: Sequence[Task]) -> WorkerInfo:
         """Check that the environments of `samples` (one task of each) resolve and can run here
@@ -65,7 +65,7 @@ class RolloutWorker:
         return f"node {socket.gethostname()} does not see the journal directory {directory}"
 
     async def run_group(self, task: Task, repeats: Sequence[int], journal: JournalSpec | None = None) -> list[RolloutRecord]:
-        """The records of `repeats` of `task`; with `journal`, each rollout commits its turns to this worker's segment of
+        """The records of `repeats` of `task`; with `journal`, each rollout commits its turns to this worker's own file of
         it, and one sent again (`journal.resume`) continues from the turns any process committed."""
         env_class = resolve_tasks([task])[task.env_name]
         keys = [RolloutKey.of_task(task.index, repeat) for repeat in repeats]

@@ -1,8 +1,8 @@
-"""A rollout record as a reader sees it: the conversation, the token segments, the scores.
+"""A rollout record as a reader sees it: the conversation, the runs of model and environment tokens, the scores.
 
 `record_turns(record)` turns one JSONL record into `Turn`s (the task's input messages, then each
 output item: assistant text, reasoning, tool calls with their arguments, tool outputs, user
-replies) and `segments(record)` into runs of model (trained) and environment (masked) tokens.
+replies) and `token_runs(record)` into runs of model (trained) and environment (masked) tokens.
 `show` prints these; the HTML report embeds them. `select` filters and orders records for `show`, in one
 pass that holds only the records it shows.
 """
@@ -42,7 +42,7 @@ class Turn:
 
 
 @dataclass(frozen=True)
-class Segment:
+class TokenRun:
     """A run of completion tokens of one kind."""
 
     kind: str
@@ -151,16 +151,16 @@ def tools_offered(record: Mapping[str, Any]) -> list[str]:
     return names
 
 
-def segments(record: Mapping[str, Any]) -> list[Segment]:
+def token_runs(record: Mapping[str, Any]) -> list[TokenRun]:
     """The completion tokens as alternating runs of model and environment tokens."""
     tokens = record.get("tokens") or {}
     ids, mask = tokens.get("completion_ids") or [], tokens.get("completion_mask") or []
     logprobs = tokens.get("completion_logprobs") or [0.0] * len(ids)
-    runs: list[Segment] = []
+    runs: list[TokenRun] = []
     start = 0
     for position in range(1, len(ids) + 1):
         if position == len(ids) or mask[position] != mask[start]:
-            runs.append(Segment("model" if mask[start] else "env", tuple(ids[start:position]), tuple(logprobs[start:position])))
+            runs.append(TokenRun("model" if mask[start] else "env", tuple(ids[start:position]), tuple(logprobs[start:position])))
             start = position
     return runs
 

@@ -29,7 +29,7 @@ from gym_bridge.core.rollout_file import input_row
 from gym_bridge.core.task import task_key
 from gym_bridge.view.decode import Decoder, decoder_for
 from gym_bridge.core.errors import DataError
-from gym_bridge.view.reading import SORT_KEYS, Skipped, iter_rollouts, policy_versions, require_some, segments, record_turns
+from gym_bridge.view.reading import SORT_KEYS, Skipped, iter_rollouts, policy_versions, require_some, token_runs, record_turns
 
 HISTOGRAM_BINS = 10
 ROW_COLUMNS = ("id", "run", "env", "task", "repeat", "reward", "failure", "reason", "turns", "tool_calls",
@@ -106,7 +106,7 @@ def _table_row(position: int, run: int, record: Mapping[str, Any], detailed: boo
 def _detail(record: Mapping[str, Any], vocabulary: dict[int, str], decoder: Decoder) -> dict[str, Any]:
     tokens = record.get("tokens") or {}
     prompt_ids = list(tokens.get("prompt_ids") or [])
-    runs = segments(record)
+    runs = token_runs(record)
     for token in prompt_ids + [token for run in runs for token in run.ids]:
         if token not in vocabulary:
             vocabulary[token] = decoder.piece(token)

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gym_bridge.view.decode import Decoder
-from gym_bridge.view.reading import policy_versions, segments, tools_offered, record_turns
+from gym_bridge.view.reading import policy_versions, token_runs, tools_offered, record_turns
 
 _COLOURS = {"model": "\x1b[32m", "env": "\x1b[90m", "role": "\x1b[1;36m", "alarm": "\x1b[1;31m", "dim": "\x1b[2m"}
 _RESET = "\x1b[0m"
@@ -118,7 +118,7 @@ def _compact(arguments: str) -> str:
 
 
 def _tokens(record: Mapping[str, Any], decoder: Decoder, *, colour: bool) -> list[str]:
-    runs = segments(record)
+    runs = token_runs(record)
     model = sum(len(run.ids) for run in runs if run.kind == "model")
     total = sum(len(run.ids) for run in runs)
     lines = [_paint(f"─── completion tokens: {model} model (trained), {total - model} env (masked)", "dim", colour)]

@@ -23,7 +23,7 @@ def test_envs_lists_the_bundled_environments(capsys):
     assert "example.jsonl" in out
 
 
-@pytest.mark.slow  # about 25 s; by default: eval of the embedded model via serve-model (test_serve_eval.py), verify (view/test_atif.py)
+@pytest.mark.slow  # about 25 s; by default: eval of the embedded model via serve-model (serve/test_eval_over_http.py), verify (view/test_atif.py)
 def test_eval_on_the_embedded_model_then_verify(tmp_path, capsys):
     output = tmp_path / "rollouts.jsonl"
     code = main(["eval", "--env", "weather", "--env", "multi_step", "--env", "math", "--limit", "2",
@@ -86,7 +86,7 @@ def test_failures_set_the_exit_code(tmp_path, tiny_model_dir, capsys):
     assert main([*args, "--max-failure-fraction", "1.0", "--overwrite"]) == 0
 
 
-@pytest.mark.slow  # about 20 s; by default: a killed run resumed in test_serve_eval.py, torn lines below
+@pytest.mark.slow  # about 20 s; by default: a killed run resumed in eval/test_kill_resume.py, torn lines below
 def test_resume_after_sigkill_completes_every_rollout_exactly_once(tmp_path, tiny_model_dir):
     output = tmp_path / "rollouts.jsonl"
     args = [sys.executable, "-m", "gym_bridge.cli", "eval", "--env", "weather", "--num-repeats", "6",

@@ -41,7 +41,7 @@ def test_committed_turns_come_back_and_finished_rollouts_are_dropped(tmp_path):
     assert state is not None and [event.kind for event in state.events] == ["model", "tool", "model"]
     assert state.budgets["seconds"] == 2.5 and state.turns == 2
     assert again.restore((1, 0)) is None and again.restore((2, 1)) is None
-    assert len(list((tmp_path / "j").glob("*.log"))) == 1  # the old segment was folded into the new one
+    assert len(list((tmp_path / "j").glob("*.log"))) == 1  # the old journal file was folded into the new one
     again.finish((0, 0))
     asyncio.run(again.close())
     assert not (tmp_path / "j").exists()  # nothing left in flight: removed
@@ -82,7 +82,7 @@ def test_without_resume_an_old_journal_is_discarded(tmp_path):
     commit(journal, (0, 0), 0, [model([1])])
     fresh = RunJournal.prepare(tmp_path / "j", fingerprint(model="new"), resume=False)
     assert fresh.restore((0, 0)) is None
-    assert [path.name for path in Path(tmp_path / "j").glob("*.log")] == [fresh.segment.name]
+    assert [path.name for path in Path(tmp_path / "j").glob("*.log")] == [fresh.path.name]
 
 
 def test_commits_of_one_moment_share_an_fsync(tmp_path, monkeypatch):
@@ -105,8 +105,8 @@ def test_commits_of_one_moment_share_an_fsync(tmp_path, monkeypatch):
     assert all(states.restore((i, 0)) is not None for i in range(50))
 
 
-def test_segments_of_several_processes_are_read_in_attempt_order_and_a_done_rollout_is_dropped(tmp_path):
-    """Ray workers each write a segment; a later attempt (in a segment whose name sorts first) continues the events of
+def test_journal_files_of_several_processes_are_read_in_attempt_order_and_a_done_rollout_is_dropped(tmp_path):
+    """Ray workers each write a journal file; a later attempt (in a file whose name sorts first) continues the events of
     an earlier one, whatever the order of the file names."""
     driver = RunJournal.prepare(tmp_path / "j", fingerprint(), resume=False)
     driver.shared = True  # as RayRollouts.with_journal sets it
@@ -120,7 +120,7 @@ def test_segments_of_several_processes_are_read_in_attempt_order_and_a_done_roll
         await early.commit((1, 0), attempt=1, at=0, events=[model([9])], budgets={}, kind="replay")
 
     asyncio.run(commits())
-    assert sorted(tmp_path.joinpath("j").glob("*.log"))[1] == late.segment  # the later attempt's file sorts first
+    assert sorted(tmp_path.joinpath("j").glob("*.log"))[1] == late.path  # the later attempt's file sorts first
     driver.finish((1, 0))  # its record was written
     asyncio.run(driver.close())
     reader = RunJournal.join(tmp_path / "j", fingerprint())

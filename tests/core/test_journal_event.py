@@ -39,7 +39,7 @@ def test_each_kind_reads_into_its_own_class_and_an_unknown_kind_is_refused():
         event_from_frame({"t": "model2"})
 
 
-def test_a_segment_of_old_frames_resumes_into_typed_events_and_is_folded_forward_unchanged(tmp_path):
+def test_a_journal_file_of_old_frames_resumes_into_typed_events_and_is_folded_forward_unchanged(tmp_path):
     fingerprint = RunFingerprint(model="m", tasks="t")
     journal = RunJournal.prepare(tmp_path / "j", fingerprint, resume=False)
     asyncio.run(journal.close())  # an empty journal: the folder goes; make one by hand with the old frames
@@ -50,8 +50,8 @@ def test_a_segment_of_old_frames_resumes_into_typed_events_and_is_folded_forward
               "kind": "replay"}
     (folder / f"{1:020d}-1.log").write_bytes(encode_frame(header) + encode_frame(commit))
     again = RunJournal.prepare(folder, fingerprint, resume=True)
-    folded = [frame for frame in read_frames(again.segment) if frame["k"] == "commit"]
-    assert [frame["ev"] for frame in folded] == [OLD_FRAMES[:4]]  # carried into the new segment as written
+    folded = [frame for frame in read_frames(again.path) if frame["k"] == "commit"]
+    assert [frame["ev"] for frame in folded] == [OLD_FRAMES[:4]]  # carried into the new journal file as written
     state = again.restore(RolloutKey.of_task(4, 1))
     assert state is not None and [event.kind for event in state.events] == ["model", "model", "tool", "user"]
     assert state.turns == 2 and state.events[1] == ModelEvent(prompt_delta=[6], prompt_length=6, token_ids=[7], logprobs=[-1.0],

@@ -31,11 +31,11 @@ def commit(journal: RunJournal, key, at: int, events: list) -> None:
 
 
 def killed_run(directory: Path) -> Path:
-    """A journal that a killed run left: rollouts (0, 0) with two events and (1, 0) with one; returns its segment."""
+    """A journal that a killed run left: rollouts (0, 0) with two events and (1, 0) with one; returns its journal file."""
     journal = RunJournal.prepare(directory, FINGERPRINT, resume=False)
     commit(journal, (0, 0), 0, [model([1, 2]), tool("a")])
     commit(journal, (1, 0), 0, [model([3])])
-    return journal.segment  # killed: never closed (a journal prepared again in this process takes its lock over)
+    return journal.path  # killed: never closed (a journal prepared again in this process takes its lock over)
 
 
 # -- item 3: one process per journal folder ----------------------------------------------------------------------
@@ -56,12 +56,12 @@ def test_a_second_process_on_a_journal_folder_is_refused_naming_the_folder_and_t
         (live,) = list(folder.glob("*.log"))
         with pytest.raises(JournalError, match=rf"journal folder {folder} is in use by another gym-bridge process \(pid {holder.pid} on "):
             RunJournal.prepare(folder, RunFingerprint(model="m", tasks="t"), resume=True)
-        assert live.exists()  # the live process's segment was neither folded nor removed
+        assert live.exists()  # the live process's journal file was neither folded nor removed
     finally:
         holder.kill()
         holder.wait(10)
     again = RunJournal.prepare(folder, RunFingerprint(model="m", tasks="t"), resume=True)  # a killed holder's lock is gone
-    assert not live.exists()  # now its segment is folded into this one
+    assert not live.exists()  # now its file is folded into this one
     asyncio.run(again.close())
     assert not folder.exists()
 
@@ -83,21 +83,21 @@ def test_serve_refuses_a_journal_folder_another_server_holds_with_exit_2(tmp_pat
                                 capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert second.returncode == 2, second.stderr[-2000:]
     assert f"the journal folder {tmp_path / 'j'} is in use by another gym-bridge process (pid {os.getpid()} on" in second.stderr
-    assert [path.name for path in (tmp_path / "j").glob("*.log")] == [first.segment.name]
+    assert [path.name for path in (tmp_path / "j").glob("*.log")] == [first.path.name]
     asyncio.run(first.close())
-    assert not (tmp_path / "j").exists()  # lock file and segment removed with the folder
+    assert not (tmp_path / "j").exists()  # lock file and journal file removed with the folder
 
 
 # -- item 4: only the journal's own files are read or removed -----------------------------------------------------
 
 
-def test_only_files_that_are_journal_segments_are_removed_and_no_symlink_is_followed(tmp_path):
+def test_only_files_that_are_journal_files_are_removed_and_no_symlink_is_followed(tmp_path):
     folder, outside = tmp_path / "j", tmp_path / "elsewhere"
     folder.mkdir()
     outside.mkdir()
     (outside / "app.log").write_text("someone's log\n")
     (folder / "notes.log").write_text("not a journal\n")
-    (folder / "00000000000000000001-1.log").write_text("named like a segment, not a journal\n")
+    (folder / "00000000000000000001-1.log").write_text("named like a journal file, not a journal\n")
     (folder / "00000000000000000002-1.log").symlink_to(outside / "app.log")
     journal = RunJournal.prepare(folder, FINGERPRINT, resume=True)
     asyncio.run(journal.close(complete=True))
@@ -120,16 +120,16 @@ def test_a_journal_folder_that_is_a_symlink_is_refused_and_its_target_untouched(
 
 @pytest.mark.parametrize("frame", [0, 1, 2], ids=["header frame", "middle frame", "last frame"])
 def test_a_flipped_bit_in_a_frames_length_is_refused_naming_file_and_byte(tmp_path, frame):
-    segment = killed_run(tmp_path / "j")
-    data = bytearray(segment.read_bytes())
+    journal_file = killed_run(tmp_path / "j")
+    data = bytearray(journal_file.read_bytes())
     starts = [0]
     while len(starts) < 3:  # each frame: 16 header bytes, then the length its bytes 4-8 say
         starts.append(starts[-1] + 16 + int.from_bytes(data[starts[-1] + 4:starts[-1] + 8], "little"))
     data[starts[frame] + 4] ^= 0x01  # the lowest bit of the length
-    segment.write_bytes(bytes(data))
-    with pytest.raises(JournalError, match=rf"{segment.name}: the frame header at byte {starts[frame]} fails its checksum"):
+    journal_file.write_bytes(bytes(data))
+    with pytest.raises(JournalError, match=rf"{journal_file.name}: the frame header at byte {starts[frame]} fails its checksum"):
         RunJournal.prepare(tmp_path / "j", FINGERPRINT, resume=True)
-    assert segment.read_bytes() == bytes(data)  # refused before anything was touched
+    assert journal_file.read_bytes() == bytes(data)  # refused before anything was touched
 
 
 def test_a_journal_of_the_older_format_is_refused_by_name(tmp_path):
@@ -138,39 +138,39 @@ def test_a_journal_of_the_older_format_is_refused_by_name(tmp_path):
 
     body = b'{"k":"header","v":1}'
     (tmp_path / "j").mkdir()
-    segment = tmp_path / "j" / "00000000000000000001-1.log"
-    segment.write_bytes(struct.pack("<4sII", b"GBJ1", len(body), zlib.crc32(body)) + body)
+    journal_file = tmp_path / "j" / "00000000000000000001-1.log"
+    journal_file.write_bytes(struct.pack("<4sII", b"GBJ1", len(body), zlib.crc32(body)) + body)
     with pytest.raises(JournalError, match=r"was written by an older gym_bridge \(journal format 1; this one reads format 2\)"):
         RunJournal.prepare(tmp_path / "j", FINGERPRINT, resume=True)
-    assert segment.exists()
+    assert journal_file.exists()
 
 
 def test_a_power_loss_tail_of_zero_bytes_is_dropped_with_a_warning_naming_the_bytes(tmp_path):
-    segment = killed_run(tmp_path / "j")
-    size = segment.stat().st_size
-    with segment.open("ab") as file:
+    journal_file = killed_run(tmp_path / "j")
+    size = journal_file.stat().st_size
+    with journal_file.open("ab") as file:
         file.write(b"\0" * 4096)
-    with pytest.warns(UserWarning, match=rf"{segment.name}: dropping the torn tail of 4096 bytes from byte {size}"):
+    with pytest.warns(UserWarning, match=rf"{journal_file.name}: dropping the torn tail of 4096 bytes from byte {size}"):
         again = RunJournal.prepare(tmp_path / "j", FINGERPRINT, resume=True)
     assert again.pending() == [(0, 0), (1, 0)] and again.restore((0, 0)).turns == 1  # type: ignore[union-attr]
 
 
 def test_zero_bytes_over_the_end_of_the_last_frame_are_a_torn_tail_but_zeros_before_a_frame_are_damage(tmp_path):
-    segment = killed_run(tmp_path / "j")
-    data = segment.read_bytes()
-    segment.write_bytes(data[:-5] + b"\0" * 4096)  # the last frame's blocks were lost: its end and more are zeros
+    journal_file = killed_run(tmp_path / "j")
+    data = journal_file.read_bytes()
+    journal_file.write_bytes(data[:-5] + b"\0" * 4096)  # the last frame's blocks were lost: its end and more are zeros
     with pytest.warns(UserWarning, match="torn tail"):
-        assert [frame["k"] for frame in read_frames(segment)] == ["header", "commit"]
-    segment.write_bytes(data[:40] + b"\0" * 8 + data[48:])  # zeros inside the first commit, a frame after them
+        assert [frame["k"] for frame in read_frames(journal_file)] == ["header", "commit"]
+    journal_file.write_bytes(data[:40] + b"\0" * 8 + data[48:])  # zeros inside the first commit, a frame after them
     with pytest.raises(JournalError, match="fails its checksum and is not the last one"):
-        list(read_frames(segment))
+        list(read_frames(journal_file))
 
 
 # -- item 5: a full disk -------------------------------------------------------------------------------------------
 
 
 class FullDisk:
-    """`os.write` (Linux): of the writes to journal segments, the first `ok` go through, the next `failures` write half
+    """`os.write` (Linux): of the writes to journal files, the first `ok` go through, the next `failures` write half
     their bytes (as a filling disk does) and then raise ENOSPC, and later ones go through again."""
 
     def __init__(self, *, ok: int = 0, failures: int) -> None:
@@ -225,7 +225,7 @@ def test_eval_stops_once_on_a_full_journal_folder_and_its_resume_continues(tmp_p
     tasks = select_tasks(env_names=["multi_step"], limit=3)
     script, output = finished_turns(smol_tokenizer, CALLS), tmp_path / "out.jsonl"
     monkeypatch.setattr(RunJournal, "full_disk_wait_s", 0.1)
-    # the segment's header and the first group of commits (turn 1 of every rollout) are written, then the disk is full
+    # the journal file's header and the first group of commits (turn 1 of every rollout) are written, then the disk is full
     monkeypatch.setattr(journal_module.os, "write", FullDisk(ok=2, failures=10**6))
     with pytest.raises(JournalError, match="cannot be written"):
         asyncio.run(run_eval(Engine(TurnPolicy(smol_template, script), smol_template, EngineConfig()), tasks, output=output, journal=True))
@@ -276,22 +276,22 @@ def test_eval_refuses_an_unusable_journal_path_with_exit_2_before_loading_a_mode
 def test_a_rerun_without_resume_keeps_a_killed_runs_journal_that_holds_no_record_yet(tmp_path, capsys):
     from gym_bridge.cli import main
 
-    segment = killed_run(tmp_path / "out.jsonl.journal")  # hours of turns, and no record written yet
+    journal_file = killed_run(tmp_path / "out.jsonl.journal")  # hours of turns, and no record written yet
     assert main(["eval", "--env", "weather", "--journal", "--no-progress", "--output", str(tmp_path / "out.jsonl")]) == 2
     err = capsys.readouterr().err
     assert f"the journal {tmp_path / 'out.jsonl.journal'} holds the committed turns of 2 rollouts" in err
     assert "--resume" in err and "--overwrite" in err
-    assert segment.exists() and not (tmp_path / "out.jsonl").exists()
+    assert journal_file.exists() and not (tmp_path / "out.jsonl").exists()
 
 
 def test_a_flipped_bit_in_the_last_frames_payload_reads_as_a_torn_tail(tmp_path):
     """The documented limit: the last frame's payload is checked by its own checksum only, like a write cut off."""
-    segment = killed_run(tmp_path / "j")
-    data = bytearray(segment.read_bytes())
+    journal_file = killed_run(tmp_path / "j")
+    data = bytearray(journal_file.read_bytes())
     data[-3] ^= 0x01
-    segment.write_bytes(bytes(data))
+    journal_file.write_bytes(bytes(data))
     with pytest.warns(UserWarning, match="torn tail"):
-        assert [frame["k"] for frame in read_frames(segment)] == ["header", "commit"]
+        assert [frame["k"] for frame in read_frames(journal_file)] == ["header", "commit"]
 
 
 def test_a_trl_rank_journal_another_trainer_holds_is_refused(tmp_path, smol_template):
@@ -337,10 +337,10 @@ def test_a_journal_folder_on_a_read_only_mount_is_refused_naming_it(tmp_path, mo
 def test_eval_refuses_a_damaged_journal_without_resume_and_says_overwrite_discards_it(tmp_path, capsys):
     from gym_bridge.cli import main
 
-    segment = killed_run(tmp_path / "out.jsonl.journal")
-    data = bytearray(segment.read_bytes())
+    journal_file = killed_run(tmp_path / "out.jsonl.journal")
+    data = bytearray(journal_file.read_bytes())
     data[5] ^= 0x01  # the header frame's length
-    segment.write_bytes(bytes(data))
+    journal_file.write_bytes(bytes(data))
     assert main(["eval", "--env", "weather", "--no-progress", "--output", str(tmp_path / "out.jsonl")]) == 2
     err = capsys.readouterr().err
     assert "the frame header at byte 0 fails its checksum" in err and "pass --overwrite to start --output" in err

@@ -110,6 +110,6 @@ def test_an_alarm_gets_a_line_of_its_own_above_the_progress_bar(tmp_path, tiny_m
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode in (0, 3), done.stderr
-    segments = re.split(r"[\r\n]", done.stderr)
-    alarms = [segment for segment in segments if "TOOL-CALL ALARM" in segment]
-    assert alarms and all(segment.startswith("TOOL-CALL ALARM: environment 'weather' offers tools") for segment in alarms), alarms
+    lines = re.split(r"[\r\n]", done.stderr)
+    alarms = [line for line in lines if "TOOL-CALL ALARM" in line]
+    assert alarms and all(line.startswith("TOOL-CALL ALARM: environment 'weather' offers tools") for line in alarms), alarms

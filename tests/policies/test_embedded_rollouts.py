@@ -32,7 +32,7 @@ class FirstTurnScripted:
         return await self.real.generate(request)
 
 
-@pytest.mark.slow  # about 15-20 s; by default: the embedded model under eval via serve-model and its local parity (test_serve_eval.py)
+@pytest.mark.slow  # about 15-20 s; by default: the embedded model under eval via serve-model and its local parity (serve/test_eval_over_http.py)
 def test_real_model_continues_after_tool_outputs_with_exact_tokens(smol_tokenizer):
     real = TransformersPolicy.from_pretrained(None)
     template = ChatTemplate(real.tokenizer, eos_token_ids=sorted(real.eos_token_ids))
@@ -55,7 +55,7 @@ def test_real_model_continues_after_tool_outputs_with_exact_tokens(smol_tokenize
         assert record.turns >= 2 and record.tool_calls >= 1
         assert_token_invariants(row)
         mask = row["tokens"]["completion_mask"]
-        # model, env (tool output + generation prompt), model: both segments are present
+        # model, env (tool output + generation prompt), model: both kinds of token run are present
         assert mask[0] == 1 and 0 in mask and mask[-1] == 1
         text = smol_tokenizer.decode(row["tokens"]["completion_ids"])
         assert '<|im_start|>tool\n{"city": "Oslo", "weather_description": "The weather in Oslo is cold."}<|im_end|>' in text

@@ -1,4 +1,4 @@
-"""`--ray` with a journal: a worker killed mid-run leaves its committed turns in its segment of the driver's journal,
+"""`--ray` with a journal: a worker killed mid-run leaves its committed turns in its own file of the driver's journal,
 and the group sent again continues on another worker from there, token for token, without generating a committed
 turn again. In process (two `RolloutWorker`s over one journal, no cluster) by default; a real local Ray cluster with a
 worker killed by SIGKILL in the `slow` test."""
@@ -72,7 +72,7 @@ def test_a_group_sent_again_continues_on_another_worker_from_its_committed_turns
     with pytest.raises(_Killed):
         asyncio.run(first.run_group(tasks[0], [0, 1], spec))
     before = sum(_calls(log).values())
-    assert len(list(driver.directory.glob("*.log"))) == 2  # the driver's segment and the dead worker's
+    assert len(list(driver.directory.glob("*.log"))) == 2  # the driver's journal file and the dead worker's
 
     second = RolloutWorker(cloudpickle.dumps(TurnEngine(str(log), TURNS)), [])
     records = [record.to_dict() for record in asyncio.run(second.run_group(tasks[0], [0, 1], replace(spec, resume=True)))]

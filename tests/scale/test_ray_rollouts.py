@@ -84,7 +84,7 @@ def _run_and_kill(tmp_path, *, max_retries: int):  # type: ignore[no-untyped-def
     return result, records, lines
 
 
-@pytest.mark.slow  # about 30 s; by default: Ray rollouts above, a killed server and --resume in test_serve_eval.py
+@pytest.mark.slow  # about 30 s; by default: Ray rollouts above, a killed eval resumed in eval/test_kill_resume.py
 def test_a_worker_killed_mid_run_loses_nothing(tmp_path):
     import json
 

@@ -76,7 +76,7 @@ def test_sampling_parity_between_the_local_and_the_remote_policy(embedded_server
         assert a.finish_reason == b.finish_reason
 
 
-@pytest.mark.slow  # about 12-15 s; by default: a replica killed mid-run (scale/test_router.py), --resume (cli/test_hardening.py)
+@pytest.mark.slow  # about 12-15 s; by default: a replica killed mid-run (policies/test_router.py), --resume (cli/test_hardening.py)
 def test_a_killed_server_gives_bounded_infra_failures_and_resume_completes(tiny_model_dir, tmp_path):
     output = tmp_path / "rollouts.jsonl"
     server = ServeModelProcess("--model", str(tiny_model_dir))

@@ -62,7 +62,7 @@ def test_a_server_restarted_over_its_journal_against_another_model_is_refused(mo
     journal = tmp_path / "journal"
     first = serve("--port", "0", "--journal", str(journal), "--model-base-url", model_a, cache=tmp_path)
     started(first)
-    killed(first)  # its segment (header: the fingerprint) stays
+    killed(first)  # its journal file (header: the fingerprint) stays
     refused = serve("--port", "0", "--journal", str(journal), "--model-base-url", model_b, cache=tmp_path)
     _, stderr = refused.communicate(timeout=120)
     assert refused.returncode == 2, stderr

@@ -115,8 +115,8 @@ def journal_in_flight(output: Path) -> dict[tuple[int, int], list[int]]:
     each committed model call."""
     events: dict[tuple[int, int], list[dict[str, Any]]] = {}
     done: set[tuple[int, int]] = set()
-    for segment in sorted((output / "rollout_journal").rglob("*.log")):
-        for frame in list(read_frames(segment))[1:]:
+    for journal_file in sorted((output / "rollout_journal").rglob("*.log")):
+        for frame in list(read_frames(journal_file))[1:]:
             key = (int(frame["r"][0]), int(frame["r"][1]))
             if frame["k"] == "done":
                 done.add(key)

@@ -5,7 +5,7 @@ weather, multi_step and math rows with a scripted policy that calls tools, so en
 exist and rewards vary within groups. The trainer's own model generates in the backend test (with
 gradient checkpointing on); the recipe runs the embedded model in the `slow` test.
 
-This file is also the torchrun worker: `python -m torch.distributed.run ... test_trl_trainer.py MODEL OUT`.
+This file is also the torchrun worker: `python -m torch.distributed.run ... test_trainer.py MODEL OUT`.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def test_grpo_trainer_trains_with_gym_bridge_rollouts(tiny_model_dir, tmp_path, 
     assert len(logged) == 2 and all("rewards/env_reward/mean" in entry and "gym_bridge/failed" in entry for entry in logged)
 
 
-@pytest.mark.slow  # about 35 s (torchrun); by default: one rank above, the rank layout in test_trl_rollout.py
+@pytest.mark.slow  # about 35 s (torchrun); by default: one rank above, the rank layout in test_rollout.py
 @pytest.mark.integration
 def test_two_ranks_split_a_group_and_stay_consistent(tiny_model_dir, tmp_path, smol_tokenizer):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}

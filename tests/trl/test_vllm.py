@@ -139,7 +139,7 @@ def test_sleep_mode_is_refused_by_the_cpu_build():
         LLM(model=str(embedded_model_path()), enable_sleep_mode=True, **engine_kwargs())
 
 
-@pytest.mark.slow  # about 17 s; by default: eval against the same server (test_vllm_server.py), server-mode setup (test_trl_rollout.py)
+@pytest.mark.slow  # about 17 s; by default: eval against the same server (test_vllm_server.py), server-mode setup (test_rollout.py)
 def test_server_mode_rollouts_against_a_real_vllm_server(vllm_server, smol_tokenizer):
     """What server mode runs per rank: `rollout(prompts, trainer)` calls the server over HTTP (processed log-probs)."""
     from types import SimpleNamespace

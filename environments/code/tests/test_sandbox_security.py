@@ -106,12 +106,12 @@ SYSV_IPC = """
 import ctypes, os
 libc = ctypes.CDLL(None, use_errno=True)
 libc.shmat.restype = ctypes.c_void_p
-segment = libc.shmget(0, 64 * 2**20, 0o1600)
-if segment >= 0:
-    address = libc.shmat(segment, None, 0)
+shm_id = libc.shmget(0, 64 * 2**20, 0o1600)
+if shm_id >= 0:
+    address = libc.shmat(shm_id, None, 0)
     ctypes.memset(address, 1, 64 * 2**20)  # 64 MB of host memory outside RLIMIT_AS once detached
     libc.shmdt(ctypes.c_void_p(address))
-    print('shm', segment)
+    print('shm', shm_id)
 else:
     print('shm', os.strerror(ctypes.get_errno()))
 print('sem', libc.semget(0, 4, 0o1600) >= 0, 'msg', libc.msgget(0, 0o1600) >= 0)
@@ -121,6 +121,6 @@ print('sem', libc.semget(0, 4, 0o1600) >= 0, 'msg', libc.msgget(0, 0o1600) >= 0)
 @needs_sandbox
 def test_sysv_shared_memory_semaphores_and_queues_cannot_be_created() -> None:
     """SysV IPC objects outlive their creator inside the run's IPC namespace and count against no
-    rlimit: segments of 100 MB, attached, filled and detached in a loop, held 800 MB of host memory."""
+    rlimit: shared memory blocks of 100 MB, attached, filled and detached in a loop, held 800 MB of host memory."""
     result = run(SYSV_IPC)
     assert result.stdout.decode().split("\n")[:2] == ["shm Operation not permitted", "sem False msg False"], result

@@ -2,8 +2,8 @@
 
 1. Its tree attention: the trainer packs a micro-batch into a prefix trie and runs attention through the FA3
    varlen kernel (`kernels-community/flash-attn3`, fetched from the Hub, CUDA only) under the name `tree_fa3`.
-   `cpu_tree_attention` is the same computation in plain PyTorch: each packed segment's queries attend
-   causally (aligned to the end, as FA's varlen causal mask) to the keys and values of its root-to-segment
+   `cpu_tree_attention` is the same computation in plain PyTorch: each packed sequence's queries attend
+   causally (aligned to the end, as FA's varlen causal mask) to the keys and values of its root-to-sequence
    path (`tree_kv_index`).
 2. Its MFU set-up asks `torch.cuda.get_device_name`, which raises without CUDA; on the CPU the peak FLOPs
    are unknown, which the trainer already handles (MFU metrics off).
@@ -33,8 +33,8 @@ def cpu_tree_attention(module: Any, query: Any, key: Any, value: Any, attention_
         v = v.repeat_interleave(q.shape[0] // v.shape[0], dim=0)
     out = torch.empty_like(q)
     starts_q, starts_k = tree_cu_seqlens_q.tolist(), tree_cu_seqlens_k.tolist()
-    for segment in range(len(starts_q) - 1):
-        q0, q1, k0, k1 = starts_q[segment], starts_q[segment + 1], starts_k[segment], starts_k[segment + 1]
+    for sequence in range(len(starts_q) - 1):
+        q0, q1, k0, k1 = starts_q[sequence], starts_q[sequence + 1], starts_k[sequence], starts_k[sequence + 1]
         rows = torch.arange(q1 - q0).unsqueeze(1) + (k1 - k0) - (q1 - q0)  # each query's own position on the path
         cols = torch.arange(k1 - k0).unsqueeze(0)
         mask = cols <= rows

@@ -47,12 +47,12 @@ class GuessEnv(vf.Env[GuessEnvConfig]):
     async def run(self, task: Any, agents: Any) -> None:
         found, outcome = False, "out of guesses"
         async with agents.player.interaction(task) as interaction:
-            segment = await interaction.turn()
+            turn = await interaction.turn()
             for guess_number in range(1, task.data.max_guesses + 1):
-                if segment.terminated:
+                if turn.terminated:
                     outcome = "the player stopped"
                     break
-                guess = read_guess(segment.last_reply)
+                guess = read_guess(turn.last_reply)
                 if guess is None:
                     outcome = "invalid move: no bracketed number"
                     break
@@ -60,7 +60,7 @@ class GuessEnv(vf.Env[GuessEnvConfig]):
                     found, outcome = True, f"found in {guess_number} guesses"
                     break
                 if guess_number < task.data.max_guesses:
-                    segment = await interaction.turn("higher" if guess < task.data.target else "lower")
+                    turn = await interaction.turn("higher" if guess < task.data.target else "lower")
         interaction.trace.record_reward("found", float(found))
         interaction.trace.info["outcome"] = outcome
 

@@ -59,8 +59,8 @@ def _named_call(name: str, arguments: str, *, call_id: str | None = None) -> _Re
     return _Read((call_from_arguments(name, value, call_id=call_id),), arguments.strip()[end:].strip())
 
 
-def _read(segment: str) -> _Read:
-    body = segment.strip()
+def _read(after_marker: str) -> _Read:
+    body = after_marker.strip()
     if body.startswith(("[", "{")):
         return _json_calls(body)
     if _ARGS in body:
@@ -84,8 +84,8 @@ class MistralParser:
     def parse(self, text: str, tools: Sequence[Mapping[str, Any]] = ()) -> Turn:
         if _BOT not in text:
             return Turn(reasoning="", text=text.strip())
-        content, *segments = text.split(_BOT)
-        reads = [_read(segment) for segment in segments if segment.strip()]
+        content, *after_markers = text.split(_BOT)
+        reads = [_read(after) for after in after_markers if after.strip()]
         calls = [call for read in reads for call in read.calls]
         prose = [content.strip(), *(read.text for read in reads)]
         if not calls:
