@@ -26,7 +26,8 @@ from gym_bridge.capture.harness import (DEFAULT_CPU_LIMIT_S, DEFAULT_MEMORY_LIMI
                                         run_callable, run_command)
 from gym_bridge.capture.server import capture_server
 from gym_bridge.capture.chat_session import ChatCaptureSession
-from gym_bridge.capture.session import CaptureSession, SessionState, StopKind
+from gym_bridge.capture.ledger import SessionLedger, StopKind
+from gym_bridge.capture.session import CaptureSession, SessionState
 from gym_bridge.core.agent_loop import RolloutContext
 from gym_bridge.core.errors import FailRollout, ConfigError
 from gym_bridge.core.record import LoopFinish
@@ -60,26 +61,26 @@ class HarnessLoop:
             raise FailRollout("env", f"HarnessLoop needs a HarnessEnvironment, got {type(env).__name__}")
         session = _session(ctx, type(env).model_name, type(env).max_parallel_calls)
         payload = {"messages": list(ctx.task.messages), "tools": [to_chat_tool(schema) for schema in ctx.tools],
-                   "model": session.model_name, "row": type(env).harness_row(ctx.task.row)}
+                   "model": session.ledger.model_name, "row": type(env).harness_row(ctx.task.row)}
         try:
             async with capture_server().session(session) as base_url:
-                outcome = await self._run_agent(env, ctx.task, session, base_url, payload)
+                outcome = await self._run_agent(env, ctx.task, session.ledger, base_url, payload)
         finally:
-            _fill_trajectory(ctx, session)
+            _fill_trajectory(ctx, session.ledger)
         env.session, env.outcome = session, outcome
-        return _finish(env, session, outcome)
+        return _finish(env, session.ledger, outcome)
 
-    async def _run_agent(self, env: HarnessEnvironment, task: Task, session: SessionState, base_url: str,
+    async def _run_agent(self, env: HarnessEnvironment, task: Task, ledger: SessionLedger, base_url: str,
                          payload: dict[str, Any]) -> AgentOutcome:
         env_class = type(env)
         agent = env_class.agent
         if agent is not None:
             import openai
 
-            client = openai.AsyncOpenAI(base_url=base_url, api_key=session.token, max_retries=0, timeout=env_class.harness_timeout_s)
+            client = openai.AsyncOpenAI(base_url=base_url, api_key=ledger.token, max_retries=0, timeout=env_class.harness_timeout_s)
             try:
                 return await run_callable(agent, client, payload, timeout_s=env_class.harness_timeout_s,
-                                          stop=session.stopped, tail_chars=env_class.tail_chars)
+                                          stop=ledger.stopped, tail_chars=env_class.tail_chars)
             finally:
                 await client.close()
         argv = env.harness_command(task)
@@ -88,37 +89,37 @@ class HarnessLoop:
             task_file = Path(folder) / "task.json"
             task_file.write_text(text)
             variables = harness_environment(env_class.harness_env_vars, {
-                "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": session.token, "OPENAI_MODEL": session.model_name,
+                "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": ledger.token, "OPENAI_MODEL": ledger.model_name,
                 "GYM_BRIDGE_TASK_FILE": str(task_file)})
             try:
                 return await run_command(argv, env=variables, stdin=text.encode(), timeout_s=env_class.harness_timeout_s,
-                                         stop=session.stopped, tail_chars=env_class.tail_chars, limits=env_class.harness_limits())
+                                         stop=ledger.stopped, tail_chars=env_class.tail_chars, limits=env_class.harness_limits())
             except OSError as error:
                 raise FailRollout("env", f"cannot start the harness {list(argv)}: {error}") from None
 
 
 def _session(ctx: RolloutContext, model_name: str, max_parallel_calls: int) -> CaptureSession | ChatCaptureSession:
     """A token session in front of a token policy; a chat session in front of a chat policy (it must return token ids)."""
-    common: dict[str, Any] = {"sampling": ctx.sampling, "limits": ctx.limits, "model_name": model_name, "label": ctx.session_id,
-                              "max_parallel_calls": max_parallel_calls}
+    ledger = SessionLedger(sampling=ctx.sampling, limits=ctx.limits, model_name=model_name, label=ctx.session_id,
+                           max_parallel_calls=max_parallel_calls)
 
     def tokens(policy: Policy) -> CaptureSession:
         if ctx.template is None:
             raise FailRollout("infra", "a harness environment over a token policy needs the run's chat template")
         if ctx.deadline is not None and ctx.deadline.parked:  # time a trainer parks a call is not the rollout's
             policy = HeldPolicy(policy, ctx.deadline)
-        return CaptureSession(policy=policy, template=ctx.template, **common)
+        return CaptureSession(policy=policy, template=ctx.template, ledger=ledger)
 
-    return by_policy_kind(ctx.policy, token=tokens, chat=lambda policy: ChatCaptureSession(policy=policy, **common))
+    return by_policy_kind(ctx.policy, token=tokens, chat=lambda policy: ChatCaptureSession(policy=policy, ledger=ledger))
 
 
-def _fill_trajectory(ctx: RolloutContext, session: SessionState) -> None:
+def _fill_trajectory(ctx: RolloutContext, ledger: SessionLedger) -> None:
     """The captured calls as the trajectory: items, the last segment as the flat view, every segment when there are several."""
     trajectory = ctx.trajectory
-    trajectory.output = list(session.output)
-    trajectory.model_calls = len(session.calls)
-    trajectory.tool_calls = sum(1 for item in session.output if item["type"] == "function_call")
-    assembly = assemble(session.calls)
+    trajectory.output = list(ledger.output)
+    trajectory.model_calls = len(ledger.calls)
+    trajectory.tool_calls = sum(1 for item in ledger.output if item["type"] == "function_call")
+    assembly = assemble(ledger.calls)
     last = assembly.last
     if last is None:
         return
@@ -131,8 +132,8 @@ _SCORED_STOPS: dict[StopKind, LoopFinish] = {"max_turns": "max_turns", "budget":
 """The session stops that end the rollout as a scored one (the others are failures)."""
 
 
-def _finish(env: HarnessEnvironment, session: SessionState, outcome: AgentOutcome) -> LoopFinish:
-    stop = session.stop
+def _finish(env: HarnessEnvironment, ledger: SessionLedger, outcome: AgentOutcome) -> LoopFinish:
+    stop = ledger.stop
     if stop is not None and stop.kind in ("context_overflow", "infra"):
         raise FailRollout(stop.kind, stop.reason)
     limit = type(env).harness_timeout_s
@@ -141,11 +142,11 @@ def _finish(env: HarnessEnvironment, session: SessionState, outcome: AgentOutcom
     if stop is not None:
         return _SCORED_STOPS[stop.kind]  # a spent budget is scored, like the default loop's `max_turns` / `budget`
     if outcome.exit_code != 0:
-        errors = "".join(f"; the endpoint answered {e.status}: {e.message}" for e in session.errors[-3:])
+        errors = "".join(f"; the endpoint answered {e.status}: {e.message}" for e in ledger.errors[-3:])
         raise FailRollout("env", f"{_limit_reason(env, outcome)}the harness exited with status {outcome.exit_code}{errors}{_tails(outcome)}")
-    if not session.calls:
+    if not ledger.calls:
         raise FailRollout("env", f"the harness finished without calling the model{_tails(outcome)}")
-    return "length" if session.last_finish_reason == "length" else "answer"
+    return "length" if ledger.last_finish_reason == "length" else "answer"
 
 
 def _limit_reason(env: HarnessEnvironment, outcome: AgentOutcome) -> str:
@@ -321,7 +322,7 @@ class HarnessEnvironment(Environment):
         """What a callable agent returned, else the content of the last model answer ('' when none)."""
         if self.outcome is not None and self.outcome.answer is not None:
             return self.outcome.answer
-        return (self.session.final_answer if self.session is not None else None) or ""
+        return (self.session.ledger.final_answer if self.session is not None else None) or ""
 
     def score(self, task: Task, answer: str) -> VerifyResult | float:
         """The reward of `answer` for `task`; subclasses implement it."""
@@ -333,15 +334,15 @@ class HarnessEnvironment(Environment):
 
     def capture_metrics(self) -> dict[str, Any]:
         """Calls, segments, rewrites, token-in calls, endpoint errors (the first and latest kept, the others counted:
-        see `gym_bridge.capture.session.MAX_KEPT_ERRORS`) and the output tails of this rollout."""
-        session, outcome = self.session, self.outcome
-        if session is None:
+        see `gym_bridge.capture.ledger.MAX_KEPT_ERRORS`) and the output tails of this rollout."""
+        if self.session is None:
             return {}
-        assembly = assemble(session.calls)
-        metrics: dict[str, Any] = {"model_calls": len(session.calls), "segments": len(assembly.segments),
-                                   "rewrites": assembly.rewrites, "token_in_calls": session.token_in_calls,
-                                   "endpoint_errors": [f"{e.status}: {e.message}" for e in session.errors],
-                                   "endpoint_errors_dropped": session.errors_dropped}
+        ledger, outcome = self.session.ledger, self.outcome
+        assembly = assemble(ledger.calls)
+        metrics: dict[str, Any] = {"model_calls": len(ledger.calls), "segments": len(assembly.segments),
+                                   "rewrites": assembly.rewrites, "token_in_calls": ledger.token_in_calls,
+                                   "endpoint_errors": [f"{e.status}: {e.message}" for e in ledger.errors],
+                                   "endpoint_errors_dropped": ledger.errors_dropped}
         if outcome is not None:
             metrics.update(harness_exit_code=outcome.exit_code, stdout_tail=outcome.stdout_tail, stderr_tail=outcome.stderr_tail)
         return metrics
