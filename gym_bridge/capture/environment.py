@@ -8,7 +8,7 @@ is kept under `tokens.segments`. The environment's `score(task, answer)` grades 
 answer (what a callable returned, else the content of its last model answer); `verify` adds the
 capture's metrics (calls, segments, rewrites, endpoint errors, output tails). A command gets a
 minimal environment (`harness_environment`) and only the row fields `harness_row_fields` names (the
-verifier's stay out of the agent's reach); a row names its own command only where `allow_row_commands` says.
+verifier's stay out of the agent's reach); a row names its own command only where `allow_row_commands` or the run's `TrustSettings` say.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from gym_bridge.core.environment import Environment, RowProblem, VerifyResult, t
 from gym_bridge.core.journal import ResumeKind
 from gym_bridge.core.items import Item
 from gym_bridge.core.policy import Policy, by_policy_kind
-from gym_bridge.core.registry import module_paths_limited
+from gym_bridge.core.trust import TrustSettings
 from gym_bridge.core.task import ROUTING_KEYS, Task
 from gym_bridge.core.dialects.chat import to_chat_tool
 
@@ -64,14 +64,14 @@ class HarnessLoop:
                    "model": session.ledger.model_name, "row": type(env).harness_row(ctx.task.row)}
         try:
             async with capture_server().session(session) as base_url:
-                outcome = await self._run_agent(env, ctx.task, session.ledger, base_url, payload)
+                outcome = await self._run_agent(env, ctx.task, session.ledger, base_url, payload, ctx.trust)
         finally:
             _fill_trajectory(ctx, session.ledger)
         env.session, env.outcome = session, outcome
         return _finish(env, session.ledger, outcome)
 
     async def _run_agent(self, env: HarnessEnvironment, task: Task, ledger: SessionLedger, base_url: str,
-                         payload: dict[str, Any]) -> AgentOutcome:
+                         payload: dict[str, Any], trust: TrustSettings) -> AgentOutcome:
         env_class = type(env)
         agent = env_class.agent
         if agent is not None:
@@ -83,6 +83,9 @@ class HarnessLoop:
                                           stop=ledger.stopped, tail_chars=env_class.tail_chars)
             finally:
                 await client.close()
+        refused = env_class.trust_problems(task.row, trust)  # rows are checked before a run; this holds for rows that were not
+        if refused:
+            raise FailRollout("env", f"{refused[0].field}: {refused[0].message}")
         argv = env.harness_command(task)
         text = json.dumps(payload)
         with tempfile.TemporaryDirectory(prefix="gym_bridge_harness_") as folder:
@@ -168,7 +171,6 @@ def _tails(outcome: AgentOutcome) -> str:
 
 BASE_ENV_VARS = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM")
 """The trainer's variables every harness command gets (when set); others only by `harness_env_vars`."""
-_row_commands: bool | None = None
 
 
 def harness_environment(passed: Iterable[str], session: Mapping[str, str]) -> dict[str, str]:
@@ -176,16 +178,6 @@ def harness_environment(passed: Iterable[str], session: Mapping[str, str]) -> di
     (when set), then the session's own variables. Nothing else of the trainer's (API keys, tokens)."""
     names = (*BASE_ENV_VARS, *([passed] if isinstance(passed, str) else passed))
     return {**{name: os.environ[name] for name in names if name in os.environ}, **session}
-
-
-def allow_row_commands(allowed: bool | None) -> bool | None:
-    """Whether rows may name their own harness command (`"harness": {"command": [...]}`) in this process:
-    True for every `HarnessEnvironment` (`gym-bridge eval --allow-row-commands`), False for none, None (the
-    default) as each environment's `allow_row_commands` says. Limited module paths (`--no-module-paths`,
-    `--allow-module`) refuse them whatever this says. Returns the previous setting."""
-    global _row_commands
-    previous, _row_commands = _row_commands, allowed
-    return previous
 
 
 def row_command(row: Mapping[str, Any]) -> Any:
@@ -239,31 +231,25 @@ class HarnessEnvironment(Environment):
     outcome: AgentOutcome | None = None
 
     def harness_command(self, task: Task) -> tuple[str, ...]:
-        """The command line for `task`: the row's `harness.command` where allowed, else the class's `command`.
+        """The command line for `task`: the row's `harness.command` when it names one (whether it may run is
+        `trust_problems`, which `HarnessLoop` checks first), else the class's `command`.
 
-        Raises FailRollout (`env`) for a row's command that is not allowed (rows are checked before a
-        run by `validate_row`; this holds for rows that reach a rollout unchecked) or a malformed command.
+        Raises FailRollout (`env`) for a malformed command.
         """
         command = row_command(task.row)
         if command is None:
             command = self.command
-        else:
-            refusal = type(self).row_command_refusal()
-            if refusal is not None:
-                raise FailRollout("env", f"harness.command: {refusal}")
         if isinstance(command, str) or not command or not all(isinstance(part, str) for part in command):
             raise FailRollout("env", f"{type(self).__name__} needs `command` (a list of strings) or `agent`; got {command!r}")
         return tuple(command)
 
     @classmethod
-    def row_command_refusal(cls) -> str | None:
-        """Why rows may not name their own command here, saying what would allow it; None when they may."""
-        if module_paths_limited():
+    def row_command_refusal(cls, trust: TrustSettings) -> str | None:
+        """Why rows may not name their own command here under `trust`, saying what would allow it; None when they may."""
+        if trust.module_paths_limited:
             return ("rows may not name their own command while module paths are limited (--no-module-paths, "
                     "--allow-module: the settings for shared data); set the command on the environment class")
-        if _row_commands is False:
-            return "rows may not name their own command in this process (allow_row_commands(False))"
-        if _row_commands or cls.allow_row_commands:
+        if trust.row_commands or cls.allow_row_commands:
             return None
         return (f"rows may not name their own command: it runs with your permissions, so a data file that does "
                 f"carries code; only for data you trust: set `allow_row_commands = True` on {cls.__name__} "
@@ -271,7 +257,7 @@ class HarnessEnvironment(Environment):
 
     @classmethod
     def validate_row(cls, row: dict[str, Any]) -> list[RowProblem]:
-        """The row's own problems, and a `harness.command` that is not allowed (`row_command_refusal`) or malformed."""
+        """The row's own problems, and a malformed `harness` or `harness.command` (whether it may run: `trust_problems`)."""
         problems = super().validate_row(row)
         spec = row.get("harness")
         if spec is not None and not isinstance(spec, dict):
@@ -279,12 +265,15 @@ class HarnessEnvironment(Environment):
         command = row_command(row)
         if command is None:
             return problems
-        refusal = cls.row_command_refusal()
-        if refusal is not None:
-            problems.append(RowProblem("harness.command", refusal))
-        elif isinstance(command, str) or not isinstance(command, list) or not command or not all(isinstance(part, str) for part in command):
+        if isinstance(command, str) or not isinstance(command, list) or not command or not all(isinstance(part, str) for part in command):
             problems.append(RowProblem("harness.command", f"must be a non-empty list of strings, got {command!r}"))
         return problems
+
+    @classmethod
+    def trust_problems(cls, row: dict[str, Any], trust: TrustSettings) -> list[RowProblem]:
+        """A row's own `harness.command` where neither the class nor the run's `trust` allows one (`row_command_refusal`)."""
+        refusal = cls.row_command_refusal(trust) if row_command(row) is not None else None
+        return [] if refusal is None else [RowProblem("harness.command", refusal)]
 
     @classmethod
     def harness_row(cls, row: Mapping[str, Any]) -> dict[str, Any]:
