@@ -38,6 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gym_bridge.capture.server import capture_server  # noqa: E402
+from gym_bridge.capture.ledger import SessionLedger
 from gym_bridge.capture.session import CaptureSession  # noqa: E402
 from gym_bridge.core.agent_loop import Limits  # noqa: E402
 from gym_bridge.core.policy import Generation, GenerationRequest, SamplingParams  # noqa: E402
@@ -86,11 +87,11 @@ async def capture_calls(template: ChatTemplate, policy: Any, sampling: SamplingP
     """Mean seconds per call of an openai client through the capture endpoint (a fresh session per run)."""
     import openai
 
-    session = CaptureSession(policy=policy, template=template, sampling=sampling,
-                             limits=Limits(max_turns=calls + 10, max_completion_tokens=10**9), model_name="policy", label="bench")
+    session = CaptureSession(policy=policy, template=template, ledger=SessionLedger(sampling=sampling,
+                             limits=Limits(max_turns=calls + 10, max_completion_tokens=10**9), model_name="policy", label="bench"))
     chat_tools: list[Any] = [{"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}} for tool in TOOLS]
     async with capture_server().session(session) as base_url:
-        async with openai.AsyncOpenAI(base_url=base_url, api_key=session.token, max_retries=0) as client:
+        async with openai.AsyncOpenAI(base_url=base_url, api_key=session.ledger.token, max_retries=0) as client:
             await client.chat.completions.create(model="policy", messages=MESSAGES, tools=chat_tools)  # connection warm-up
             start = time.perf_counter()
             for _ in range(calls):

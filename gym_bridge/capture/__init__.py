@@ -2,7 +2,8 @@
 program (a harness) can be run, scored and trained token-exactly.
 
 `assembly` merges captured calls into token segments; `session` serves one rollout's calls from a
-token policy, `chat_session` from a chat policy that returns token ids (NeMo RL's, behind `/run`);
+token policy, `chat_session` from a chat policy that returns token ids (NeMo RL's, behind `/run`),
+each holding a `ledger` (what both keep, and call admission);
 `server` is the loopback HTTP server; `harness` runs a command or callable with limits;
 `environment` is the `harness` environment kind (`HarnessEnvironment`, `HarnessLoop`).
 """

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gym_bridge.capture.assembly import CapturedCall
-from gym_bridge.capture.session import _Session
+from gym_bridge.capture.ledger import SessionLedger, request_tools
 from gym_bridge.core.conversation import Message, appended, assistant_message
 from gym_bridge.core.dialects.chat import MessageIn, answer_choice, chat_completion
 from gym_bridge.core.errors import BackendError
@@ -35,32 +35,30 @@ NO_TOKENS = ("the chat policy answered without token ids; a harness behind a cha
 
 
 @dataclass(kw_only=True)
-class ChatCaptureSession(_Session):
-    """Serves one rollout's calls from a chat policy with token ids; mutated only by `chat_completions` (`responses` goes through it)."""
+class ChatCaptureSession:
+    """Serves one rollout's calls from a chat policy with token ids; its ledger is mutated only by `chat_completions`."""
 
     policy: ChatPolicy
+    ledger: SessionLedger
     _tokens: dict[str, CallTokens] = field(default_factory=dict)
     """The token ids of every answered assistant message, by `_answer_key`."""
     _conversation: MessageTranscript | None = None
     """The conversation of the last call answered (its messages and the answer; its token stream, which the next
     call's prompt ids may extend, else a new conversation starts)."""
 
-    async def responses(self, data: Any) -> dict[str, Any]:
-        """The answer to one `/v1/responses` body (served as the chat-completions call it means)."""
-        return await self._responses(data, self.chat_completions)
-
     async def chat_completions(self, data: Any) -> dict[str, Any]:
         """The answer to one request body, as OpenAI's API gives it; raises ApiError for a 4xx/5xx."""
-        body = self._body(data)
-        tools = self._request_tools(body) or []
-        async with self._turn():
+        ledger = self.ledger
+        body = ledger.chat_body(data)
+        tools = request_tools(body) or []
+        async with ledger.turn():
             messages = [self._chat_message(message) for message in body.messages]
-            sampling = self._reserve(body)
+            sampling = ledger.reserve(body)
             self._input_items(messages)
-            request = ChatRequest(messages=messages, tools=tools, sampling=sampling, session_id=self.label)
-            turn = await self._sampled(sampling, self.policy.chat(request))
+            request = ChatRequest(messages=messages, tools=tools, sampling=sampling, session_id=ledger.label)
+            turn = await ledger.sampled(sampling, self.policy.chat(request))
             if turn.tokens is None:
-                raise self._backend_failed(BackendError(NO_TOKENS))
+                raise ledger.backend_failed(BackendError(NO_TOKENS))
             return self._answer(messages, turn, turn.tokens)
 
     def _chat_message(self, message: MessageIn) -> Message:
@@ -83,28 +81,27 @@ class ChatCaptureSession(_Session):
 
     def _transcript(self, tokens: CallTokens) -> MessageTranscript:
         """The last call's token stream when this call's prompt ids extend it (a token-in call); else a new conversation's."""
-        last = self._conversation
+        last, ledger = self._conversation, self.ledger
         if last is not None and last.continues(tokens):
-            self.token_in_calls += 1
+            ledger.token_in_calls += 1
             return last
-        return MessageTranscript(self.policy, task=None, tools=(), trajectory=Trajectory(prompt_ids=[], output=self.output),
-                                 session_id=self.label, max_tokens=self.limits.max_completion_tokens, numbering=self._numbering)
+        return MessageTranscript(self.policy, task=None, tools=(), trajectory=Trajectory(prompt_ids=[], output=ledger.output),
+                                 session_id=ledger.label, max_tokens=ledger.limits.max_completion_tokens, numbering=ledger.numbering)
 
     def _answer(self, messages: Sequence[Message], answer: Turn, tokens: CallTokens) -> dict[str, Any]:
         transcript = self._conversation = self._transcript(tokens)
         transcript.add_call_tokens(tokens)
-        prompt = list(tokens.prompt_token_ids)
-        self.calls.append(CapturedCall(prompt_ids=prompt, completion_ids=list(tokens.generation_token_ids),
-                                       logprobs=list(tokens.generation_log_probs)))
-        self.last_finish_reason = answer.finish_reason
-        named = replace(answer, calls=tuple(replace(call, id=f"call_{self.label or 'capture'}_{len(self.calls)}x{n}")
+        prompt, ledger = list(tokens.prompt_token_ids), self.ledger
+        ledger.answered(CapturedCall(prompt_ids=prompt, completion_ids=list(tokens.generation_token_ids),
+                                     logprobs=list(tokens.generation_log_probs)), answer.finish_reason)
+        named = replace(answer, calls=tuple(replace(call, id=f"call_{ledger.label or 'capture'}_{len(ledger.calls)}x{n}")
                                             for n, call in enumerate(answer.calls)))
         message = assistant_message(replace(named, tokens=None))
         self._tokens[_answer_key(message)] = tokens
         transcript.writer.add_answer(named)
         transcript.messages = [*messages, message]
         choice = answer_choice(0, message, answer.finish_reason)
-        return chat_completion([choice], model=self.model_name, prompt_tokens=len(prompt),
+        return chat_completion([choice], model=ledger.model_name, prompt_tokens=len(prompt),
                                completion_tokens=len(tokens.generation_token_ids), completion_id=f"chatcmpl-{secrets.token_hex(12)}")
 
 

@@ -8,7 +8,7 @@ is kept under `tokens.segments`. The environment's `score(task, answer)` grades 
 answer (what a callable returned, else the content of its last model answer); `verify` adds the
 capture's metrics (calls, segments, rewrites, endpoint errors, output tails). A command gets a
 minimal environment (`harness_environment`) and only the row fields `harness_row_fields` names (the
-verifier's stay out of the agent's reach); a row names its own command only where `allow_row_commands` says.
+verifier's stay out of the agent's reach); a row names its own command only where `allow_row_commands` or the run's `TrustSettings` say.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from gym_bridge.capture.harness import (DEFAULT_CPU_LIMIT_S, DEFAULT_MEMORY_LIMI
                                         run_callable, run_command)
 from gym_bridge.capture.server import capture_server
 from gym_bridge.capture.chat_session import ChatCaptureSession
-from gym_bridge.capture.session import CaptureSession, SessionState, StopKind
+from gym_bridge.capture.ledger import SessionLedger, StopKind
+from gym_bridge.capture.session import CaptureSession, SessionState
 from gym_bridge.core.agent_loop import RolloutContext
 from gym_bridge.core.errors import FailRollout, ConfigError
 from gym_bridge.core.record import LoopFinish
@@ -35,7 +36,7 @@ from gym_bridge.core.environment import Environment, RowProblem, VerifyResult, t
 from gym_bridge.core.journal import ResumeKind
 from gym_bridge.core.items import Item
 from gym_bridge.core.policy import Policy, by_policy_kind
-from gym_bridge.core.registry import module_paths_limited
+from gym_bridge.core.trust import TrustSettings
 from gym_bridge.core.task import ROUTING_KEYS, Task
 from gym_bridge.core.dialects.chat import to_chat_tool
 
@@ -60,65 +61,68 @@ class HarnessLoop:
             raise FailRollout("env", f"HarnessLoop needs a HarnessEnvironment, got {type(env).__name__}")
         session = _session(ctx, type(env).model_name, type(env).max_parallel_calls)
         payload = {"messages": list(ctx.task.messages), "tools": [to_chat_tool(schema) for schema in ctx.tools],
-                   "model": session.model_name, "row": type(env).harness_row(ctx.task.row)}
+                   "model": session.ledger.model_name, "row": type(env).harness_row(ctx.task.row)}
         try:
             async with capture_server().session(session) as base_url:
-                outcome = await self._run_agent(env, ctx.task, session, base_url, payload)
+                outcome = await self._run_agent(env, ctx.task, session.ledger, base_url, payload, ctx.trust)
         finally:
-            _fill_trajectory(ctx, session)
+            _fill_trajectory(ctx, session.ledger)
         env.session, env.outcome = session, outcome
-        return _finish(env, session, outcome)
+        return _finish(env, session.ledger, outcome)
 
-    async def _run_agent(self, env: HarnessEnvironment, task: Task, session: SessionState, base_url: str,
-                         payload: dict[str, Any]) -> AgentOutcome:
+    async def _run_agent(self, env: HarnessEnvironment, task: Task, ledger: SessionLedger, base_url: str,
+                         payload: dict[str, Any], trust: TrustSettings) -> AgentOutcome:
         env_class = type(env)
         agent = env_class.agent
         if agent is not None:
             import openai
 
-            client = openai.AsyncOpenAI(base_url=base_url, api_key=session.token, max_retries=0, timeout=env_class.harness_timeout_s)
+            client = openai.AsyncOpenAI(base_url=base_url, api_key=ledger.token, max_retries=0, timeout=env_class.harness_timeout_s)
             try:
                 return await run_callable(agent, client, payload, timeout_s=env_class.harness_timeout_s,
-                                          stop=session.stopped, tail_chars=env_class.tail_chars)
+                                          stop=ledger.stopped, tail_chars=env_class.tail_chars)
             finally:
                 await client.close()
+        refused = env_class.trust_problems(task.row, trust)  # rows are checked before a run; this holds for rows that were not
+        if refused:
+            raise FailRollout("env", f"{refused[0].field}: {refused[0].message}")
         argv = env.harness_command(task)
         text = json.dumps(payload)
         with tempfile.TemporaryDirectory(prefix="gym_bridge_harness_") as folder:
             task_file = Path(folder) / "task.json"
             task_file.write_text(text)
             variables = harness_environment(env_class.harness_env_vars, {
-                "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": session.token, "OPENAI_MODEL": session.model_name,
+                "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": ledger.token, "OPENAI_MODEL": ledger.model_name,
                 "GYM_BRIDGE_TASK_FILE": str(task_file)})
             try:
                 return await run_command(argv, env=variables, stdin=text.encode(), timeout_s=env_class.harness_timeout_s,
-                                         stop=session.stopped, tail_chars=env_class.tail_chars, limits=env_class.harness_limits())
+                                         stop=ledger.stopped, tail_chars=env_class.tail_chars, limits=env_class.harness_limits())
             except OSError as error:
                 raise FailRollout("env", f"cannot start the harness {list(argv)}: {error}") from None
 
 
 def _session(ctx: RolloutContext, model_name: str, max_parallel_calls: int) -> CaptureSession | ChatCaptureSession:
     """A token session in front of a token policy; a chat session in front of a chat policy (it must return token ids)."""
-    common: dict[str, Any] = {"sampling": ctx.sampling, "limits": ctx.limits, "model_name": model_name, "label": ctx.session_id,
-                              "max_parallel_calls": max_parallel_calls}
+    ledger = SessionLedger(sampling=ctx.sampling, limits=ctx.limits, model_name=model_name, label=ctx.session_id,
+                           max_parallel_calls=max_parallel_calls)
 
     def tokens(policy: Policy) -> CaptureSession:
         if ctx.template is None:
             raise FailRollout("infra", "a harness environment over a token policy needs the run's chat template")
         if ctx.deadline is not None and ctx.deadline.parked:  # time a trainer parks a call is not the rollout's
             policy = HeldPolicy(policy, ctx.deadline)
-        return CaptureSession(policy=policy, template=ctx.template, **common)
+        return CaptureSession(policy=policy, template=ctx.template, ledger=ledger)
 
-    return by_policy_kind(ctx.policy, token=tokens, chat=lambda policy: ChatCaptureSession(policy=policy, **common))
+    return by_policy_kind(ctx.policy, token=tokens, chat=lambda policy: ChatCaptureSession(policy=policy, ledger=ledger))
 
 
-def _fill_trajectory(ctx: RolloutContext, session: SessionState) -> None:
+def _fill_trajectory(ctx: RolloutContext, ledger: SessionLedger) -> None:
     """The captured calls as the trajectory: items, the last segment as the flat view, every segment when there are several."""
     trajectory = ctx.trajectory
-    trajectory.output = list(session.output)
-    trajectory.model_calls = len(session.calls)
-    trajectory.tool_calls = sum(1 for item in session.output if item["type"] == "function_call")
-    assembly = assemble(session.calls)
+    trajectory.output = list(ledger.output)
+    trajectory.model_calls = len(ledger.calls)
+    trajectory.tool_calls = sum(1 for item in ledger.output if item["type"] == "function_call")
+    assembly = assemble(ledger.calls)
     last = assembly.last
     if last is None:
         return
@@ -131,8 +135,8 @@ _SCORED_STOPS: dict[StopKind, LoopFinish] = {"max_turns": "max_turns", "budget":
 """The session stops that end the rollout as a scored one (the others are failures)."""
 
 
-def _finish(env: HarnessEnvironment, session: SessionState, outcome: AgentOutcome) -> LoopFinish:
-    stop = session.stop
+def _finish(env: HarnessEnvironment, ledger: SessionLedger, outcome: AgentOutcome) -> LoopFinish:
+    stop = ledger.stop
     if stop is not None and stop.kind in ("context_overflow", "infra"):
         raise FailRollout(stop.kind, stop.reason)
     limit = type(env).harness_timeout_s
@@ -141,11 +145,11 @@ def _finish(env: HarnessEnvironment, session: SessionState, outcome: AgentOutcom
     if stop is not None:
         return _SCORED_STOPS[stop.kind]  # a spent budget is scored, like the default loop's `max_turns` / `budget`
     if outcome.exit_code != 0:
-        errors = "".join(f"; the endpoint answered {e.status}: {e.message}" for e in session.errors[-3:])
+        errors = "".join(f"; the endpoint answered {e.status}: {e.message}" for e in ledger.errors[-3:])
         raise FailRollout("env", f"{_limit_reason(env, outcome)}the harness exited with status {outcome.exit_code}{errors}{_tails(outcome)}")
-    if not session.calls:
+    if not ledger.calls:
         raise FailRollout("env", f"the harness finished without calling the model{_tails(outcome)}")
-    return "length" if session.last_finish_reason == "length" else "answer"
+    return "length" if ledger.last_finish_reason == "length" else "answer"
 
 
 def _limit_reason(env: HarnessEnvironment, outcome: AgentOutcome) -> str:
@@ -167,7 +171,6 @@ def _tails(outcome: AgentOutcome) -> str:
 
 BASE_ENV_VARS = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM")
 """The trainer's variables every harness command gets (when set); others only by `harness_env_vars`."""
-_row_commands: bool | None = None
 
 
 def harness_environment(passed: Iterable[str], session: Mapping[str, str]) -> dict[str, str]:
@@ -175,16 +178,6 @@ def harness_environment(passed: Iterable[str], session: Mapping[str, str]) -> di
     (when set), then the session's own variables. Nothing else of the trainer's (API keys, tokens)."""
     names = (*BASE_ENV_VARS, *([passed] if isinstance(passed, str) else passed))
     return {**{name: os.environ[name] for name in names if name in os.environ}, **session}
-
-
-def allow_row_commands(allowed: bool | None) -> bool | None:
-    """Whether rows may name their own harness command (`"harness": {"command": [...]}`) in this process:
-    True for every `HarnessEnvironment` (`gym-bridge eval --allow-row-commands`), False for none, None (the
-    default) as each environment's `allow_row_commands` says. Limited module paths (`--no-module-paths`,
-    `--allow-module`) refuse them whatever this says. Returns the previous setting."""
-    global _row_commands
-    previous, _row_commands = _row_commands, allowed
-    return previous
 
 
 def row_command(row: Mapping[str, Any]) -> Any:
@@ -238,31 +231,25 @@ class HarnessEnvironment(Environment):
     outcome: AgentOutcome | None = None
 
     def harness_command(self, task: Task) -> tuple[str, ...]:
-        """The command line for `task`: the row's `harness.command` where allowed, else the class's `command`.
+        """The command line for `task`: the row's `harness.command` when it names one (whether it may run is
+        `trust_problems`, which `HarnessLoop` checks first), else the class's `command`.
 
-        Raises FailRollout (`env`) for a row's command that is not allowed (rows are checked before a
-        run by `validate_row`; this holds for rows that reach a rollout unchecked) or a malformed command.
+        Raises FailRollout (`env`) for a malformed command.
         """
         command = row_command(task.row)
         if command is None:
             command = self.command
-        else:
-            refusal = type(self).row_command_refusal()
-            if refusal is not None:
-                raise FailRollout("env", f"harness.command: {refusal}")
         if isinstance(command, str) or not command or not all(isinstance(part, str) for part in command):
             raise FailRollout("env", f"{type(self).__name__} needs `command` (a list of strings) or `agent`; got {command!r}")
         return tuple(command)
 
     @classmethod
-    def row_command_refusal(cls) -> str | None:
-        """Why rows may not name their own command here, saying what would allow it; None when they may."""
-        if module_paths_limited():
+    def row_command_refusal(cls, trust: TrustSettings) -> str | None:
+        """Why rows may not name their own command here under `trust`, saying what would allow it; None when they may."""
+        if trust.module_paths_limited:
             return ("rows may not name their own command while module paths are limited (--no-module-paths, "
                     "--allow-module: the settings for shared data); set the command on the environment class")
-        if _row_commands is False:
-            return "rows may not name their own command in this process (allow_row_commands(False))"
-        if _row_commands or cls.allow_row_commands:
+        if trust.row_commands or cls.allow_row_commands:
             return None
         return (f"rows may not name their own command: it runs with your permissions, so a data file that does "
                 f"carries code; only for data you trust: set `allow_row_commands = True` on {cls.__name__} "
@@ -270,7 +257,7 @@ class HarnessEnvironment(Environment):
 
     @classmethod
     def validate_row(cls, row: dict[str, Any]) -> list[RowProblem]:
-        """The row's own problems, and a `harness.command` that is not allowed (`row_command_refusal`) or malformed."""
+        """The row's own problems, and a malformed `harness` or `harness.command` (whether it may run: `trust_problems`)."""
         problems = super().validate_row(row)
         spec = row.get("harness")
         if spec is not None and not isinstance(spec, dict):
@@ -278,12 +265,15 @@ class HarnessEnvironment(Environment):
         command = row_command(row)
         if command is None:
             return problems
-        refusal = cls.row_command_refusal()
-        if refusal is not None:
-            problems.append(RowProblem("harness.command", refusal))
-        elif isinstance(command, str) or not isinstance(command, list) or not command or not all(isinstance(part, str) for part in command):
+        if isinstance(command, str) or not isinstance(command, list) or not command or not all(isinstance(part, str) for part in command):
             problems.append(RowProblem("harness.command", f"must be a non-empty list of strings, got {command!r}"))
         return problems
+
+    @classmethod
+    def trust_problems(cls, row: dict[str, Any], trust: TrustSettings) -> list[RowProblem]:
+        """A row's own `harness.command` where neither the class nor the run's `trust` allows one (`row_command_refusal`)."""
+        refusal = cls.row_command_refusal(trust) if row_command(row) is not None else None
+        return [] if refusal is None else [RowProblem("harness.command", refusal)]
 
     @classmethod
     def harness_row(cls, row: Mapping[str, Any]) -> dict[str, Any]:
@@ -321,7 +311,7 @@ class HarnessEnvironment(Environment):
         """What a callable agent returned, else the content of the last model answer ('' when none)."""
         if self.outcome is not None and self.outcome.answer is not None:
             return self.outcome.answer
-        return (self.session.final_answer if self.session is not None else None) or ""
+        return (self.session.ledger.final_answer if self.session is not None else None) or ""
 
     def score(self, task: Task, answer: str) -> VerifyResult | float:
         """The reward of `answer` for `task`; subclasses implement it."""
@@ -333,15 +323,15 @@ class HarnessEnvironment(Environment):
 
     def capture_metrics(self) -> dict[str, Any]:
         """Calls, segments, rewrites, token-in calls, endpoint errors (the first and latest kept, the others counted:
-        see `gym_bridge.capture.session.MAX_KEPT_ERRORS`) and the output tails of this rollout."""
-        session, outcome = self.session, self.outcome
-        if session is None:
+        see `gym_bridge.capture.ledger.MAX_KEPT_ERRORS`) and the output tails of this rollout."""
+        if self.session is None:
             return {}
-        assembly = assemble(session.calls)
-        metrics: dict[str, Any] = {"model_calls": len(session.calls), "segments": len(assembly.segments),
-                                   "rewrites": assembly.rewrites, "token_in_calls": session.token_in_calls,
-                                   "endpoint_errors": [f"{e.status}: {e.message}" for e in session.errors],
-                                   "endpoint_errors_dropped": session.errors_dropped}
+        ledger, outcome = self.session.ledger, self.outcome
+        assembly = assemble(ledger.calls)
+        metrics: dict[str, Any] = {"model_calls": len(ledger.calls), "segments": len(assembly.segments),
+                                   "rewrites": assembly.rewrites, "token_in_calls": ledger.token_in_calls,
+                                   "endpoint_errors": [f"{e.status}: {e.message}" for e in ledger.errors],
+                                   "endpoint_errors_dropped": ledger.errors_dropped}
         if outcome is not None:
             metrics.update(harness_exit_code=outcome.exit_code, stdout_tail=outcome.stdout_tail, stderr_tail=outcome.stderr_tail)
         return metrics

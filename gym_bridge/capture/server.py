@@ -1,5 +1,5 @@
 """The capture endpoint: an OpenAI-compatible `/v1/chat/completions` and `/v1/responses` on
-loopback, one server per event loop, routing each request to its rollout's `CaptureSession`.
+loopback, one server per event loop, routing each request to its rollout's capture session (`SessionState`).
 
 `stream: true` is answered as Server-Sent Events once the whole generation is in (the policy
 returns whole generations): the answer's `chat.completion.chunk`s ending with `data: [DONE]`, or
@@ -26,8 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gym_bridge.capture.chat_session import ChatCaptureSession
-from gym_bridge.capture.session import CaptureSession
+from gym_bridge.capture.session import SessionState
 from gym_bridge.core.dialects.chat import ApiError, completion_chunks
 from gym_bridge.core.dialects.responses_api import response_events
 from gym_bridge.core.request_body import BodyError, json_object, read_json
@@ -44,7 +43,7 @@ class CaptureServer:
     """The loopback HTTP server of one event loop; `session(...)` opens a rollout's session on it."""
 
     def __init__(self) -> None:
-        self.sessions: dict[str, CaptureSession | ChatCaptureSession] = {}
+        self.sessions: dict[str, SessionState] = {}
         self.port: int | None = None
         self._runner: web.AppRunner | None = None
         self._lock = asyncio.Lock()
@@ -71,22 +70,22 @@ class CaptureServer:
             await runner.cleanup()
 
     @asynccontextmanager
-    async def session(self, session: CaptureSession | ChatCaptureSession) -> AsyncIterator[str]:
+    async def session(self, session: SessionState) -> AsyncIterator[str]:
         """Serve `session` while the block runs; yields its base URL (`.../s/<token>/v1`)."""
         async with self._lock:
             if self._runner is None:
                 await self._start()
-            self.sessions[session.token] = session
+            self.sessions[session.ledger.token] = session
         try:
-            yield f"http://127.0.0.1:{self.port}/s/{session.token}/v1"
+            yield f"http://127.0.0.1:{self.port}/s/{session.ledger.token}/v1"
         finally:
             async with self._lock:
-                self.sessions.pop(session.token, None)
-                await session.close()  # no generation outlives its rollout
+                self.sessions.pop(session.ledger.token, None)
+                await session.ledger.close()  # no generation outlives its rollout
                 if not self.sessions:
                     await self._stop()
 
-    def _find(self, request: web.Request) -> CaptureSession | ChatCaptureSession:
+    def _find(self, request: web.Request) -> SessionState:
         token = request.match_info.get("token")
         if token is not None:
             found = self.sessions.get(token)
@@ -100,7 +99,7 @@ class CaptureServer:
         return found
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        async def answer(session: CaptureSession | ChatCaptureSession, data: Any) -> web.StreamResponse:
+        async def answer(session: SessionState, data: Any) -> web.StreamResponse:
             completion = await session.chat_completions(data)
             if data.get("stream") is not True:  # the body validated it as a JSON true or false
                 return web.json_response(completion)
@@ -111,8 +110,8 @@ class CaptureServer:
         return await self._serve(request, answer)
 
     async def _responses(self, request: web.Request) -> web.StreamResponse:
-        async def answer(session: CaptureSession | ChatCaptureSession, data: Any) -> web.StreamResponse:
-            response = await session.responses(data)
+        async def answer(session: SessionState, data: Any) -> web.StreamResponse:
+            response = await session.ledger.responses(data, session.chat_completions)
             if data.get("stream") is not True:  # the body validated it as a JSON true or false
                 return web.json_response(response)
             return await _event_stream(request, [(event["type"], event) for event in response_events(response)], done=False)
@@ -120,22 +119,22 @@ class CaptureServer:
         return await self._serve(request, answer)
 
     async def _serve(self, request: web.Request,
-                     answer: Callable[[CaptureSession | ChatCaptureSession, Any], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+                     answer: Callable[[SessionState, Any], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         """Find the session, read the JSON body and answer it; every failure is an error answer in OpenAI's shape."""
         try:
             session = self._find(request)
             if not _is_json(request.headers.get("Content-Type")):
-                raise session.fail(415, f"Content-Type {request.headers['Content-Type']!r} is not supported: send the body as JSON "
+                raise session.ledger.fail(415, f"Content-Type {request.headers['Content-Type']!r} is not supported: send the body as JSON "
                                         "with Content-Type: application/json", code="unsupported_media_type")
             try:
                 data = json_object(await read_json(request.content.iter_any(), content_length=request.headers.get("Content-Length"),
                                                    max_bytes=MAX_REQUEST_BYTES))
             except BodyError as error:
-                raise session.fail(error.status, error.message) from None
+                raise session.ledger.fail(error.status, error.message) from None
             try:
                 return await answer(session, data)
             except RecursionError:  # JSON in a string field (tool call arguments) nested as deep
-                raise session.fail(400, "request is nested too deeply to parse") from None
+                raise session.ledger.fail(400, "request is nested too deeply to parse") from None
         except ApiError as error:
             return _error(error)
         except Exception as error:  # one request fails, the server and the other sessions go on
@@ -146,7 +145,7 @@ class CaptureServer:
             session = self._find(request)
         except ApiError as error:
             return _error(error)
-        entry: dict[str, Any] = {"id": session.model_name, "object": "model", "created": 0, "owned_by": "gym_bridge"}
+        entry: dict[str, Any] = {"id": session.ledger.model_name, "object": "model", "created": 0, "owned_by": "gym_bridge"}
         return web.json_response({"object": "list", "data": [entry]})
 
 

@@ -1,6 +1,6 @@
 """What several `gym-bridge` commands share: exit codes, the help formatter, the module-path options
-(`--no-module-paths`, `--allow-module`) and the `TrustSettings` a command's options make (applied for its
-run only), URL checks, JSON-object options, and the checks and CPU-thread choice of a local model
+(`--no-module-paths`, `--allow-module`) and the `TrustSettings` a command's options make (passed down for its
+run), URL checks, JSON-object options, and the checks and CPU-thread choice of a local model
 (`eval --model`, `serve-model --model`)."""
 
 from __future__ import annotations
@@ -8,12 +8,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 from gym_bridge.core.errors import ConfigError, SetupError
+from gym_bridge.core.trust import TrustSettings
 
 _T = TypeVar("_T")
 
@@ -92,55 +91,20 @@ def _module_path_arguments(p: argparse.ArgumentParser) -> None:
                    help="allow only module paths under this package (repeatable; implies --no-module-paths for the rest)")
 
 
-@dataclass(frozen=True)
-class TrustSettings:
-    """What a command's data may run, from its options; built once per command and applied for its run (`trusting`)."""
-
-    module_prefixes: tuple[str, ...] | None = None
-    """Packages rows may name environments from (`--allow-module`, plus the `--env` module paths given, which stay
-    trusted; empty: none, `--no-module-paths`); None: module paths are not limited."""
-    row_commands: bool | None = None
-    """True: rows of harness environments may name their own command (`--allow-row-commands`); None: as each
-    environment's `allow_row_commands` says."""
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> TrustSettings:
-        """The settings `args` ask for. Raises ConfigError for --allow-row-commands with limited module paths: those are
-        the settings for shared data."""
-        limited = bool(getattr(args, "no_module_paths", False) or getattr(args, "allow_module", None))
-        row_commands = bool(getattr(args, "allow_row_commands", False))
-        if limited and row_commands:
-            raise ConfigError("--allow-row-commands cannot be combined with --no-module-paths or --allow-module: those are the "
-                              "settings for shared data, and a row's harness command runs with your permissions")
-        names = getattr(args, "env", None) or []
-        trusted = [name.partition(":")[0] for name in ([names] if isinstance(names, str) else names) if ":" in name or "." in name]
-        return cls(module_prefixes=(*args.allow_module, *trusted) if limited else None, row_commands=True if row_commands else None)
-
-    def apply(self) -> TrustSettings:
-        """Set these settings for this process (the registry's module paths, the harness's row commands); returns the
-        settings they replaced, for `apply` to restore. A field left None leaves its setting as it is."""
-        from gym_bridge.capture.environment import allow_row_commands
-        from gym_bridge.core.registry import allow_module_paths
-
-        module_prefixes = allow_module_paths(self.module_prefixes) if self.module_prefixes is not None else None
-        row_commands = allow_row_commands(self.row_commands) if self.row_commands is not None else None
-        return TrustSettings(module_prefixes=module_prefixes, row_commands=row_commands)
-
-
-@contextmanager
-def trusting(settings: TrustSettings) -> Iterator[None]:
-    """`settings` applied for the block; what they replaced is restored after it."""
-    from gym_bridge.capture.environment import allow_row_commands
-    from gym_bridge.core.registry import allow_module_paths
-
-    previous = settings.apply()
-    try:
-        yield
-    finally:
-        if settings.module_prefixes is not None:
-            allow_module_paths(previous.module_prefixes)
-        if settings.row_commands is not None:
-            allow_row_commands(previous.row_commands)
+def trust_settings(args: argparse.Namespace) -> TrustSettings:
+    """The `TrustSettings` a command's options ask for (`--no-module-paths`, `--allow-module`, `--allow-row-commands`),
+    which the command passes down to what routes its rows and runs its rollouts; the `--env` module paths given stay
+    trusted. Raises ConfigError for --allow-row-commands with limited module paths: those are the settings for shared data."""
+    limited = bool(getattr(args, "no_module_paths", False) or getattr(args, "allow_module", None))
+    row_commands = bool(getattr(args, "allow_row_commands", False))
+    if limited and row_commands:
+        raise ConfigError("--allow-row-commands cannot be combined with --no-module-paths or --allow-module: those are the "
+                          "settings for shared data, and a row's harness command runs with your permissions")
+    if not limited:
+        return TrustSettings(row_commands=row_commands)
+    names = getattr(args, "env", None) or []
+    trusted = [name.partition(":")[0] for name in ([names] if isinstance(names, str) else names) if ":" in name or "." in name]
+    return TrustSettings.limited_to([*args.allow_module, *trusted])
 
 
 def check_urls(urls: Sequence[str], *, flag: str) -> None:

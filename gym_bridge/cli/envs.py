@@ -7,7 +7,7 @@ import argparse
 import asyncio
 import sys
 
-from gym_bridge.cli.common import TrustSettings, _module_path_arguments, trusting
+from gym_bridge.cli.common import _module_path_arguments, trust_settings
 
 
 def _envs_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -47,6 +47,6 @@ def _env_check(args: argparse.Namespace) -> int:
     from gym_bridge.eval.env_check import check_environment, parse_call
 
     calls = [parse_call(text) for text in args.call]
-    with trusting(TrustSettings.from_args(args)):
-        problems = asyncio.run(check_environment(args.env, data_paths=args.data, calls=calls, answer=args.answer, limit=args.limit))
+    problems = asyncio.run(check_environment(args.env, data_paths=args.data, calls=calls, answer=args.answer, limit=args.limit,
+                                             trust=trust_settings(args)))
     return 1 if problems else 0

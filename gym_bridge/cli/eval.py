@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, Coroutine, Sequence, TypeVar
 from gym_bridge.cli.common import EXIT_OK, EXIT_TOO_MANY_FAILED, _HelpFormatter, _json_object, _module_path_arguments, check_urls
 from gym_bridge.cli.common import number, whole_number
 from gym_bridge.core.errors import ConfigError
-from gym_bridge.cli.common import TrustSettings, check_local_model, trusting
+from gym_bridge.core.trust import TrustSettings
+from gym_bridge.cli.common import check_local_model, trust_settings
 from gym_bridge.cli.eval_engine import _apply_env_options, _base_urls, _build_engine, _ray_options, _ray_rollouts, _warn_admission
 from gym_bridge.view import cli as view_cli
 
@@ -144,12 +145,11 @@ async def _close(policy: Any) -> None:
 
 
 def _eval_command(args: argparse.Namespace) -> int:
-    """`gym-bridge eval`, with the module paths and row commands its options allow for the run."""
-    with trusting(TrustSettings.from_args(args)):
-        return _run_fast(_eval(args))
+    """`gym-bridge eval`, with the module paths and row commands its options allow, passed down for the run."""
+    return _run_fast(_eval(args, trust_settings(args)))
 
 
-async def _eval(args: argparse.Namespace) -> int:
+async def _eval(args: argparse.Namespace, trust: TrustSettings) -> int:
     from gym_bridge.core.output_file import check_file_path, check_not_an_input
     from gym_bridge.core.rollout_file import locked_output
 
@@ -157,20 +157,20 @@ async def _eval(args: argparse.Namespace) -> int:
     check_not_an_input(args.output, args.data)
     if not _base_urls(args):  # with --base-url, --model is the served model's name
         check_local_model(args.model)  # a --model that cannot be loaded: said before the lock file and the output's folder are made
-    ready = _ready_tasks(args)  # a misspelt --env, a bad row: said before the lock file and the output's folder are made
+    ready = _ready_tasks(args, trust)  # a misspelt --env, a bad row: said before the lock file and the output's folder are made
     with locked_output(args.output):  # refuse a second run on the same file before loading anything
         check_output_free(args.output, resume=args.resume, overwrite=args.overwrite)
-        return await _eval_locked(args, ready)
+        return await _eval_locked(args, ready, trust)
 
 
-def _ready_tasks(args: argparse.Namespace) -> TaskSet:
+def _ready_tasks(args: argparse.Namespace, trust: TrustSettings) -> TaskSet:
     """The run's tasks, routed, row-checked and ready once (refused, with the reason, before a model loads), after
     the URL and environment options they depend on; notes the environments `--journal` cannot continue mid-episode."""
     from gym_bridge.eval.run import select_ready_tasks
 
     check_urls(_base_urls(args), flag="--base-url")
     _apply_env_options(args.env_setting, args.env_url)
-    ready = select_ready_tasks(env_names=args.env, data_paths=args.data, limit=args.limit)
+    ready = select_ready_tasks(env_names=args.env, data_paths=args.data, limit=args.limit, trust=trust)
     restarted = sorted(env.name for env in set(ready.env_classes.values()) if env.resume == "restart")
     if args.journal and restarted:
         print(f"note: --journal does not continue {', '.join(restarted)} mid-episode: `resume = \"restart\"` (the default "
@@ -202,7 +202,7 @@ def check_output_free(output: str, *, resume: bool, overwrite: bool) -> None:
                          "missing rollouts, or --overwrite to replace them (or pick another --output)")
 
 
-async def _eval_locked(args: argparse.Namespace, ready: TaskSet) -> int:
+async def _eval_locked(args: argparse.Namespace, ready: TaskSet, trust: TrustSettings) -> int:
     from gym_bridge.core.engine import freeze_startup_objects
     from gym_bridge.eval.progress import RunProgress
     from gym_bridge.eval.run import run_eval_locked
@@ -211,7 +211,7 @@ async def _eval_locked(args: argparse.Namespace, ready: TaskSet) -> int:
         from gym_bridge.scale.ray_cluster import preflight
 
         preflight(_ray_options(args))  # Ray missing, a cluster not reachable: said before a model is loaded
-    engine = await _build_engine(args)
+    engine = await _build_engine(args, trust)
     policy = engine.policy
     if args.ray is not None:
         engine = _ray_rollouts(args, engine, ready)
@@ -291,19 +291,18 @@ def _verify_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def _verify_command(args: argparse.Namespace) -> int:
-    """`gym-bridge verify`, with the module paths its options allow for the run."""
-    with trusting(TrustSettings.from_args(args)):
-        return asyncio.run(_verify(args))
+    """`gym-bridge verify`, with the module paths its options allow, passed down for the run."""
+    return asyncio.run(_verify(args, trust_settings(args)))
 
 
-async def _verify(args: argparse.Namespace) -> int:
+async def _verify(args: argparse.Namespace, trust: TrustSettings) -> int:
     from gym_bridge.core.metrics import format_table
     from gym_bridge.eval.run import metrics_path_for, rescore_file
 
     import tempfile
 
     with tempfile.TemporaryDirectory() as temp_dir:  # ATIF trajectories are read as rollout records first
-        summary = await rescore_file(view_cli.verify_input(args.data, temp_dir), output=args.output)
+        summary = await rescore_file(view_cli.verify_input(args.data, temp_dir), output=args.output, trust=trust)
     print(format_table(summary))
     print(f"records: {args.output}\nmetrics: {metrics_path_for(args.output)}")
     return 0

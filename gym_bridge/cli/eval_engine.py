@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from gym_bridge.cli.common import (EMBEDDED_MODEL_NAME, TrustSettings, _load_average, model_flag_errors,
+from gym_bridge.cli.common import (EMBEDDED_MODEL_NAME, _load_average, model_flag_errors,
                                    torch_threads)
 from gym_bridge.core.errors import ConfigError, SetupError
+from gym_bridge.core.trust import TrustSettings
 
 
 def _load_policy(model: str | None) -> Any:
@@ -188,8 +189,8 @@ def _apply_env_options(env_settings: Sequence[str], env_urls: Sequence[str]) -> 
         bind(name, url)
 
 
-async def _build_engine(args: argparse.Namespace) -> Any:
-    """The engine `eval` runs: its policy (a server's, or a local model), chat template and settings."""
+async def _build_engine(args: argparse.Namespace, trust: TrustSettings) -> Any:
+    """The engine `eval` runs: its policy (a server's, or a local model), chat template, settings and `trust`."""
     from gym_bridge.core.agent_loop import Limits
     from gym_bridge.core.engine import Engine, EngineConfig
     from gym_bridge.core.policy import SamplingParams
@@ -212,25 +213,25 @@ async def _build_engine(args: argparse.Namespace) -> Any:
         reasoning_parser=args.reasoning_parser,
         chat_template_kwargs=args.chat_template_kwargs,
     )
-    return Engine(policy, template, config)
+    return Engine(policy, template, config, trust=trust)
 
 
 @dataclass(frozen=True)
 class EvalEngineFactory:
     """Builds `eval`'s engine inside a Ray worker from the driver's arguments: the same environment
-    settings, module-path limits, policy and template as the driver's (the model name and the live
-    replicas as the driver found them)."""
+    settings, policy and template as the driver's (the model name and the live replicas as the driver found
+    them), and the driver's `trust` (pickled with the factory: each worker's engine holds it)."""
 
     args: dict[str, Any]
+    trust: TrustSettings
 
     def __call__(self) -> Any:
         from concurrent.futures import ThreadPoolExecutor
 
         args = argparse.Namespace(**self.args)
         _apply_env_options(args.env_setting, args.env_url)
-        TrustSettings.from_args(args).apply()  # for the worker's life: it runs this driver's rollouts only
         with ThreadPoolExecutor(1) as thread:  # an actor's own event loop may already run in this thread
-            return thread.submit(asyncio.run, _build_engine(args)).result()
+            return thread.submit(asyncio.run, _build_engine(args, self.trust)).result()
 
 
 def _ray_rollouts(args: argparse.Namespace, engine: Any, tasks: Any) -> Any:
@@ -243,7 +244,7 @@ def _ray_rollouts(args: argparse.Namespace, engine: Any, tasks: Any) -> Any:
     options = _ray_options(args)
     limits = {"engine": None, "per_env": engine.config.per_env_concurrency,
               "replica_connections": getattr(engine.policy, "max_connections", None)}
-    rollouts = RayRollouts(EvalEngineFactory(worker_args), options, max_concurrency=args.concurrency, engine_limits=limits)
+    rollouts = RayRollouts(EvalEngineFactory(worker_args, engine.trust), options, max_concurrency=args.concurrency, engine_limits=limits)
     rollouts.start(tasks, group_size=args.num_repeats)
     return rollouts
 

@@ -25,6 +25,7 @@ from gym_bridge.core.template.messages import ToolOutput
 from gym_bridge.core.session import Session
 from gym_bridge.core.trajectory import Trajectory
 from gym_bridge.core.transcript import Transcript
+from gym_bridge.core.trust import DEFAULT_TRUST, TrustSettings
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,8 @@ class RolloutContext:
     """Where tool calls run and user messages are noted (`gym_bridge.core.session`)."""
     deadline: RolloutDeadline
     """The rollout's deadline, which model calls go through."""
+    trust: TrustSettings = DEFAULT_TRUST
+    """What the run's data may run (`gym_bridge.core.trust`): a harness row's own command, say."""
 
     @property
     def budget_left(self) -> int:

@@ -35,6 +35,7 @@ from gym_bridge.core.task import Task
 from gym_bridge.core.template.chat_template import ChatTemplate
 from gym_bridge.core.template.check import TemplateCheck, check_append_only, template_report
 from gym_bridge.core.trajectory import TokenView, Trajectory
+from gym_bridge.core.trust import DEFAULT_TRUST, TrustSettings
 from gym_bridge.core.transcript import Transcript, transcript_starter
 
 
@@ -72,12 +73,13 @@ class Engine:
     A `ChatPolicy` (hosted chat APIs, evaluation only) needs no template: its rollouts keep the
     conversation as messages and their records carry no tokens. `journal` (`gym_bridge.core.journal.open_journal`):
     where rollouts run with a key commit their turns, so a killed run resumes them mid-episode; None: nothing is
-    journaled.
+    journaled. `trust`: what the run's data may run (module paths its rows name, a harness row's own command).
     """
 
     def __init__(self, policy: Policy | ChatPolicy, template: ChatTemplate | None, config: EngineConfig | None = None,
-                 journal: RunJournal | None = None) -> None:
+                 journal: RunJournal | None = None, *, trust: TrustSettings = DEFAULT_TRUST) -> None:
         self.policy = policy
+        self.trust = trust
         self.template = template
         self.config = config or EngineConfig()
         if template is not None and is_token_policy(policy):
@@ -143,7 +145,7 @@ class Engine:
         journaled. Never raises for a failed rollout."""
         sampling = sampling or self.config.sampling
         if env_class is None:
-            env_class = resolve_tasks([task])[task.env_name]
+            env_class = resolve_tasks([task], self.trust)[task.env_name]
         global_slot, env_slot = self._semaphores(task.env_name)
         async with global_slot, env_slot or nullcontext():
             if self._journal is None or key is None:  # the fast path: nothing to journal
@@ -175,7 +177,7 @@ class Engine:
             ctx = RolloutContext(
                 task=task, env=session.env, policy=self.policy, template=self.template, sampling=sampling, limits=limits,
                 trajectory=trajectory, session_id=session_id, tools=tools, transcript=transcript, session=session,
-                deadline=deadline,
+                deadline=deadline, trust=self.trust,
             )
             loop: AgentLoop = getattr(env_class, "agent_loop", None) or ToolCallingLoop()
             async with deadline.running():
@@ -232,7 +234,7 @@ class Engine:
         Routing and tool schemas are checked for all tasks before the first rollout starts (not
         again for a `TaskSet`: its run checked them).
         """
-        ready = ready_tasks(tasks)
+        ready = ready_tasks(tasks, self.trust)
         done = set(skip)
         pending = {
             asyncio.ensure_future(self.rollout(task, repeat, env_class=ready.env_classes[task.env_name],
@@ -249,7 +251,7 @@ class Engine:
     async def run_groups(self, tasks: Sequence[Task] | TaskSet, *, group_size: int,
                          sampling: SamplingParams | None = None) -> list[list[RolloutRecord]]:
         """All `group_size` repeats of each task, grouped and in task order, sampled with `sampling` (None: the config's)."""
-        ready = ready_tasks(tasks)
+        ready = ready_tasks(tasks, self.trust)
         groups = [
             asyncio.gather(*(self.rollout(task, repeat, env_class=ready.env_classes[task.env_name], sampling=sampling,
                                           key=RolloutKey.of_task(task.index, repeat))
@@ -259,13 +261,14 @@ class Engine:
         return [list(group) for group in await asyncio.gather(*groups)]
 
 
-def ready_tasks(tasks: Iterable[Task] | TaskSet) -> TaskSet:
-    """`tasks` routed and checked (`resolve_tasks`) with each environment ready (`ensure_ready`): what a
-    run does once before its first rollout. A `TaskSet` is returned as it is: its run checked it."""
+def ready_tasks(tasks: Iterable[Task] | TaskSet, trust: TrustSettings = DEFAULT_TRUST) -> TaskSet:
+    """`tasks` routed and checked (`resolve_tasks`, module paths only where `trust` allows them) with each environment
+    ready (`ensure_ready`): what a run does once before its first rollout. A `TaskSet` is returned as it is: its run
+    checked it."""
     if isinstance(tasks, TaskSet):
         return tasks
     checked = tuple(tasks)
-    env_classes = resolve_tasks(checked)
+    env_classes = resolve_tasks(checked, trust)
     ensure_ready(env_classes.values())
     return TaskSet(checked, env_classes)
 

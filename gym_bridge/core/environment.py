@@ -24,6 +24,7 @@ from gym_bridge.core.errors import FailureKind, RolloutError
 from gym_bridge.core.items import Item
 from gym_bridge.core.journal import ResumeKind
 from gym_bridge.core.task import Task
+from gym_bridge.core.trust import DEFAULT_TRUST, TrustSettings
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,11 @@ def schema_problems(model: type[pydantic.BaseModel], row: dict[str, Any]) -> lis
             problems.append(RowProblem(field=path or "(row)", message=entry["msg"]))
         return problems
     return []
+
+
+def row_problems(env_class: type[Environment], row: dict[str, Any], trust: TrustSettings = DEFAULT_TRUST) -> list[RowProblem]:
+    """A row's problems for `env_class`: its own (`validate_row`) and what `trust` does not let run (`trust_problems`)."""
+    return [*env_class.validate_row(row), *env_class.trust_problems(row, trust)]
 
 
 class ToolError(RolloutError):
@@ -349,6 +355,12 @@ class Environment:
         cannot express, such as an expected answer that must be one of the options.
         """
         return schema_problems(cls.row_schema, row) if cls.row_schema is not None else []
+
+    @classmethod
+    def trust_problems(cls, row: dict[str, Any], trust: TrustSettings) -> list[RowProblem]:
+        """What of a row routed here the run's `trust` does not let run ([] when nothing). The default refuses
+        nothing; an environment whose rows can name code to run (a harness's command) checks it here."""
+        return []
 
     def setup(self, task: Task) -> Any:
         """Prepare the session for `task` (may be async). Default: nothing."""

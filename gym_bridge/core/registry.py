@@ -3,7 +3,7 @@
 Environments are found by name or alias: the bundled ones and third-party packages register
 through the `gym_bridge.environments` entry point group; any other can be named by module path
 (`package.module:Class`, or `package.module` exposing `ENVIRONMENT`), which imports, and so runs,
-that module: `allow_module_paths` limits which. An unknown name fails before any generation
+that module: the run's `TrustSettings` (`gym_bridge.core.trust`) limits which. An unknown name fails before any generation
 with the list of known environments. Rows whose `agent_ref` carries a `remote` URL run on the
 NeMo Gym HTTP environment instead; `configure` changes an environment's settings for a run.
 """
@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping
 from gym_bridge.core.environment import Environment
 from gym_bridge.core.errors import ConfigError, UnknownEnvironmentError
 from gym_bridge.core.task import Task, routing_field
+from gym_bridge.core.trust import DEFAULT_TRUST, TrustSettings
 
 ENTRY_POINT_GROUP = "gym_bridge.environments"
 REMOTE_ENVIRONMENT = "nemo_gym_remote"
@@ -29,7 +30,6 @@ _broken: dict[str, str] = {}
 _paths: dict[str, str] = {}
 """Module paths loaded (`package.module:Class`) -> the name their class registered under."""
 _entry_points_loaded = False
-_allowed_module_prefixes: tuple[str, ...] | None = None
 
 
 def register(env_class: type[Environment], *, aliases: Iterable[str] | None = None) -> type[Environment]:
@@ -60,41 +60,6 @@ def _load_entry_points() -> None:
             _broken[entry.name] = f"entry point {entry.value!r} failed to load: {type(error).__name__}: {error}"
 
 
-def allow_module_paths(prefixes: Iterable[str] | None) -> tuple[str, ...] | None:
-    """Limit which modules rows (and records, for `verify`) may name as environments (`pkg.mod:Class`).
-
-    Importing a module runs its top-level code, so a data file that names module paths carries
-    code, like a pickle. None (the default) allows any importable module; an empty list allows
-    none (only registered environments route); else only modules under the given package prefixes.
-    Returns the previous setting.
-    """
-    global _allowed_module_prefixes
-    previous = _allowed_module_prefixes
-    _allowed_module_prefixes = None if prefixes is None else tuple(prefix.strip().rstrip(".") for prefix in prefixes if prefix.strip())
-    return previous
-
-
-def module_paths_limited() -> bool:
-    """Whether module paths are limited (`allow_module_paths` was given a list: `--no-module-paths`,
-    `--allow-module`), the setting for data that is not fully trusted."""
-    return _allowed_module_prefixes is not None
-
-
-def _check_module_allowed(module_name: str, path: str) -> None:
-    allowed = _allowed_module_prefixes
-    if allowed is None or any(module_name == prefix or module_name.startswith(prefix + ".") for prefix in allowed):
-        return
-    if not allowed:
-        raise UnknownEnvironmentError(
-            f"environment {path!r} is a module path, and module paths are turned off (--no-module-paths): importing a "
-            "module runs its code; register the environment (an entry point) or allow its package with --allow-module"
-        )
-    raise UnknownEnvironmentError(
-        f"environment module {module_name!r} is not under an allowed prefix ({', '.join(allowed)}); importing a module "
-        "runs its code: allow it with --allow-module PREFIX only if you trust the data"
-    )
-
-
 def _check_module_name(module_name: str, path: str) -> None:
     """Refuse a module part that is not a dotted Python name (`../units`, `envs/units.py`): a file path is not imported."""
     if not all(part.isidentifier() for part in module_name.split(".")):
@@ -104,18 +69,18 @@ def _check_module_name(module_name: str, path: str) -> None:
             "folder, or put that folder on PYTHONPATH)")
 
 
-def load_environment_module(path: str) -> type[Environment]:
+def load_environment_module(path: str, trust: TrustSettings = DEFAULT_TRUST) -> type[Environment]:
     """Import `package.module:Class` (or a module exposing `ENVIRONMENT`) and register it.
 
     The class must set its own `name`: a subclass that inherits its parent's would take the parent's
     place for every row naming it, so it is refused with the fix (`name = "..."` on the subclass).
     Only the aliases the class declares itself are registered; those it inherits stay its parent's.
-    Raises UnknownEnvironmentError when the module is not allowed (`allow_module_paths`), cannot
+    Raises UnknownEnvironmentError when `trust` does not allow the module, cannot
     be imported, or does not hold an Environment subclass under that name, or for an inherited name.
     """
     module_name, _, attr = path.partition(":")
     _check_module_name(module_name, path)
-    _check_module_allowed(module_name, path)
+    trust.check_module(module_name, path)
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
@@ -161,8 +126,9 @@ def broken_environments() -> dict[str, str]:
     return dict(_broken)
 
 
-def get_environment(name: str) -> type[Environment]:
-    """The environment class for a routing name; raises UnknownEnvironmentError listing the known ones."""
+def get_environment(name: str, trust: TrustSettings = DEFAULT_TRUST) -> type[Environment]:
+    """The environment class for a routing name, a module path only where `trust` allows it; raises
+    UnknownEnvironmentError listing the known ones."""
     _load_entry_points()
     canonical = _aliases.get(name, name)
     if canonical in _registry:
@@ -172,9 +138,9 @@ def get_environment(name: str) -> type[Environment]:
     if ":" in name or "." in name:
         registered = _registry.get(_paths.get(name, ""))
         if registered is not None:  # loaded before: what is registered now (`configure` may have replaced it)
-            _check_module_allowed(name.partition(":")[0], name)  # the limits in force now hold for it too
+            trust.check_module(name.partition(":")[0], name)  # this run's limits hold for it too
             return registered
-        return load_environment_module(name)
+        return load_environment_module(name, trust)
     known = ", ".join(sorted(_registry)) or "(none)"
     raise UnknownEnvironmentError(f"unknown environment {name!r}; known environments: {known}")
 
@@ -214,10 +180,10 @@ def remote_url(row: dict[str, Any]) -> str | None:
     return url if isinstance(url, str) and url else None
 
 
-def _route(task: Task) -> type[Environment]:
+def _route(task: Task, trust: TrustSettings) -> type[Environment]:
     if remote_url(task.row):
         return get_environment(REMOTE_ENVIRONMENT)
-    return get_environment(task.env_name)
+    return get_environment(task.env_name, trust)
 
 
 @dataclass(frozen=True)
@@ -241,8 +207,9 @@ class TaskSet:
         return TaskSet(reordered, self.env_classes)
 
 
-def resolve_tasks(tasks: Iterable[Task]) -> dict[str, type[Environment]]:
-    """Check that every task routes to a known environment and that its tools match it.
+def resolve_tasks(tasks: Iterable[Task], trust: TrustSettings = DEFAULT_TRUST) -> dict[str, type[Environment]]:
+    """Check that every task routes to a known environment (a module path only where `trust` allows it) and that
+    its tools match it.
 
     Returns the environment classes by routing name. Raises UnknownEnvironmentError or
     DataError (naming the task's source and field) before anything runs.
@@ -252,7 +219,7 @@ def resolve_tasks(tasks: Iterable[Task]) -> dict[str, type[Environment]]:
     resolved: dict[str, type[Environment]] = {}
     for task in tasks:
         try:
-            env_class = _route(task)
+            env_class = _route(task, trust)
         except UnknownEnvironmentError as error:
             where = ": ".join(part for part in (task.source, routing_field(task.row)) if part)
             raise UnknownEnvironmentError(f"{where}: {error}" if where else str(error)) from None

@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from gym_bridge.core.environment import Environment
+from gym_bridge.core.environment import Environment, row_problems
 from gym_bridge.core.errors import ConfigError, DataError, GymBridgeError, UnknownEnvironmentError
 from gym_bridge.core.mixing import check_weights, weighted_mix
 from gym_bridge.core.output_file import replaced_atomically
 from gym_bridge.core.registry import get_environment, known_environments, resolve_tasks
+from gym_bridge.core.trust import DEFAULT_TRUST, TrustSettings
 from gym_bridge.core.task import ROUTING_KEYS, Task, iter_jsonl, parse_json_line, parse_task
 
 
@@ -67,23 +68,25 @@ def _routing_field(row: dict[str, Any]) -> str:
     return next((key for key in ROUTING_KEYS if row.get(key)), "agent_ref")
 
 
-def check_row(row: Any, *, source: str, default_env: str | None = None) -> tuple[type[Environment] | None, list[Problem]]:
-    """The environment a row routes to (None if it routes nowhere) and every problem with the row."""
+def check_row(row: Any, *, source: str, default_env: str | None = None,
+              trust: TrustSettings = DEFAULT_TRUST) -> tuple[type[Environment] | None, list[Problem]]:
+    """The environment a row routes to (None if it routes nowhere) and every problem with the row, `trust` saying
+    which module paths it may name and what it may run (`row_problems`)."""
     try:
         task = parse_task(row, index=0, source=source, default_env=default_env)
     except DataError as error:
         return None, [Problem(source, error.field, error.message)]
     try:
-        env_class = get_environment(task.env_name)
+        env_class = get_environment(task.env_name, trust)
     except UnknownEnvironmentError as error:
         return None, [Problem(source, _routing_field(task.row), str(error))]
     problems = []
     try:
-        resolve_tasks([task])
+        resolve_tasks([task], trust)
     except DataError as error:
         problems.append(Problem(source, error.field, error.message))
     try:
-        found = env_class.validate_row(task.row)
+        found = row_problems(env_class, task.row, trust)
     except Exception as error:  # a bug in an environment's checks must not hide the other rows' problems
         found = []
         problems.append(Problem(source, "(row)", f"{env_class.__name__}.validate_row crashed: {type(error).__name__}: {error}"))

@@ -23,6 +23,7 @@ from gym_bridge.core.errors import describe_error, ConfigError, DataError, FailR
 from gym_bridge.core.environment import Environment, to_verify_result
 from gym_bridge.core.items import Item, function_call_item, function_call_output_item, message_item
 from gym_bridge.core.registry import get_environment
+from gym_bridge.core.trust import DEFAULT_TRUST, TrustSettings
 from gym_bridge.core.session import EnvironmentSession
 from gym_bridge.core.task import Task, iter_jsonl, parse_task
 from gym_bridge.core.turn import ToolCall
@@ -158,22 +159,24 @@ def _rows(env_class: type[Environment], data_paths: Sequence[str]) -> list[tuple
 
 
 async def check_environment(env: str, *, data_paths: Sequence[str] = (), calls: Sequence[ScriptedCall] = (), answer: str | None = None,
-                            limit: int | None = 3, limits: Limits | None = None, out: Callable[[str], None] = print) -> int:
-    """Check `env` (a name or `module:Class`) on its rows; prints a report with `out` and returns the number of problems.
+                            limit: int | None = 3, limits: Limits | None = None, out: Callable[[str], None] = print,
+                            trust: TrustSettings = DEFAULT_TRUST) -> int:
+    """Check `env` (a name or `module:Class`) on its rows, module paths only where `trust` allows them; prints a report with
+    `out` and returns the number of problems.
     Tool outputs are cut as a rollout with `limits` cuts them (default: an `EngineConfig`'s).
 
     Raises UnknownEnvironmentError / DataError for what must be fixed before anything can be checked.
     """
     from gym_bridge.data import check_row
 
-    env_class = get_environment(env)
+    env_class = get_environment(env, trust)
     out(f"environment {env_class.name!r} ({env_class.__module__}:{env_class.__qualname__}); tools: "
         f"{', '.join(env_class.tool_specs()) or 'none'}")
     problems = 0
     rows = _rows(env_class, data_paths)
     for source, row in rows[:limit]:
         out(source)
-        routed, found = check_row(row, source=source, default_env=env_class.name)
+        routed, found = check_row(row, source=source, default_env=env_class.name, trust=trust)
         for problem in found:
             out(f"  PROBLEM: {problem.field}: {problem.message}" if problem.field else f"  PROBLEM: {problem.message}")
         problems += len(found)

@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Iterable, Protocol, Sequence
 
 from gym_bridge.core.errors import describe_error, ConfigError, DataError, UnknownEnvironmentError, classify
 from gym_bridge.core.engine import ensure_ready, ready_tasks
-from gym_bridge.core.environment import Environment
+from gym_bridge.core.environment import Environment, row_problems
 from gym_bridge.core.journal import RolloutKey, RunFingerprint, RunJournal, journal_dir_for, open_journal
 from gym_bridge.core.health import HealthSettings, ToolCallAlarm, tool_call_health
 from gym_bridge.core.metrics import summarize
@@ -26,40 +26,44 @@ from gym_bridge.core.registry import TaskSet, get_environment, remote_url, resol
 from gym_bridge.core.rollout_file import RolloutWriter, input_row, keep_only, locked_output, read_records, resume_records
 from gym_bridge.core.session import EnvironmentSession
 from gym_bridge.core.task import Task, iter_jsonl, parse_task, routing_name
+from gym_bridge.core.trust import DEFAULT_TRUST, TrustSettings
 from gym_bridge.eval.progress import RunObserver
 
 
-def select_tasks(*, env_names: Sequence[str] = (), data_paths: Sequence[str | Path] = (), limit: int | None = None) -> list[Task]:
+def select_tasks(*, env_names: Sequence[str] = (), data_paths: Sequence[str | Path] = (), limit: int | None = None,
+                 trust: TrustSettings = DEFAULT_TRUST) -> list[Task]:
     """Tasks from environments' example data and/or JSONL files, at most `limit` per environment.
 
     With both, `env_names` become the default environment of rows that name none. Every name in
     `env_names` is looked up first, so a typo fails even when the rows name their environment, and
     a module path (`pkg.mod:Class`) registers its class under its `name`, which rows may then use.
     Each row is checked like `gym-bridge data validate` does (routing, tools, the environment's
-    `row_schema` / `validate_row`). Raises DataError / UnknownEnvironmentError before anything runs.
+    `row_schema` / `validate_row`, and what `trust` does not let run). Raises DataError / UnknownEnvironmentError before
+    anything runs.
     """
-    return list(_selected(env_names, data_paths, limit).tasks)
+    return list(_selected(env_names, data_paths, limit, trust).tasks)
 
 
-def select_ready_tasks(*, env_names: Sequence[str] = (), data_paths: Sequence[str | Path] = (), limit: int | None = None) -> TaskSet:
+def select_ready_tasks(*, env_names: Sequence[str] = (), data_paths: Sequence[str | Path] = (), limit: int | None = None,
+                       trust: TrustSettings = DEFAULT_TRUST) -> TaskSet:
     """`select_tasks`, routed once and with each environment ready (`check_ready`): the `TaskSet` an
     eval run checks once and hands to `run_eval`. Raises what `select_tasks` and `check_ready` raise."""
-    selected = _selected(env_names, data_paths, limit)
+    selected = _selected(env_names, data_paths, limit, trust)
     ensure_ready(selected.env_classes.values())
     return selected
 
 
-def _selected(env_names: Sequence[str], data_paths: Sequence[str | Path], limit: int | None) -> TaskSet:
-    """The tasks of `select_tasks`, routed and row-checked (not yet `check_ready`)."""
+def _selected(env_names: Sequence[str], data_paths: Sequence[str | Path], limit: int | None, trust: TrustSettings) -> TaskSet:
+    """The tasks of `select_tasks`, routed and row-checked under `trust` (not yet `check_ready`)."""
     for name in env_names:
-        get_environment(name)
+        get_environment(name, trust)
     sources: list[tuple[Path, str | None]] = []
     if data_paths:
         default_env = env_names[0] if len(env_names) == 1 else None
         sources = [(Path(path), default_env) for path in data_paths]
     else:
         for name in env_names:
-            env_class = get_environment(name)
+            env_class = get_environment(name, trust)
             if env_class.example_data is None:
                 raise DataError(f"environment {name!r} ships no example data; pass --data FILE.jsonl")
             sources.append((Path(env_class.example_data), env_class.name))
@@ -76,18 +80,19 @@ def _selected(env_names: Sequence[str], data_paths: Sequence[str | Path], limit:
                 continue
             per_env[task.env_name] += 1
             tasks.append(task)
-    env_classes = resolve_tasks(tasks)
-    check_rows(tasks, env_classes)
+    env_classes = resolve_tasks(tasks, trust)
+    check_rows(tasks, env_classes, trust)
     return TaskSet(tuple(tasks), env_classes)
 
 
-def check_rows(tasks: Sequence[Task], env_classes: dict[str, type[Environment]]) -> None:
-    """Raise DataError for the first row its environment's `validate_row` (`row_schema`) rejects, counting the rest."""
+def check_rows(tasks: Sequence[Task], env_classes: dict[str, type[Environment]], trust: TrustSettings = DEFAULT_TRUST) -> None:
+    """Raise DataError for the first row its environment rejects (`row_problems`: `validate_row`, `row_schema`, and what
+    `trust` does not let run), counting the rest."""
     problems: list[tuple[Task, str, str]] = []
     for task in tasks:
         env_class = env_classes[task.env_name]
         try:
-            found = [(problem.field, problem.message) for problem in env_class.validate_row(task.row)]
+            found = [(problem.field, problem.message) for problem in row_problems(env_class, task.row, trust)]
         except Exception as error:
             found = [("(row)", f"{env_class.__name__}.validate_row crashed: {describe_error(error)}")]
         problems.extend((task, field, f"{message} (environment {env_class.name!r})") for field, message in found)
@@ -251,15 +256,16 @@ def check_repeats(kept: Iterable[tuple[int, int]], *, num_repeats: int, output: 
                           "--num-repeats, or choose a new --output")
 
 
-def record_environment(record: dict[str, Any], source: str) -> type[Environment]:
+def record_environment(record: dict[str, Any], source: str, trust: TrustSettings = DEFAULT_TRUST) -> type[Environment]:
     """The environment class of a stored record: by its `env` name, else its row's routing, else
-    the `env_path` (`module:Class`) it was run with. Raises UnknownEnvironmentError naming `source`."""
+    the `env_path` (`module:Class`) it was run with, module paths only where `trust` allows them. Raises
+    UnknownEnvironmentError naming `source`."""
     name = record.get("env") or parse_task(input_row(record), index=0, source=source).env_name
     names = [name, routing_name(input_row(record)), record.get("env_path")]
     errors = []
     for candidate in dict.fromkeys(candidate for candidate in names if candidate):
         try:
-            return get_environment(candidate)
+            return get_environment(candidate, trust)
         except UnknownEnvironmentError as error:
             errors.append(str(error))
     raise UnknownEnvironmentError(f"{source}: {'; '.join(errors)}")
@@ -291,14 +297,16 @@ async def _rescore(record: dict[str, Any], env_class: type[Environment], source:
     return rescored
 
 
-async def rescore_file(data: str | Path, *, output: str | Path, concurrency: int = 16) -> dict[str, Any]:
-    """Re-score stored rollouts with their environments' verifiers (no model); returns metrics."""
+async def rescore_file(data: str | Path, *, output: str | Path, concurrency: int = 16,
+                       trust: TrustSettings = DEFAULT_TRUST) -> dict[str, Any]:
+    """Re-score stored rollouts with their environments' verifiers (no model), finding each record's environment under
+    `trust` (`record_environment`); returns metrics."""
     records = read_records(data)
     env_classes = []
     for position, record in enumerate(records):
         if "response" not in record:
             raise DataError("is not a rollout record (it has no 'response')", source=f"{data}:{position + 1}")
-        env_classes.append(record_environment(record, f"{data}:{position + 1}"))
+        env_classes.append(record_environment(record, f"{data}:{position + 1}", trust))
     slots = asyncio.Semaphore(concurrency)
 
     async def one(position: int, record: dict[str, Any]) -> dict[str, Any]:

@@ -54,7 +54,7 @@ class RolloutWorker:
     def ready(self, samples: Sequence[Task]) -> WorkerInfo:
         """Check that the environments of `samples` (one task of each) resolve and can run here
         (`check_ready`); returns the worker's pid, node, model name and engine settings."""
-        ensure_ready(resolve_tasks(samples).values())
+        ensure_ready(resolve_tasks(samples, self.engine.trust).values())
         return WorkerInfo(pid=os.getpid(), model=self.engine.config.model_name, node=socket.gethostname(), config=self.engine.config)
 
     def journal_visible(self, directory: str) -> str | None:
@@ -67,7 +67,7 @@ class RolloutWorker:
     async def run_group(self, task: Task, repeats: Sequence[int], journal: JournalSpec | None = None) -> list[RolloutRecord]:
         """The records of `repeats` of `task`; with `journal`, each rollout commits its turns to this worker's own file of
         it, and one sent again (`journal.resume`) continues from the turns any process committed."""
-        env_class = resolve_tasks([task])[task.env_name]
+        env_class = resolve_tasks([task], self.engine.trust)[task.env_name]
         keys = [RolloutKey.of_task(task.index, repeat) for repeat in repeats]
         engine = self.engine
         if journal is not None:

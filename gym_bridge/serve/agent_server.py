@@ -20,7 +20,7 @@ from gym_bridge.capture.environment import HarnessEnvironment, row_command
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.dialects.nemo_gym import aggregate_metrics, from_aggregate_request, rollout_id, run_sampling, to_run_result
 from gym_bridge.core.engine import Engine, EngineConfig, ensure_ready
-from gym_bridge.core.environment import Environment
+from gym_bridge.core.environment import Environment, row_problems
 from gym_bridge.core.errors import ConfigError, DataError, UserError
 from gym_bridge.core.journal import RolloutKey, RunFingerprint, environment_settings, open_journal
 from gym_bridge.core.policy import ChatPolicy, SamplingParams
@@ -189,9 +189,9 @@ def model_servers(settings: AgentServerSettings) -> ChatPolicy:
 
 
 def check_verifier_fields(task: Task, env_class: type[Environment]) -> None:
-    """Raise RowError for the problems `env_class.validate_row` finds in the row's verifier fields (the check
-    `gym-bridge data validate` runs), naming the first problem's field and listing every problem."""
-    problems = env_class.validate_row(task.row)
+    """Raise RowError for the problems `row_problems` finds in the row (the check `gym-bridge data validate` runs:
+    `validate_row`, and what the default trust does not let run), naming the first problem's field and listing every problem."""
+    problems = row_problems(env_class, task.row)
     if problems:
         first, *others = problems
         also = "".join(f"; {problem.field}: {problem.message}" for problem in others)

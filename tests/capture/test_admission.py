@@ -13,6 +13,7 @@ import pytest
 
 from gym_bridge.capture import HarnessEnvironment
 from gym_bridge.capture.server import capture_server
+from gym_bridge.capture.ledger import SessionLedger
 from gym_bridge.capture.session import CaptureSession
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig
@@ -73,15 +74,15 @@ def test_twenty_calls_at_once_against_a_limit_of_two_calls_get_two_answers(smol_
     policy = SlowPolicy(ScriptedPolicy({"": [eight_tokens(turn)] * 20}))
 
     async def main() -> tuple[CaptureSession, list[object], list[BaseException]]:
-        session = CaptureSession(policy=policy, template=smol_template, sampling=SamplingParams(max_new_tokens=8),
-                                 limits=Limits(max_turns=2), model_name="policy", label="t")
+        session = CaptureSession(policy=policy, template=smol_template, ledger=SessionLedger(sampling=SamplingParams(max_new_tokens=8),
+                                 limits=Limits(max_turns=2), model_name="policy", label="t"))
         answers, errors = await burst(session, 20)
         return session, answers, errors
 
     session, answers, errors = asyncio.run(main())
     assert len(answers) == 2 and len(errors) == 18 and budget_errors(errors)
-    assert len(session.calls) == 2 and len(policy.inner.calls) == 2
-    assert session.stop is not None and session.stop.kind == "max_turns" and session.stopped.is_set()
+    assert len(session.ledger.calls) == 2 and len(policy.inner.calls) == 2
+    assert session.ledger.stop is not None and session.ledger.stop.kind == "max_turns" and session.ledger.stopped.is_set()
     assert policy.peak == 1  # one generation of the session at a time (max_parallel_calls=1)
 
 
@@ -89,25 +90,25 @@ def test_twenty_calls_at_once_against_a_budget_of_forty_tokens_spend_forty(smol_
     policy = SlowPolicy(ScriptedPolicy({"": [eight_tokens(turn)] * 20}))
 
     async def main() -> tuple[CaptureSession, list[object], list[BaseException]]:
-        session = CaptureSession(policy=policy, template=smol_template, sampling=SamplingParams(max_new_tokens=8),
-                                 limits=Limits(max_turns=20, max_completion_tokens=40), model_name="policy", label="t")
+        session = CaptureSession(policy=policy, template=smol_template, ledger=SessionLedger(sampling=SamplingParams(max_new_tokens=8),
+                                 limits=Limits(max_turns=20, max_completion_tokens=40), model_name="policy", label="t"))
         answers, errors = await burst(session, 20)
         return session, answers, errors
 
     session, answers, errors = asyncio.run(main())
     # 40 tokens / 8 per call = 5 calls served; the 6th finds the budget spent, like a sequential 6th call
     assert len(answers) == 5 and len(errors) == 15 and budget_errors(errors)
-    assert sum(len(call.completion_ids) for call in session.calls) == 40
-    assert session.stop is not None and session.stop.kind == "budget"
+    assert sum(len(call.completion_ids) for call in session.ledger.calls) == 40
+    assert session.ledger.stop is not None and session.ledger.stop.kind == "budget"
 
 
 def test_parallel_calls_are_bounded_by_the_setting_and_reserve_their_token_caps(smol_template, turn) -> None:
     policy = SlowPolicy(ScriptedPolicy({"": [eight_tokens(turn)] * 20}), delay_s=0.5)
 
     async def main() -> CaptureSession:
-        session = CaptureSession(policy=policy, template=smol_template, sampling=SamplingParams(max_new_tokens=16),
+        session = CaptureSession(policy=policy, template=smol_template, ledger=SessionLedger(sampling=SamplingParams(max_new_tokens=16),
                                  limits=Limits(max_turns=20, max_completion_tokens=40), model_name="policy", label="t",
-                                 max_parallel_calls=3)
+                                 max_parallel_calls=3))
         await burst(session, 20)
         return session
 
@@ -115,15 +116,15 @@ def test_parallel_calls_are_bounded_by_the_setting_and_reserve_their_token_caps(
     assert policy.peak == 3
     # the first three run together: caps 16 + 16 reserved, the third gets the 8 left (40 - 32)
     assert policy.caps[:3] == [16, 16, 8]
-    assert sum(policy.caps[:3]) <= 40 and sum(len(call.completion_ids) for call in session.calls) <= 40
+    assert sum(policy.caps[:3]) <= 40 and sum(len(call.completion_ids) for call in session.ledger.calls) <= 40
 
 
 def test_closing_the_session_ends_a_generation_still_running(smol_template, turn) -> None:
     policy = SlowPolicy(ScriptedPolicy({"": [turn("never sent")]}), delay_s=60)
 
     async def main() -> BaseException | object:
-        session = CaptureSession(policy=policy, template=smol_template, sampling=SamplingParams(max_new_tokens=8),
-                                 limits=Limits(), model_name="policy", label="t")
+        session = CaptureSession(policy=policy, template=smol_template, ledger=SessionLedger(sampling=SamplingParams(max_new_tokens=8),
+                                 limits=Limits(), model_name="policy", label="t"))
         async with openai.AsyncOpenAI(base_url="http://unused", api_key="unused", max_retries=0) as client:
             async with capture_server().session(session) as base_url:
                 call = asyncio.ensure_future(client.with_options(base_url=base_url).chat.completions.create(

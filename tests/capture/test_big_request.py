@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from gym_bridge.capture.server import capture_server
+from gym_bridge.capture.ledger import SessionLedger
 from gym_bridge.capture.session import CaptureSession
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.policy import SamplingParams, ScriptedPolicy
@@ -29,8 +30,9 @@ BIG_REQUESTS = {
 
 
 def session(template: ChatTemplate, turn, label: str) -> CaptureSession:  # type: ignore[no-untyped-def]
-    return CaptureSession(policy=ScriptedPolicy({"": [turn("ok")]}), template=template, sampling=SamplingParams(max_new_tokens=8),
-                          limits=Limits(), model_name="policy", label=label)
+    return CaptureSession(policy=ScriptedPolicy({"": [turn("ok")]}), template=template,
+                          ledger=SessionLedger(sampling=SamplingParams(max_new_tokens=8),
+                          limits=Limits(), model_name="policy", label=label))
 
 
 @pytest.mark.parametrize("big_in", list(BIG_REQUESTS))

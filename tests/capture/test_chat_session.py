@@ -100,16 +100,19 @@ def test_a_chat_policy_without_token_ids_is_an_infra_failure_that_says_so() -> N
     assert record["failure_kind"] == "infra" and "answered without token ids" in record["failure_reason"]
 
 
-def test_the_session_interface_is_a_protocol_both_sessions_meet_without_inheriting_it() -> None:
-    """`SessionState` is what the endpoint and the harness loop need (a Protocol, checked by mypy --strict),
-    not a base class whose `chat_completions` raises NotImplementedError."""
-    import typing
+def test_the_session_interface_is_a_protocol_both_sessions_meet_by_holding_a_ledger() -> None:
+    """`SessionState` is what the endpoint and the harness loop need (a Protocol, checked by mypy --strict):
+    both sessions hold the shared `SessionLedger` as a field and inherit from nothing; each writes its own
+    `chat_completions`, and `responses` is the ledger's, written once."""
+    import dataclasses
 
     from gym_bridge.capture.chat_session import ChatCaptureSession
+    from gym_bridge.capture.ledger import SessionLedger
     from gym_bridge.capture.session import CaptureSession, SessionState
 
     assert getattr(SessionState, "_is_protocol", False)
     for session in (CaptureSession, ChatCaptureSession):
-        assert SessionState not in session.__mro__
-        assert {"chat_completions", "responses", "close"} <= set(vars(session)) | set(vars(session.__mro__[1]))
-    assert typing.get_type_hints(SessionState)["token"] is str
+        assert session.__mro__ == (session, object)
+        assert {field.name: field.type for field in dataclasses.fields(session)}["ledger"] == "SessionLedger"
+        assert "chat_completions" in vars(session) and "responses" not in vars(session)
+    assert {"responses", "close", "fail", "turn", "reserve", "sampled"} <= set(vars(SessionLedger))

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from gym_bridge.capture.session import MAX_ERROR_MESSAGE_CHARS, MAX_KEPT_ERRORS, CaptureSession
+from gym_bridge.capture.ledger import MAX_ERROR_MESSAGE_CHARS, MAX_KEPT_ERRORS, SessionLedger
+from gym_bridge.capture.session import CaptureSession
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.dialects.chat import ApiError
 from gym_bridge.core.policy import SamplingParams, ScriptedPolicy
@@ -18,8 +19,9 @@ from tests.capture.test_harness_hardening import engine, rollout, shell_env
 
 
 def test_five_thousand_error_answers_keep_the_first_and_latest_and_count_the_rest(smol_template, turn) -> None:
-    session = CaptureSession(policy=ScriptedPolicy({"": [turn("ok")]}), template=smol_template, sampling=SamplingParams(max_new_tokens=8),
-                             limits=Limits(), model_name="policy", label="t")
+    session = CaptureSession(policy=ScriptedPolicy({"": [turn("ok")]}), template=smol_template,
+                             ledger=SessionLedger(sampling=SamplingParams(max_new_tokens=8),
+                             limits=Limits(), model_name="policy", label="t"))
 
     async def send_all() -> list[int]:
         statuses = []
@@ -31,8 +33,8 @@ def test_five_thousand_error_answers_keep_the_first_and_latest_and_count_the_res
         return statuses
 
     assert asyncio.run(send_all()) == [404] * 5000
-    errors = session.errors
-    assert len(errors) == MAX_KEPT_ERRORS and session.errors_dropped == 5000 - MAX_KEPT_ERRORS  # 32 kept, 4,968 counted
+    errors = session.ledger.errors
+    assert len(errors) == MAX_KEPT_ERRORS and session.ledger.errors_dropped == 5000 - MAX_KEPT_ERRORS  # 32 kept, 4,968 counted
     half = MAX_KEPT_ERRORS // 2
     assert [error.message.split("`")[1].split("-")[0] for error in errors] == (
         [f"m{n}" for n in range(half)] + [f"m{n}" for n in range(5000 - half, 5000)])  # the first 16 and the last 16

@@ -20,13 +20,14 @@ import pytest
 
 from environments.harness_example import HarnessExampleEnvironment
 from gym_bridge.capture import HarnessEnvironment
-from gym_bridge.capture.environment import allow_row_commands
 from gym_bridge.cli import main
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.policy import SamplingParams, ScriptedPolicy
-from gym_bridge.core.registry import allow_module_paths, register
+from gym_bridge.core.registry import register
 from gym_bridge.core.task import parse_task
+from gym_bridge.core.environment import row_problems
+from gym_bridge.core.trust import DEFAULT_TRUST, TrustSettings
 
 EXAMPLE = Path(__file__).parents[2] / "environments" / "harness_example" / "data" / "example.jsonl"
 CALL_ONCE = ("import json, os, sys, openai; task = json.load(open(os.environ['GYM_BRIDGE_TASK_FILE'])); "
@@ -40,9 +41,9 @@ def example_row(**extra: object) -> dict:
     return {**json.loads(EXAMPLE.read_text().splitlines()[0]), **extra}
 
 
-def engine(template, script, *, deadline_s: float = 30.0) -> Engine:  # type: ignore[no-untyped-def]
+def engine(template, script, *, deadline_s: float = 30.0, trust: TrustSettings = DEFAULT_TRUST) -> Engine:  # type: ignore[no-untyped-def]
     config = EngineConfig(sampling=SamplingParams(max_new_tokens=64), limits=Limits(), deadline_s=deadline_s, template_check="off")
-    return Engine(ScriptedPolicy(script), template, config)
+    return Engine(ScriptedPolicy(script), template, config, trust=trust)
 
 
 def rollout(engine_: Engine, env_class: type[HarnessEnvironment], row: dict | None = None) -> dict:
@@ -98,7 +99,8 @@ def marker_row(marker: Path) -> dict:
 
 def test_a_row_command_is_refused_by_default_and_never_runs(smol_template, tmp_path) -> None:
     marker = tmp_path / "ran"
-    problems = HarnessExampleEnvironment.validate_row(marker_row(marker))
+    assert HarnessExampleEnvironment.validate_row(marker_row(marker)) == []  # well formed; whether it may run is the trust's
+    problems = row_problems(HarnessExampleEnvironment, marker_row(marker))
     assert [problem.field for problem in problems] == ["harness.command"]
     assert "allow_row_commands = True" in problems[0].message and "--allow-row-commands" in problems[0].message
     record = rollout(engine(smol_template, {"": []}), HarnessExampleEnvironment, marker_row(marker))  # a row that skipped validation
@@ -106,25 +108,19 @@ def test_a_row_command_is_refused_by_default_and_never_runs(smol_template, tmp_p
     assert not marker.exists()
 
 
-def test_an_environment_or_the_process_may_allow_row_commands_but_never_with_limited_module_paths(smol_template, turn, tmp_path) -> None:
+def test_an_environment_or_the_run_may_allow_row_commands_but_never_with_limited_module_paths(smol_template, turn, tmp_path) -> None:
     row = example_row(harness={"command": [sys.executable, "-c", CALL_ONCE]})
-    assert AllowingExample.validate_row(row) == []
+    assert row_problems(AllowingExample, row) == []
     record = rollout(engine(smol_template, {"": [turn("42")]}), AllowingExample, row)
     assert record["failure_kind"] is None and record["reward"] == 1.0, record["failure_reason"]
-    previous = allow_row_commands(True)
-    try:
-        assert HarnessExampleEnvironment.validate_row(row) == []
-        previous_paths = allow_module_paths([])  # --no-module-paths
-        try:
-            for env_class in (HarnessExampleEnvironment, AllowingExample):
-                problems = env_class.validate_row(marker_row(tmp_path / "ran"))
-                assert [p.field for p in problems] == ["harness.command"] and "--no-module-paths" in problems[0].message
-            record = rollout(engine(smol_template, {"": []}), AllowingExample, marker_row(tmp_path / "ran"))
-            assert record["failure_kind"] == "env" and "module paths are limited" in record["failure_reason"]
-        finally:
-            allow_module_paths(previous_paths)
-    finally:
-        allow_row_commands(previous)
+    allowing = TrustSettings(row_commands=True)  # --allow-row-commands
+    assert row_problems(HarnessExampleEnvironment, row, allowing) == []
+    shared = TrustSettings.limited_to([])  # --no-module-paths
+    for env_class in (HarnessExampleEnvironment, AllowingExample):
+        problems = row_problems(env_class, marker_row(tmp_path / "ran"), shared)
+        assert [p.field for p in problems] == ["harness.command"] and "--no-module-paths" in problems[0].message
+    record = rollout(engine(smol_template, {"": []}, trust=shared), AllowingExample, marker_row(tmp_path / "ran"))
+    assert record["failure_kind"] == "env" and "module paths are limited" in record["failure_reason"]
     assert not (tmp_path / "ran").exists()
     malformed = AllowingExample.validate_row(example_row(harness={"command": "sh -c id"}))
     assert [p.field for p in malformed] == ["harness.command"] and "list of strings" in malformed[0].message
@@ -170,7 +166,29 @@ def test_eval_allow_row_commands_lasts_for_its_run_only(tmp_path, capsys) -> Non
                  "--allow-row-commands", "--base-url", "http://127.0.0.1:9/v1"]) == 2
     error = capsys.readouterr().err
     assert "127.0.0.1:9" in error and "harness.command" not in error
-    assert allow_row_commands(None) is None
+    assert main(["eval", "--data", str(rows), "--output", str(tmp_path / "out.jsonl"), "--no-progress",
+                 "--base-url", "http://127.0.0.1:9/v1"]) == 2  # the next run in this process: refused again
+    assert "harness.command: rows may not name their own command" in capsys.readouterr().err
+
+
+def test_two_runs_in_one_process_each_run_a_row_command_by_their_own_settings(smol_template, turn, tmp_path) -> None:
+    """Two engines at once in one event loop, one with `--allow-row-commands`' settings and one with the default: the
+    same row's command runs in the first and is refused in the second (with process-wide toggles one setting held for both)."""
+    marker = tmp_path / "ran"
+    row = example_row(harness={"command": ["sh", "-c", f"touch {marker}; exec \"$0\" -c \"$1\"", sys.executable, CALL_ONCE]})
+    task = parse_task(row, index=0, source="rows.jsonl:1")
+    allowed = engine(smol_template, {"": [turn("42")]}, trust=TrustSettings(row_commands=True))
+    default = engine(smol_template, {"": [turn("42")]})
+
+    async def both() -> list[dict]:
+        records = await asyncio.gather(allowed.rollout(task, env_class=HarnessExampleEnvironment),
+                                       default.rollout(task, env_class=HarnessExampleEnvironment))
+        return [record.to_dict() for record in records]
+
+    ran, refused = asyncio.run(both())
+    assert ran["failure_kind"] is None and ran["reward"] == 1.0, ran["failure_reason"]
+    assert refused["failure_kind"] == "env" and "harness.command: rows may not name their own command" in refused["failure_reason"]
+    assert marker.exists()  # by the allowed run only: the refused one never starts a process
 
 
 def test_a_run_body_may_not_name_a_command_even_where_the_environment_allows_it(tmp_path) -> None:

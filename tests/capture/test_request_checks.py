@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from gym_bridge.capture.server import MAX_REQUEST_BYTES, capture_server
+from gym_bridge.capture.ledger import SessionLedger
 from gym_bridge.capture.session import CaptureSession
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.policy import SamplingParams, ScriptedPolicy
@@ -25,7 +26,8 @@ def post(template, turn, path: str, bodies: list[tuple[bytes, dict[str, str]]]) 
 
     async def main() -> tuple[CaptureSession, list[httpx.Response]]:
         session = CaptureSession(policy=ScriptedPolicy({"": [turn("ok")] * len(bodies)}), template=template,
-                                 sampling=SamplingParams(max_new_tokens=8), limits=Limits(), model_name="policy", label="t")
+                                 ledger=SessionLedger(sampling=SamplingParams(max_new_tokens=8),
+                                                      limits=Limits(), model_name="policy", label="t"))
         async with capture_server().session(session) as base_url:
             async with httpx.AsyncClient(timeout=60) as client:
                 answers = [await client.post(base_url + path, content=body, headers=headers) for body, headers in bodies]
@@ -46,7 +48,7 @@ def test_a_body_nested_a_hundred_thousand_levels_deep_is_a_400(smol_template, tu
     session, answers = post(smol_template, turn, path, [(body, {"Content-Type": "application/json"}) for body in bodies])
     assert [answer.status_code for answer in answers] == [400, 400]
     assert all("nested too deeply" in answer.json()["error"]["message"] for answer in answers)
-    assert [error.status for error in session.errors] == [400, 400] and session.calls == []
+    assert [error.status for error in session.ledger.errors] == [400, 400] and session.ledger.calls == []
 
 
 def test_tool_call_arguments_nested_too_deeply_are_a_400(smol_template, turn) -> None:
@@ -66,13 +68,14 @@ def test_a_body_that_is_not_sent_as_json_is_a_415_and_json_types_are_served(smol
     assert [answer.status_code for answer in answers] == [415] * 3 + [200] * 4 + [200]  # no Content-Type: read as JSON
     error = answers[0].json()["error"]
     assert error["code"] == "unsupported_media_type" and "'text/plain'" in error["message"] and "application/json" in error["message"]
-    assert [e.status for e in session.errors] == [415] * 3 and len(session.calls) == 5
+    assert [e.status for e in session.ledger.errors] == [415] * 3 and len(session.ledger.calls) == 5
 
 
 def test_an_orphan_function_call_output_is_a_400_naming_its_call_id(smol_template, turn) -> None:
     async def main() -> tuple[CaptureSession, openai.BadRequestError, str]:
         session = CaptureSession(policy=ScriptedPolicy({"": [turn("42")]}), template=smol_template,
-                                 sampling=SamplingParams(max_new_tokens=8), limits=Limits(), model_name="policy", label="t")
+                                 ledger=SessionLedger(sampling=SamplingParams(max_new_tokens=8),
+                                                      limits=Limits(), model_name="policy", label="t"))
         async with capture_server().session(session) as base_url:
             async with openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
                 with pytest.raises(openai.BadRequestError) as refused:
@@ -87,7 +90,7 @@ def test_an_orphan_function_call_output_is_a_400_naming_its_call_id(smol_templat
 
     session, refused, answered = asyncio.run(main())
     assert refused.status_code == 400 and "'call_nowhere'" in refused.message and "input[1]" in refused.message
-    assert answered == "42" and [e.status for e in session.errors] == [400] and len(session.calls) == 1
+    assert answered == "42" and [e.status for e in session.ledger.errors] == [400] and len(session.ledger.calls) == 1
 
 
 def test_a_body_over_the_size_limit_is_a_413_in_openais_shape(smol_template, turn) -> None:
@@ -99,4 +102,4 @@ def test_a_body_over_the_size_limit_is_a_413_in_openais_shape(smol_template, tur
                                                                        (json.dumps(HELLO).encode(), {"Content-Type": "application/json"})])
     assert [answer.status_code for answer in answers] == [413, 200]
     assert f"larger than {MAX_REQUEST_BYTES} bytes" in answers[0].json()["error"]["message"]
-    assert [error.status for error in session.errors] == [413] and len(session.calls) == 1
+    assert [error.status for error in session.ledger.errors] == [413] and len(session.ledger.calls) == 1

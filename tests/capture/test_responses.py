@@ -40,7 +40,7 @@ def test_a_string_input_is_answered_as_a_response_with_the_same_prompt_as_the_ch
         chat = await client.chat.completions.create(model="policy", messages=[
             {"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 12 + 30?"}])
         assert chat.choices[0].message.content == response.output_text
-        by_responses, by_chat = session.calls
+        by_responses, by_chat = session.ledger.calls
         assert by_responses == by_chat and by_responses.completion_ids == answer.token_ids
         assert response.usage.input_tokens == len(by_responses.prompt_ids)
 
@@ -103,7 +103,7 @@ def test_a_streamed_response_reassembles_to_the_plain_one(smol_tokenizer, turn) 
         assert [item.model_dump(exclude_none=True, exclude={"id", "call_id"}) for item in streamed.output] == \
             [item.model_dump(exclude_none=True, exclude={"id", "call_id"}) for item in plain.output]
         assert [item.type for item in plain.output] == ["reasoning", "function_call"]
-        assert session.calls[0] == session.calls[1] and session.errors == []
+        assert session.ledger.calls[0] == session.ledger.calls[1] and session.ledger.errors == []
 
     serve(template, {"": [think_and_call, think_and_call]}, check)
 
@@ -122,6 +122,6 @@ def test_what_a_stateless_endpoint_cannot_serve_is_a_clear_error_that_is_recorde
         with pytest.raises(openai.APIStatusError) as raised:
             await client.responses.create(**{"model": "policy", "input": "hi", **change})
         assert raised.value.status_code in (400, 404) and named in raised.value.message
-        assert [error.status for error in session.errors] == [raised.value.status_code] and session.calls == []
+        assert [error.status for error in session.ledger.errors] == [raised.value.status_code] and session.ledger.calls == []
 
     serve(smol_template, {"": []}, check)

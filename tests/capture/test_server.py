@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from gym_bridge.capture.server import capture_server
+from gym_bridge.capture.ledger import SessionLedger
 from gym_bridge.capture.session import CaptureSession
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.policy import SamplingParams, ScriptedPolicy
@@ -20,8 +21,9 @@ TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add.",
 
 def serve(template, script, check) -> None:  # type: ignore[no-untyped-def]
     async def main() -> None:
-        session = CaptureSession(policy=ScriptedPolicy(script), template=template, sampling=SamplingParams(max_new_tokens=32),
-                                 limits=Limits(), model_name="policy", label="t")
+        session = CaptureSession(policy=ScriptedPolicy(script), template=template,
+                                 ledger=SessionLedger(sampling=SamplingParams(max_new_tokens=32),
+                                 limits=Limits(), model_name="policy", label="t"))
         async with capture_server().session(session) as base_url:
             await check(session, base_url)
         assert capture_server().port is None  # the last session closed: the server stopped
@@ -34,14 +36,14 @@ def test_a_tool_call_is_answered_as_openai_does_and_the_key_alone_finds_the_sess
 
     async def check(session: CaptureSession, base_url: str) -> None:
         root = base_url.split("/s/")[0] + "/v1"
-        async with openai.AsyncOpenAI(base_url=root, api_key=session.token, max_retries=0) as client:
+        async with openai.AsyncOpenAI(base_url=root, api_key=session.ledger.token, max_retries=0) as client:
             reply = await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "1+2?"}], tools=TOOLS)
         choice = reply.choices[0]
         assert choice.finish_reason == "tool_calls" and choice.message.content is None
         (tool_call,) = choice.message.tool_calls or []
         assert tool_call.function.name == "add" and json.loads(tool_call.function.arguments) == {"a": 1, "b": 2}
         assert reply.usage is not None and reply.usage.completion_tokens == len(call.token_ids)
-        assert session.calls[0].completion_ids == call.token_ids and session.calls[0].logprobs == call.logprobs
+        assert session.ledger.calls[0].completion_ids == call.token_ids and session.ledger.calls[0].logprobs == call.logprobs
 
     serve(smol_template, {"": [call]}, check)
 
@@ -58,7 +60,7 @@ def test_requests_the_endpoint_cannot_serve_get_openai_statuses_and_are_recorded
             with pytest.raises(error) as raised:
                 await client.chat.completions.create(**request)
         assert raised.value.status_code == status
-        assert [e.status for e in session.errors] == [status] and session.calls == []
+        assert [e.status for e in session.ledger.errors] == [status] and session.ledger.calls == []
 
     serve(smol_template, {"": []}, check)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from gym_bridge.capture.assembly import assemble
 from gym_bridge.capture.chat_session import ChatCaptureSession
+from gym_bridge.capture.ledger import SessionLedger
 from gym_bridge.capture.session import CaptureSession
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.policy import ChatRequest, SamplingParams, ScriptedPolicy
@@ -20,8 +21,9 @@ CALL = '<tool_call>\n{"name": "add", "arguments": {}}\n</tool_call>'
 
 
 def session(template: Any, texts: list[Any], **kwargs: Any) -> CaptureSession:
-    return CaptureSession(policy=ScriptedPolicy({"": texts}), template=template, sampling=SamplingParams(max_new_tokens=32),
-                          limits=Limits(max_turns=10, max_completion_tokens=1000), model_name="m", label="s", **kwargs)
+    return CaptureSession(policy=ScriptedPolicy({"": texts}), template=template,
+                          ledger=SessionLedger(sampling=SamplingParams(max_new_tokens=32),
+                          limits=Limits(max_turns=10, max_completion_tokens=1000), model_name="m", label="s", **kwargs))
 
 
 def view(transcript: ServedTranscript | MessageTranscript) -> tuple[list[int], list[int], list[int], list[float]]:
@@ -46,15 +48,15 @@ def test_a_token_session_extends_one_transcript_per_segment(smol_template, turn)
         return segments
 
     segments = asyncio.run(main())
-    assembly = assemble(capture.calls)
-    assert capture.token_in_calls == 2 and assembly.calls_per_segment == (2, 2)
+    assembly = assemble(capture.ledger.calls)
+    assert capture.ledger.token_in_calls == 2 and assembly.calls_per_segment == (2, 2)
     assert segments[0] is not segments[1]
     for transcript, segment in zip(segments, assembly.segments):  # the transcript is the assembly's segment, token for token
         assert view(transcript) == (segment.prompt_ids, segment.completion_ids, segment.completion_mask, segment.completion_logprobs)
     # one numbering over both segments: rs/msg/fc items numbered 1..n in order, never twice
-    numbered = [item["id"] for item in capture.output if "id" in item]
+    numbered = [item["id"] for item in capture.ledger.output if "id" in item]
     assert numbered == ["fc_s_1", "msg_s_2", "msg_s_3", "msg_s_4", "msg_s_5"]  # call, answer; answer; user 'go on', answer
-    assert [item["type"] for item in capture.output] == ["function_call", "function_call_output", "message", "message", "message", "message"]
+    assert [item["type"] for item in capture.ledger.output] == ["function_call", "function_call_output", "message", "message", "message", "message"]
 
 
 def test_calls_made_at_once_each_extend_what_they_were_sent(smol_template, turn) -> None:
@@ -67,9 +69,9 @@ def test_calls_made_at_once_each_extend_what_they_were_sent(smol_template, turn)
                                for name in ("alpha", "beta")))
 
     asyncio.run(main())
-    base = capture.calls[0].prompt_ids + capture.calls[0].completion_ids
-    assert capture.token_in_calls == 2
-    for call, name, other in ((capture.calls[1], "alpha", "beta"), (capture.calls[2], "beta", "alpha")):
+    base = capture.ledger.calls[0].prompt_ids + capture.ledger.calls[0].completion_ids
+    assert capture.ledger.token_in_calls == 2
+    for call, name, other in ((capture.ledger.calls[1], "alpha", "beta"), (capture.ledger.calls[2], "beta", "alpha")):
         assert call.prompt_ids[:len(base)] == base
         added = smol_template.decode(call.prompt_ids[len(base):])
         assert f"ask {name}" in added and other not in added  # not the other call's message
@@ -91,8 +93,9 @@ class TokenChat:
 
 
 def test_a_chat_session_grows_a_transcript_while_the_servers_ids_extend_it() -> None:
-    capture = ChatCaptureSession(policy=TokenChat(), sampling=SamplingParams(max_new_tokens=32), limits=Limits(max_turns=10),
-                                 model_name="m", label="c")
+    capture = ChatCaptureSession(policy=TokenChat(),
+                                 ledger=SessionLedger(sampling=SamplingParams(max_new_tokens=32), limits=Limits(max_turns=10),
+                                 model_name="m", label="c"))
 
     async def main() -> list[MessageTranscript]:
         segments = []
@@ -105,7 +108,7 @@ def test_a_chat_session_grows_a_transcript_while_the_servers_ids_extend_it() -> 
         return segments
 
     first, second = asyncio.run(main())
-    assert capture.token_in_calls == 1 and first is not second
+    assert capture.ledger.token_in_calls == 1 and first is not second
     assert view(first) == ([1, 2], [41, 5, 6, 42], [1, 0, 0, 1], [-0.5, 0.0, 0.0, -0.5])  # 5 6: the server's rendering of 'and?'
     assert view(second) == ([1, 9], [43], [1], [-0.5])
-    assert [item["id"] for item in capture.output] == ["msg_c_1", "msg_c_2", "msg_c_3", "msg_c_4"]  # answer, user 'and?', answer, answer
+    assert [item["id"] for item in capture.ledger.output] == ["msg_c_1", "msg_c_2", "msg_c_3", "msg_c_4"]  # answer, user 'and?', answer, answer

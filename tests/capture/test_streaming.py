@@ -49,9 +49,9 @@ def test_a_streamed_answer_reassembles_to_the_plain_answer_and_captures_the_same
         assert streamed.usage == plain.usage and chunks[-1].choices == [] and chunks[-1].usage == plain.usage
         assert all(chunk.object == "chat.completion.chunk" and chunk.id == chunks[0].id for chunk in chunks)
         assert chunks[0].choices[0].delta.role == "assistant"
-        first, second = session.calls
+        first, second = session.ledger.calls
         assert first == second and first.completion_ids == generation.token_ids and first.logprobs == generation.logprobs
-        assert session.errors == []
+        assert session.ledger.errors == []
         assert ("reasoning_content" in comparable(plain.choices[0].message)) == ("<think>" in text)
 
     serve(template, {"": [generation, generation]}, check)
@@ -89,7 +89,7 @@ def test_stream_options_without_stream_is_a_400_that_is_recorded(smol_template) 
     async def check(session: CaptureSession, client: openai.AsyncOpenAI, base_url: str) -> None:
         with pytest.raises(openai.BadRequestError, match="stream_options"):
             await client.chat.completions.create(model="policy", messages=QUESTION, stream_options={"include_usage": True})
-        assert [error.status for error in session.errors] == [400] and session.calls == []
+        assert [error.status for error in session.ledger.errors] == [400] and session.ledger.calls == []
 
     serve(smol_template, {"": []}, check)
 
@@ -100,6 +100,6 @@ def test_a_stream_flag_that_is_not_a_json_boolean_is_a_400(smol_template) -> Non
             answer = await http.post(f"{base_url}/chat/completions", json={"model": "policy", "messages": QUESTION, "stream": "false"},
                                      headers={"Authorization": "Bearer unused"})
         assert answer.status_code == 400 and "stream" in answer.text
-        assert [error.status for error in session.errors] == [400] and session.calls == []
+        assert [error.status for error in session.ledger.errors] == [400] and session.ledger.calls == []
 
     serve(smol_template, {"": []}, check)

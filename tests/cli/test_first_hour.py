@@ -152,7 +152,7 @@ def test_an_eval_against_a_server_still_computing_says_to_raise_the_request_time
 def no_model(monkeypatch):
     import gym_bridge.cli.eval as eval_cli
 
-    async def refuse(args):
+    async def refuse(args, trust):
         raise AssertionError("the model was loaded before the bad input was reported")
 
     monkeypatch.setattr(eval_cli, "_build_engine", refuse)
@@ -229,8 +229,8 @@ def test_the_progress_bar_names_environments_and_writes_a_log_file_rarely(monkey
             await asyncio.sleep(0.05)
             return await super().chat(request)
 
-    async def build_engine(args):
-        return Engine(SlowChat({"": ["Sunny."]}), None, EngineConfig(max_concurrency=args.concurrency))
+    async def build_engine(args, trust):
+        return Engine(SlowChat({"": ["Sunny."]}), None, EngineConfig(max_concurrency=args.concurrency), trust=trust)
 
     monkeypatch.setattr("gym_bridge.cli.eval._build_engine", build_engine)
     # 8 weather rows x 3 repeats, one at a time: about 1.2 s, in which the bar was written 17 times (every 0.1 s)

@@ -20,13 +20,14 @@ import pytest
 from gym_bridge.core.metrics import format_table
 
 from gym_bridge.cli import build_parser, main
-from gym_bridge.cli.common import TrustSettings
+from gym_bridge.cli.common import trust_settings
 from gym_bridge.core.engine import Engine, EngineConfig
 from gym_bridge.core.errors import DataError, UnknownEnvironmentError
 from gym_bridge.core.policy import ScriptedPolicy
-from gym_bridge.core.registry import allow_module_paths, get_environment
+from gym_bridge.core.registry import get_environment
 from gym_bridge.core.rollout_file import input_row, prepare_resume, read_records
 from gym_bridge.core.task import load_tasks
+from gym_bridge.core.trust import TrustSettings
 from gym_bridge.eval.run import run_eval, select_tasks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -241,20 +242,15 @@ def test_module_paths_in_data_can_be_refused_or_limited(tmp_path, capsys):
     assert main(["eval", "--data", str(data), "--allow-module", "my_company.envs", "--output", out]) == 2
     assert "environment module 'tests.support.failing_env' is not under an allowed prefix (my_company.envs)" in capsys.readouterr().err
 
-    previous = allow_module_paths(["tests"])
-    try:
-        assert select_tasks(data_paths=[data])[0].env_name == "tests.support.failing_env:AlwaysRight"
-        allow_module_paths(["tests.failing"])  # a prefix of the name is not a package prefix
-        with pytest.raises(UnknownEnvironmentError, match="not under an allowed prefix"):
-            get_environment("tests.support.failing_env:AlwaysRight")
-        allow_module_paths([])
-        assert get_environment("weather").name == "weather"  # registered environments always route
-        with pytest.raises(UnknownEnvironmentError, match="module paths are turned off"):
-            get_environment("tests.support.failing_env:AlwaysRight")
-        args = build_parser().parse_args(["eval", "--env", "tests.support.failing_env:AlwaysRight", "--no-module-paths"])
-        TrustSettings.from_args(args).apply()  # what `eval` does: the command line's own module path is trusted
-        assert get_environment("tests.support.failing_env:AlwaysRight").name == "always_right"
-        with pytest.raises(UnknownEnvironmentError, match=r"'json' is not under an allowed prefix \(tests.support.failing_env\)"):
-            get_environment("json:JSONDecoder")
-    finally:
-        allow_module_paths(previous)
+    assert select_tasks(data_paths=[data], trust=TrustSettings.limited_to(["tests"]))[0].env_name == "tests.support.failing_env:AlwaysRight"
+    with pytest.raises(UnknownEnvironmentError, match="not under an allowed prefix"):  # a prefix of the name is not a package prefix
+        get_environment("tests.support.failing_env:AlwaysRight", TrustSettings.limited_to(["tests.failing"]))
+    none = TrustSettings.limited_to([])
+    assert get_environment("weather", none).name == "weather"  # registered environments always route
+    with pytest.raises(UnknownEnvironmentError, match="module paths are turned off"):
+        get_environment("tests.support.failing_env:AlwaysRight", none)
+    args = build_parser().parse_args(["eval", "--env", "tests.support.failing_env:AlwaysRight", "--no-module-paths"])
+    trust = trust_settings(args)  # what `eval` passes down: the command line's own module path is trusted
+    assert get_environment("tests.support.failing_env:AlwaysRight", trust).name == "always_right"
+    with pytest.raises(UnknownEnvironmentError, match=r"'json' is not under an allowed prefix \(tests.support.failing_env\)"):
+        get_environment("json:JSONDecoder", trust)

@@ -44,8 +44,8 @@ def counted(monkeypatch):
     policies = iter([ScriptedChatPolicy({"1-0": [BackendAnswerError("down")], "": [CALL, "Cold."]}),
                      ScriptedChatPolicy({"": [CALL, "Cold."]})])
 
-    async def build_engine(args):
-        return Engine(next(policies), None, EngineConfig())
+    async def build_engine(args, trust):
+        return Engine(next(policies), None, EngineConfig(), trust=trust)
 
     monkeypatch.setattr("gym_bridge.cli.eval._build_engine", build_engine)
     return counts

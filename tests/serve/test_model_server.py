@@ -327,6 +327,7 @@ def test_one_model_answers_alike_through_serve_model_and_the_capture_endpoint(se
     template: the same content, reasoning and calls (both read the turn with the model family's parsers
     and answer by one rule; ids differ by design). On main serve-model read calls with the generic parser
     and answered a malformed call as its text, capture dropped it."""
+    from gym_bridge.capture.ledger import SessionLedger
     from gym_bridge.capture.session import CaptureSession
     from gym_bridge.core.agent_loop import Limits
     from gym_bridge.core.policy import ScriptedPolicy
@@ -355,7 +356,8 @@ def test_one_model_answers_alike_through_serve_model_and_the_capture_endpoint(se
 
     async def captured():
         session = CaptureSession(policy=ScriptedPolicy({"": [turn(text) for text in texts]}), template=template,
-                                 sampling=SamplingParams(max_new_tokens=64), limits=Limits(), model_name=MODEL, label="t")
+                                 ledger=SessionLedger(sampling=SamplingParams(max_new_tokens=64),
+                                                      limits=Limits(), model_name=MODEL, label="t"))
         out = []
         for _ in texts:
             body = {"model": MODEL, "messages": [{"role": "user", "content": "Look up a."}], "tools": tools}

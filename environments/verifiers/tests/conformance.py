@@ -11,6 +11,7 @@ from typing import Any
 
 from environments.verifiers import HERE, VENV, VerifiersEnvironment
 from gym_bridge.capture.server import capture_server
+from gym_bridge.capture.ledger import SessionLedger
 from gym_bridge.capture.session import CaptureSession
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig
@@ -64,8 +65,9 @@ async def own_runner(template: ChatTemplate, script: list[Generation], taskset: 
                      env_id: str = "", repeats: int = 1) -> list[dict[str, Any]]:
     """The episodes verifiers' own `vf-eval` records for `tasks` of `taskset` (`repeats` each, in task order), played one
     at a time, its model answering with `script` in that order."""
-    session = CaptureSession(policy=ScriptedPolicy({"": list(script)}), template=template, sampling=SamplingParams(max_new_tokens=64),
-                             limits=Limits(), model_name=MODEL, label="vf-eval")
+    session = CaptureSession(policy=ScriptedPolicy({"": list(script)}), template=template,
+                             ledger=SessionLedger(sampling=SamplingParams(max_new_tokens=64),
+                             limits=Limits(), model_name=MODEL, label="vf-eval"))
     async with capture_server().session(session) as url:
         folder.mkdir(parents=True, exist_ok=True)
         config = folder / "eval.toml"
@@ -73,7 +75,7 @@ async def own_runner(template: ChatTemplate, script: list[Generation], taskset: 
         text = head + "".join(("[env.{seat}.harness]" + seat_block).replace("{seat}", seat) for seat in SEATS.get(env_id or taskset, ("agent",)))
         config.write_text(text.format(model=MODEL, out=folder / "out", url=url, idx=tasks.start, end=tasks.stop, taskset=taskset, env_id=env_id,
                                      repeats=repeats))
-        variables = {**os.environ, "OPENAI_API_KEY": session.token, "PYTHONPATH": str(HERE / "v1_tasksets"),
+        variables = {**os.environ, "OPENAI_API_KEY": session.ledger.token, "PYTHONPATH": str(HERE / "v1_tasksets"),
                      "PATH": f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}", "UV_NATIVE_TLS": "1"}
         process = await asyncio.create_subprocess_exec(str(VENV / "bin" / "vf-eval"), "@", str(config), env=variables, cwd=folder,
                                                        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)

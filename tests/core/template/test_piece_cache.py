@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import threading
 
+from gym_bridge.capture.ledger import SessionLedger
 from gym_bridge.capture.session import CaptureSession
 from gym_bridge.core.agent_loop import Limits
 from gym_bridge.core.engine import Engine, EngineConfig
@@ -111,8 +112,9 @@ def test_an_engine_run_past_the_cache_size_loses_no_rollout(smol_tokenizer, turn
 def test_capture_requests_past_the_cache_size_are_all_answered(smol_tokenizer, turn, monkeypatch):
     monkeypatch.setattr(piece_encoder, "MAX_CACHED_PIECES", 1000)
     session = CaptureSession(policy=ScriptedPolicy({"": [turn("ok")] * 30}), template=ChatTemplate(smol_tokenizer),
-                             sampling=SamplingParams(max_new_tokens=8), limits=Limits(max_turns=30, max_completion_tokens=10_000),
-                             model_name="policy", label="t")
+                             ledger=SessionLedger(sampling=SamplingParams(max_new_tokens=8),
+                                                  limits=Limits(max_turns=30, max_completion_tokens=10_000),
+                             model_name="policy", label="t"))
 
     async def send_all() -> list[str]:
         answers = []
@@ -122,4 +124,4 @@ def test_capture_requests_past_the_cache_size_are_all_answered(smol_tokenizer, t
             answers.append((await session.chat_completions(body))["choices"][0]["message"]["content"])
         return answers
 
-    assert asyncio.run(send_all()) == ["ok"] * 30 and session.errors == []
+    assert asyncio.run(send_all()) == ["ok"] * 30 and session.ledger.errors == []
