@@ -169,7 +169,7 @@ def _ready_tasks(args: argparse.Namespace, trust: TrustSettings) -> TaskSet:
     from gym_bridge.eval.run import select_ready_tasks
 
     check_urls(_base_urls(args), flag="--base-url")
-    _apply_env_options(args.env_setting, args.env_url)
+    _apply_env_options(args.env_setting, args.env_url, trust)
     ready = select_ready_tasks(env_names=args.env, data_paths=args.data, limit=args.limit, trust=trust)
     restarted = sorted(env.name for env in set(ready.env_classes.values()) if env.resume == "restart")
     if args.journal and restarted:

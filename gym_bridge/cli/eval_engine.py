@@ -163,8 +163,9 @@ async def _matching_tokenizer(base_url: str, path: str, *, model: str, api_key: 
     return loaded
 
 
-def _apply_env_options(env_settings: Sequence[str], env_urls: Sequence[str]) -> None:
-    """`--env-setting NAME.KEY=VALUE` and `--env-url NAME=URL`; raises GymBridgeError on a malformed one."""
+def _apply_env_options(env_settings: Sequence[str], env_urls: Sequence[str], trust: TrustSettings) -> None:
+    """`--env-setting NAME.KEY=VALUE` and `--env-url NAME=URL` (a NAME that is a module path only where `trust` allows
+    it); raises GymBridgeError on a malformed one."""
     import json
 
     from gym_bridge.core.registry import REMOTE_ENVIRONMENT, configure, get_environment
@@ -178,7 +179,7 @@ def _apply_env_options(env_settings: Sequence[str], env_urls: Sequence[str]) -> 
             value = json.loads(raw)
         except json.JSONDecodeError:
             value = raw
-        configure(name, **{key: value})
+        configure(name, trust, **{key: value})
     for entry in env_urls:
         name, sep, url = entry.partition("=")
         if not (sep and name and url.startswith(("http://", "https://"))):
@@ -229,7 +230,7 @@ class EvalEngineFactory:
         from concurrent.futures import ThreadPoolExecutor
 
         args = argparse.Namespace(**self.args)
-        _apply_env_options(args.env_setting, args.env_url)
+        _apply_env_options(args.env_setting, args.env_url, self.trust)
         with ThreadPoolExecutor(1) as thread:  # an actor's own event loop may already run in this thread
             return thread.submit(asyncio.run, _build_engine(args, self.trust)).result()
 

@@ -156,15 +156,16 @@ def routing_names(env_class: type[Environment]) -> frozenset[str]:
     return frozenset({name, *aliases, *(path for path, target in _paths.items() if target == name)})
 
 
-def configure(name: str, **settings: Any) -> type[Environment]:
-    """Change settings of a registered environment for this process; returns the configured class.
+def configure(name: str, trust: TrustSettings = DEFAULT_TRUST, /, **settings: Any) -> type[Environment]:
+    """Change settings of a registered environment for this process (`name` a module path only where `trust` allows
+    it); returns the configured class.
 
     A subclass carrying the new values is registered in the original's place (names and aliases
     route to it). Only the class's `settings`, its timeouts and `ray_resources` (what a Ray worker running it
     asks for, see `gym_bridge.scale`) may be set; raises
     UnknownEnvironmentError, or GymBridgeError naming the settings that exist.
     """
-    env_class = get_environment(name)
+    env_class = get_environment(name, trust)
     allowed = {"tool_timeout_s", "verify_timeout_s", "ray_resources", *env_class.settings}
     unknown = sorted(set(settings) - allowed)
     if unknown:

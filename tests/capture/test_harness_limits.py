@@ -129,10 +129,11 @@ def test_a_malformed_limit_is_refused_before_a_run(value) -> None:
 
 def test_eval_s_env_setting_changes_or_lifts_a_limit() -> None:
     from gym_bridge.cli.eval_engine import _apply_env_options
+    from gym_bridge.core.trust import DEFAULT_TRUST
     from gym_bridge.core.registry import get_environment
 
     register(Limited)
-    _apply_env_options([f"{Limited.name}.harness_cpu_limit_s=5", f"{Limited.name}.harness_memory_limit_mb=null"], [])
+    _apply_env_options([f"{Limited.name}.harness_cpu_limit_s=5", f"{Limited.name}.harness_memory_limit_mb=null"], [], DEFAULT_TRUST)
     configured = get_environment(Limited.name)
     assert issubclass(configured, HarnessEnvironment)
     assert configured.harness_limits() == HarnessLimits(memory_mb=None, cpu_s=5)

@@ -254,3 +254,8 @@ def test_module_paths_in_data_can_be_refused_or_limited(tmp_path, capsys):
     assert get_environment("tests.support.failing_env:AlwaysRight", trust).name == "always_right"
     with pytest.raises(UnknownEnvironmentError, match=r"'json' is not under an allowed prefix \(tests.support.failing_env\)"):
         get_environment("json:JSONDecoder", trust)
+    # an --env-setting's NAME goes through the same trust: configuring a module path does not import it past it
+    from gym_bridge.cli.eval_engine import _apply_env_options
+
+    with pytest.raises(UnknownEnvironmentError, match="module paths are turned off"):
+        _apply_env_options(["tests.support.failing_env:AlwaysRight.tool_timeout_s=5"], [], none)

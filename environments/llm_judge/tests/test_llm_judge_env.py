@@ -117,12 +117,13 @@ def test_settings_come_from_configure_and_are_checked() -> None:
         with pytest.raises(Exception, match="has no setting 'judge_colour'"):
             configure("llm_judge", judge_colour="red")
         from gym_bridge.cli.eval_engine import _apply_env_options
+        from gym_bridge.core.trust import DEFAULT_TRUST
 
-        _apply_env_options(["llm_judge.judge_max_new_tokens=64", "llm_judge.judge_base_url=http://127.0.0.1:9/v1"], [])
+        _apply_env_options(["llm_judge.judge_max_new_tokens=64", "llm_judge.judge_base_url=http://127.0.0.1:9/v1"], [], DEFAULT_TRUST)
         configured = get_environment("llm_judge")
         assert (configured.judge_max_new_tokens, configured.judge_base_url) == (64, "http://127.0.0.1:9/v1")  # JSON, else a string
         with pytest.raises(Exception, match="NAME.KEY=VALUE"):
-            _apply_env_options(["llm_judge=3"], [])
+            _apply_env_options(["llm_judge=3"], [], DEFAULT_TRUST)
     finally:
         from gym_bridge.core.registry import register
 

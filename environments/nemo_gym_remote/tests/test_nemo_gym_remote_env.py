@@ -104,17 +104,18 @@ def test_rows_route_by_agent_ref_remote_and_by_env_url(server) -> None:
         resolve_tasks([task, local])
 
     from gym_bridge.cli.eval_engine import _apply_env_options
+    from gym_bridge.core.trust import DEFAULT_TRUST
     from gym_bridge.eval.run import select_tasks
 
     original = get_environment("weather")
     try:
-        _apply_env_options([], [f"weather={url}"])
+        _apply_env_options([], [f"weather={url}"], DEFAULT_TRUST)
         tasks = select_tasks(env_names=["weather"], limit=2)
         bound = resolve_tasks(tasks)[tasks[0].env_name]   # weather's rows use its alias
         assert issubclass(bound, NemoGymRemoteEnvironment) and bound.base_url == url
         assert bound.example_data == WeatherEnvironment.example_data
         with pytest.raises(Exception, match="NAME=URL"):
-            _apply_env_options([], ["weather:8000"])
+            _apply_env_options([], ["weather:8000"], DEFAULT_TRUST)
     finally:
         register(original)
 
