@@ -18,6 +18,7 @@ from typing import Any
 from gym_bridge.core.errors import ConfigError
 from gym_bridge.trl._async.worker import AsyncRolloutWorker
 from gym_bridge.trl._async.ledger import WorkerState
+from gym_bridge.trl._async.settings import row_budget_for
 from gym_bridge.trl._trainer_args import rows_per_step
 
 STATE_FILE = "gym_bridge_worker_state.json"
@@ -102,7 +103,18 @@ def restore_async_worker(trainer: Any, worker: AsyncRolloutWorker, resume_from_c
         return folder
     worker.restore_checkpoint_state(state)
     trainer.model_version = state.model_version
+    if worker.admission.row_budget is not None:  # the steps the checkpoint holds are trained: their rows are not needed again
+        worker.admission.row_budget = row_budget_for(trainer.args, steps_done=checkpoint_step(folder))
     return folder
+
+
+def checkpoint_step(folder: str | Path) -> int:
+    """The optimizer steps a checkpoint folder holds (`trainer_state.json`'s `global_step`; 0 without one)."""
+    path = Path(folder) / "trainer_state.json"
+    try:
+        return int(json.loads(path.read_text())["global_step"]) if path.exists() else 0
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f"{path}: cannot read global_step ({error})") from error
 
 
 def last_checkpoint(output_dir: str | Path) -> Path:
