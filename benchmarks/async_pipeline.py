@@ -38,7 +38,12 @@ it starts after step j-1 and its sync: start_j >= start_(j-1) + b. Hence wall >=
 start*_j = max(r_jB, start*_(j-1) + b). The trainer is busy S x b (its sleeps; its pause and resume calls add
 milliseconds), so its idle share is at least 1 - S x b / (start*_S + b). No admission rule, staleness window or order
 enters it, so every scheduler that trains exactly its started set is above it, one that knew every episode's length
-in advance included. Not a premise: that the set cannot be generated faster than at full concurrency (the limit's
+in advance included. A second bound (`in_order_bound`: `wall_bound_in_order_s`, `idle_bound_in_order`) adds what
+gym_bridge's worker does not know and must obey: it starts the groups in task order (each task runs once per run, so
+no history says which are long) under the staleness window, where the g-th group (from 0) may start only once
+(g + 1) x group <= (k + max_staleness + 1) x B for the k steps the trainer has finished; so its rows are done no
+sooner than start*_k + b plus their token time, which feeds back into the step starts (iterated to a fixed point, each
+round a lower bound). Not a premise: that the set cannot be generated faster than at full concurrency (the limit's
 generation half). That is false here: the simulation is CPU-bound (the stub, the worker and the trainer share one
 process on a shared machine), so an episode among 128 at once takes several times its token time, and a worker that
 runs fewer at once generates the same set sooner than the limit's measurement does.
@@ -79,19 +84,46 @@ def wanted_calls(text: str) -> int:
     return int(match.group(1))
 
 
+def step_starts(finish_s: list[float], *, batch: int, busy_s: float) -> list[float]:
+    """The earliest start of each step (start*_j of the module docstring): `batch` rows of a step all done, the step
+    before it and its sync (`busy_s`) over. Raises ValueError when the rows do not fill whole steps."""
+    if not finish_s or len(finish_s) % batch:
+        raise ValueError(f"{len(finish_s)} rows do not fill steps of {batch}")
+    ready = sorted(finish_s)
+    starts = [ready[batch - 1]]
+    for step in range(2, len(ready) // batch + 1):
+        starts.append(max(ready[step * batch - 1], starts[-1] + busy_s))
+    return starts
+
+
 def trained_set_bound(finish_s: list[float], *, batch: int, step_s: float, sync_s: float) -> dict[str, float]:
     """The least wall time and trainer idle share of a run that trains exactly the rows whose earliest finish times
     (seconds from the run's start) are `finish_s`, `batch` rows per step of `step_s` plus a `sync_s` sync (the
     derivation is in the module docstring). Raises ValueError when the rows do not fill whole steps."""
-    if not finish_s or len(finish_s) % batch:
-        raise ValueError(f"{len(finish_s)} rows do not fill steps of {batch}")
-    ready, busy_s = sorted(finish_s), step_s + sync_s
-    steps = len(ready) // batch
-    start_s = ready[batch - 1]
-    for step in range(2, steps + 1):
-        start_s = max(ready[step * batch - 1], start_s + busy_s)
-    wall_s = start_s + busy_s
-    return {"wall_lower_bound_s": round(wall_s, 3), "idle_lower_bound": round(1 - steps * busy_s / wall_s, 3)}
+    busy_s = step_s + sync_s
+    starts = step_starts(finish_s, batch=batch, busy_s=busy_s)
+    wall_s = starts[-1] + busy_s
+    return {"wall_lower_bound_s": round(wall_s, 3), "idle_lower_bound": round(1 - len(starts) * busy_s / wall_s, 3)}
+
+
+def in_order_bound(durations_s: list[float], *, group: int, batch: int, step_s: float, sync_s: float,
+                   max_staleness: int) -> dict[str, float]:
+    """`trained_set_bound` for a worker that also starts the groups in the order given (`durations_s`: each row's
+    least episode time, a group's `group` rows together) under the staleness window: the g-th group (from 0) starts
+    only once its rows and all before it fit, (g + 1) x group <= (k + max_staleness + 1) x batch, i.e. once the
+    trainer has finished k steps and their syncs. Start times and step starts bound each other; iterated from the
+    unconstrained bound they only rise, and each round is still a lower bound (the module docstring)."""
+    busy_s = step_s + sync_s
+    finish_s = list(durations_s)
+    while True:
+        versions_s = [0.0] + [start + busy_s for start in step_starts(finish_s, batch=batch, busy_s=busy_s)]
+        earliest = [versions_s[max(0, -(-(index // group + 1) * group // batch) - max_staleness - 1)] + duration
+                    for index, duration in enumerate(durations_s)]
+        if earliest == finish_s:
+            break
+        finish_s = earliest
+    bound = trained_set_bound(finish_s, batch=batch, step_s=step_s, sync_s=sync_s)
+    return {"wall_bound_in_order_s": bound["wall_lower_bound_s"], "idle_bound_in_order": bound["idle_lower_bound"]}
 
 
 def token_times_s(server: "StubServer", args: argparse.Namespace) -> list[float]:
@@ -478,13 +510,17 @@ def main() -> None:
     limits: list[dict[str, float]] = []
     for repeat in range(args.repeats):
         limit: dict[str, float] = measure_limit(server, tokenizer, args)
-        limit.update(trained_set_bound(token_times_s(server, args), batch=args.batch, step_s=args.step_s, sync_s=args.sync_s))
+        token_s = token_times_s(server, args)
+        limit.update(trained_set_bound(token_s, batch=args.batch, step_s=args.step_s, sync_s=args.sync_s))
+        limit.update(in_order_bound(token_s, group=args.group, batch=args.batch, step_s=args.step_s, sync_s=args.sync_s,
+                                    max_staleness=args.max_staleness))
         limits.append(limit)
         print(f"repeat {repeat} limit: {limit}", flush=True)
         for mode in modes if repeat % 2 == 0 else reversed(modes):  # A/B interleaved, order alternating
             result = runners[mode](server, tokenizer, args)
             result["wall_to_limit"] = round(result["wall_s"] / limit["limit_s"], 3)
             result["wall_to_bound"] = round(result["wall_s"] / limit["wall_lower_bound_s"], 3)
+            result["wall_to_bound_in_order"] = round(result["wall_s"] / limit["wall_bound_in_order_s"], 3)
             results[mode].append(result)
             print(f"repeat {repeat} {mode}: {result}", flush=True)
     rows = make_rows(args)
@@ -501,13 +537,14 @@ def main() -> None:
 def print_table(report: dict[str, Any]) -> None:
     """Each mode's medians beside the limit and the bound for training exactly the started set."""
     limit = report["limit"]
-    print(f"limit {limit['limit_s']['median']} s, bound {limit['wall_lower_bound_s']['median']} s "
-          f"(idle >= {limit['idle_lower_bound']['median']:.0%}) for training exactly the started set")
-    print("| mode | wall s | wall / limit | wall / bound | trainer idle | idle bound | dropped stale | long rows trained |")
+    print(f"limit {limit['limit_s']['median']} s; training exactly the started set: bound {limit['wall_lower_bound_s']['median']} s "
+          f"(idle >= {limit['idle_lower_bound']['median']:.1%}), starting groups in task order under the window "
+          f"{limit['wall_bound_in_order_s']['median']} s (idle >= {limit['idle_bound_in_order']['median']:.1%})")
+    print("| mode | wall s | wall / limit | wall / bound | wall / bound in order | trainer idle | dropped stale | long rows trained |")
     for mode, figures in report["modes"].items():
         median = {key: value["median"] for key, value in figures.items()}
-        print(f"| {mode} | {median['wall_s']} | {median['wall_to_limit']} | {median['wall_to_bound']} | {median['trainer_idle_share']:.0%} "
-              f"| {limit['idle_lower_bound']['median']:.0%} | {median['discarded_stale']} | {median['long_episodes_trained']} |")
+        print(f"| {mode} | {median['wall_s']} | {median['wall_to_limit']} | {median['wall_to_bound']} | {median['wall_to_bound_in_order']} "
+              f"| {median['trainer_idle_share']:.0%} | {median['discarded_stale']} | {median['long_episodes_trained']} |")
 
 
 if __name__ == "__main__":

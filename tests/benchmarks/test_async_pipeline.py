@@ -35,6 +35,19 @@ def test_the_bound_for_training_exactly_the_started_set_on_hand_computed_cases()
         bound([0.1, 0.2, 0.3], batch=2, step_s=0.4, sync_s=0.1)
 
 
+def test_the_bound_for_groups_started_in_order_under_the_staleness_window_on_a_hand_computed_case():
+    bench = load_bench()
+    # groups of 2 rows taking 0.1, 1.0 and 0.1 s, 2 rows a step, b = 0.5 s. With max_staleness 0 group g starts only
+    # after g steps: group 1 at 0.6 (step 1 at 0.1 on group 0), done 1.6; step 2 on it 1.6-2.1; group 2 starts at 2.1,
+    # done 2.2; step 3 2.2-2.7. Idle at least 1 - 3 x 0.5 / 2.7. Unconstrained, step 3 would start at 1.1 (wall 1.6).
+    rows = [0.1, 0.1, 1.0, 1.0, 0.1, 0.1]
+    assert bench.in_order_bound(rows, group=2, batch=2, step_s=0.4, sync_s=0.1, max_staleness=0) == {
+        "wall_bound_in_order_s": 2.7, "idle_bound_in_order": 0.444}
+    assert bench.trained_set_bound(rows, batch=2, step_s=0.4, sync_s=0.1)["wall_lower_bound_s"] == 1.6
+    # a window of 3 steps never holds a group back here: the in-order bound is the unconstrained one
+    assert bench.in_order_bound(rows, group=2, batch=2, step_s=0.4, sync_s=0.1, max_staleness=2)["wall_bound_in_order_s"] == 1.6
+
+
 @pytest.mark.slow  # about 20 s (a subprocess importing TRL); covered by default test:
 # test_admission_keeps_every_row_within_max_staleness_through_trls_dataset (the worker's admission against TRL's drop rule)
 def test_a_small_run_of_every_mode():
