@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("trl.experimental.async_grpo", reason="needs TRL >= 1.16")
 
 from gym_bridge.core.errors import ConfigError  # noqa: E402
-from gym_bridge.trl._async.checkpoint import checkpoint_step  # noqa: E402
+from gym_bridge.trl._async.checkpoint import checkpoint_step, restore_async_worker  # noqa: E402
 from gym_bridge.trl._async.settings import AsyncWorkerSettings, row_budget_for  # noqa: E402
 from gym_bridge.core.agent_loop import Limits  # noqa: E402
 from gym_bridge.core.policy import SamplingParams  # noqa: E402
@@ -100,3 +100,12 @@ def test_a_checkpoints_step_is_read_from_its_trainer_state(tmp_path):
     (tmp_path / "trainer_state.json").write_text("{")
     with pytest.raises(ConfigError, match="trainer_state.json"):
         checkpoint_step(tmp_path)
+
+
+def test_a_restarted_trainer_gives_its_worker_the_budget_of_the_steps_left(tmp_path, smol_template):
+    """A checkpoint at step 2 of 3 (no worker state in it): one step of 16 rows is left, plus the micro-batch of 8."""
+    worker = budget_worker("http://127.0.0.1:9", smol_template, mixed_tasks()[:1], row_budget=row_budget_for(trl_args()))
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 2}))
+    trainer = SimpleNamespace(args=trl_args(output_dir=str(tmp_path)), model_version=0)
+    assert restore_async_worker(trainer, worker, str(tmp_path)) == str(tmp_path)
+    assert worker.settings.row_budget == worker.admission.row_budget == 24

@@ -71,7 +71,6 @@ def journal_dir_for(given: str | Path | Literal[False] | None, args: Any, *, ove
     return str(given) if given else None
 
 
-
 def row_budget_for(args: Any, *, steps_done: int = 0) -> int | None:
     """The rows an `AsyncGRPOConfig` trainer still takes from its worker: its `max_steps` optimizer steps less
     `steps_done` (a resumed checkpoint's), each of `rows_per_step` rows, plus one micro-batch for all ranks, which

@@ -15,6 +15,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -215,6 +216,14 @@ class AsyncRolloutWorker:
             raise ConfigError("restore_checkpoint_state() must be called before the worker starts")
         self.progress.restore(state)
         self.link.set_version(state.model_version)
+
+    def set_row_budget(self, row_budget: int | None) -> None:
+        """Before `start`: the rows the trainer will still take (`AsyncWorkerSettings.row_budget`), e.g. fewer on a
+        trainer restarted from a checkpoint whose steps are trained."""
+        if self._thread is not None:
+            raise ConfigError("set_row_budget() must be called before the worker starts")
+        self.settings = replace(self.settings, row_budget=row_budget)
+        self.admission.row_budget = row_budget
 
     def _open_journal(self) -> None:
         """With `journal_dir`: open the journal (resumed) and attach it to the engine; once."""
