@@ -21,8 +21,8 @@ Per mode: wall time per `rows` trained rows, the trainer's and the generator's i
 went (for its first batch, and for all later ones together), rows discarded for staleness (and how many of them were
 long episodes' rows), the largest staleness seen (by the row's version, and by its oldest token's), and how many long
 episodes' rows (>= `long_turns`) made it into training; for gym_bridge's worker also how many it started, and of those
-not trained, how many were done and waiting when the row budget ended the run and how many were still running. Each repeat also measures the pipeline limit, the wall time no pipeline can
-beat: the larger of generating the run's episodes at full concurrency (every rollout at once, no trainer) and
+not trained, how many were done and waiting when the row budget ended the run and how many were still running.
+Each repeat also measures the pipeline limit as issue 39 defines it: the larger of generating the run's episodes at full concurrency (every rollout at once, no trainer) and
 training alone (the steps and syncs over rows already waiting), and reports each mode's wall time as a ratio to it.
 The generation half is that of the first `rows` rows' groups in task order; a worker that trains groups admitted
 later while the slowest episodes run can finish under it (`long_share_trained` then shows what it left in flight).
