@@ -10,8 +10,10 @@ pause (keep), `sync_s`, resume, version + 1. It drops a row older than `max_stal
 AsyncGRPOTrainer does. Episodes have a long-tailed number of turns (Pareto, capped). Modes, run A/B interleaved:
 - `sync`: generate a batch (gym_bridge's engine), train, sync, repeat (nothing overlaps);
 - `async`: gym_bridge's AsyncRolloutWorker (staleness by admission) feeding the trainer while it steps, a row
-  carrying its last model call's version (its default); `async_oldest` (not run by default): the same worker with
-  `row_version="first_call"`, a row carrying its oldest token's version;
+  carrying its last model call's version, with its end-of-run rule (`row_budget` = `rows`: it starts no group beyond
+  the rows the trainer will take); its defaults as `for_trainer` sets them. Not run by default: `async_oldest`, the
+  same worker with `row_version="first_call"`, a row carrying its oldest token's version; `async_no_end`, the worker
+  without the end-of-run rule (it runs on, and trains the rows that finish first);
 - `trl`: TRL 1.16's own `_AsyncRolloutLoop` (in a thread of this process instead of its spawned child) on the
   same stub: it re-renders messages each turn, stamps a group's version at dispatch, caps work in flight at
   `max_inflight_tasks` (its default, max_staleness x batch).
@@ -19,11 +21,32 @@ Per mode: wall time per `rows` trained rows, the trainer's and the generator's i
 went (for its first batch, and for all later ones together), rows discarded for staleness (and how many of them were
 long episodes' rows), the largest staleness seen (by the row's version, and by its oldest token's), and how many long
 episodes' rows (>= `long_turns`) made it into training; for gym_bridge's worker also how many it started, and of those
-not trained, how many were done and waiting when the row budget ended the run and how many were still running. Each repeat also measures the pipeline limit, the wall time no pipeline can
-beat: the larger of generating the run's episodes at full concurrency (every rollout at once, no trainer) and
+not trained, how many were done and waiting when the row budget ended the run and how many were still running.
+Each repeat also measures the pipeline limit as issue 39 defines it: the larger of generating the run's episodes at full concurrency (every rollout at once, no trainer) and
 training alone (the steps and syncs over rows already waiting), and reports each mode's wall time as a ratio to it.
 The generation half is that of the first `rows` rows' groups in task order; a worker that trains groups admitted
 later while the slowest episodes run can finish under it (`long_share_trained` then shows what it left in flight).
+
+The bound for "train exactly the started set" (`trained_set_bound`, per repeat: `wall_lower_bound_s`,
+`idle_lower_bound`, and each mode's `wall_to_bound`). Suppose a scheduler trains exactly the rows of the groups it
+starts, and those are the first `rows` rows' groups (what gym_bridge's worker does with its end-of-run rule). The one
+premise: a row cannot be done before its episode's generated tokens times `token_latency_s` after the run starts (the
+stub sleeps that long per token, a call's tokens and an episode's calls in sequence; pauses and load only add). Sort
+these earliest finish times r_1 <= ... <= r_n (n = `rows`, B = `batch`, S = n / B steps, b = `step_s` + `sync_s`).
+Step j trains B rows that no earlier step trained, so when it starts at least jB rows are done: start_j >= r_jB; and
+it starts after step j-1 and its sync: start_j >= start_(j-1) + b. Hence wall >= start*_S + b, with start*_1 = r_B and
+start*_j = max(r_jB, start*_(j-1) + b). The trainer is busy S x b (its sleeps; its pause and resume calls add
+milliseconds), so its idle share is at least 1 - S x b / (start*_S + b). No admission rule, staleness window or order
+enters it, so every scheduler that trains exactly its started set is above it, one that knew every episode's length
+in advance included. A second bound (`in_order_bound`: `wall_bound_in_order_s`, `idle_bound_in_order`) adds what
+gym_bridge's worker does not know and must obey: it starts the groups in task order (each task runs once per run, so
+no history says which are long) under the staleness window, where the g-th group (from 0) may start only once
+(g + 1) x group <= (k + max_staleness + 1) x B for the k steps the trainer has finished; so its rows are done no
+sooner than start*_k + b plus their token time, which feeds back into the step starts (iterated to a fixed point, each
+round a lower bound). Not a premise: that the set cannot be generated faster than at full concurrency (the limit's
+generation half). That is false here: the simulation is CPU-bound (the stub, the worker and the trainer share one
+process on a shared machine), so an episode among 128 at once takes several times its token time, and a worker that
+runs fewer at once generates the same set sooner than the limit's measurement does.
 Medians over repeats with [min, max]. The JSON summary is the last line.
 """
 
@@ -59,6 +82,55 @@ def wanted_calls(text: str) -> int:
     if match is None:
         raise ValueError(f"no 'exactly N times' in {text[:200]!r}")
     return int(match.group(1))
+
+
+def step_starts(finish_s: list[float], *, batch: int, busy_s: float) -> list[float]:
+    """The earliest start of each step (start*_j of the module docstring): `batch` rows of a step all done, the step
+    before it and its sync (`busy_s`) over. Raises ValueError when the rows do not fill whole steps."""
+    if not finish_s or len(finish_s) % batch:
+        raise ValueError(f"{len(finish_s)} rows do not fill steps of {batch}")
+    ready = sorted(finish_s)
+    starts = [ready[batch - 1]]
+    for step in range(2, len(ready) // batch + 1):
+        starts.append(max(ready[step * batch - 1], starts[-1] + busy_s))
+    return starts
+
+
+def trained_set_bound(finish_s: list[float], *, batch: int, step_s: float, sync_s: float) -> dict[str, float]:
+    """The least wall time and trainer idle share of a run that trains exactly the rows whose earliest finish times
+    (seconds from the run's start) are `finish_s`, `batch` rows per step of `step_s` plus a `sync_s` sync (the
+    derivation is in the module docstring). Raises ValueError when the rows do not fill whole steps."""
+    busy_s = step_s + sync_s
+    starts = step_starts(finish_s, batch=batch, busy_s=busy_s)
+    wall_s = starts[-1] + busy_s
+    return {"wall_lower_bound_s": round(wall_s, 3), "idle_lower_bound": round(1 - len(starts) * busy_s / wall_s, 3)}
+
+
+def in_order_bound(durations_s: list[float], *, group: int, batch: int, step_s: float, sync_s: float,
+                   max_staleness: int) -> dict[str, float]:
+    """`trained_set_bound` for a worker that also starts the groups in the order given (`durations_s`: each row's
+    least episode time, a group's `group` rows together) under the staleness window: the g-th group (from 0) starts
+    only once its rows and all before it fit, (g + 1) x group <= (k + max_staleness + 1) x batch, i.e. once the
+    trainer has finished k steps and their syncs. Start times and step starts bound each other; iterated from the
+    unconstrained bound they only rise, and each round is still a lower bound (the module docstring)."""
+    busy_s = step_s + sync_s
+    finish_s = list(durations_s)
+    while True:
+        versions_s = [0.0] + [start + busy_s for start in step_starts(finish_s, batch=batch, busy_s=busy_s)]
+        earliest = [versions_s[max(0, -(-(index // group + 1) * group // batch) - max_staleness - 1)] + duration
+                    for index, duration in enumerate(durations_s)]
+        if earliest == finish_s:
+            break
+        finish_s = earliest
+    bound = trained_set_bound(finish_s, batch=batch, step_s=step_s, sync_s=sync_s)
+    return {"wall_bound_in_order_s": bound["wall_lower_bound_s"], "idle_bound_in_order": bound["idle_lower_bound"]}
+
+
+def token_times_s(server: "StubServer", args: argparse.Namespace) -> list[float]:
+    """The bound's premise: each trained row's earliest finish, its episode's generated tokens at `token_latency_s` each."""
+    turns = [int(row["turns"]) for row in make_rows(args)]
+    groups = [turns[i % len(turns)] for i in range(args.rows // args.group)]
+    return [(k * len(server.call) + len(server.answer)) * args.token_latency_s for k in groups for _ in range(args.group)]
 
 
 @register
@@ -269,7 +341,8 @@ def run_sync(server: StubServer, tokenizer: Any, args: argparse.Namespace) -> di
     return summary(trainer, server, time.perf_counter() - started, args)
 
 
-def run_async(server: StubServer, tokenizer: Any, args: argparse.Namespace, row_version: Any = "last_call") -> dict[str, Any]:
+def run_async(server: StubServer, tokenizer: Any, args: argparse.Namespace, row_version: Any = "last_call",
+              end_of_run: bool = True) -> dict[str, Any]:
     from gym_bridge.trl import AsyncRolloutWorker, AsyncWorkerSettings
     from gym_bridge.core.agent_loop import Limits
     from gym_bridge.core.policy import SamplingParams
@@ -280,7 +353,8 @@ def run_async(server: StubServer, tokenizer: Any, args: argparse.Namespace, row_
     tasks = [parse_task(row, index=i) for i, row in enumerate(make_rows(args))]
     settings = AsyncWorkerSettings(group_size=args.group, max_staleness=args.max_staleness, rows_per_version=args.batch,
                                    sampling=SamplingParams(max_new_tokens=64),
-                                   limits=Limits(max_turns=args.max_turns + 1, max_completion_tokens=4096), row_version=row_version)
+                                   limits=Limits(max_turns=args.max_turns + 1, max_completion_tokens=4096), row_version=row_version,
+                                   row_budget=args.rows if end_of_run else None)
     worker = AsyncRolloutWorker(tasks, RemotePolicy(server.url + "/v1", model="stub"), ChatTemplate(tokenizer), settings)
     by_prompt = {tuple(task.messages[0]["content"].split()): int(task["turns"]) for task in tasks}
     trainer = Trainer(server, args, worker.update_model_version)
@@ -429,17 +503,24 @@ def main() -> None:
     server = StubServer(tokenizer, args.token_latency_s)
     server.start()
     runners = {"sync": run_sync, "async": run_async, "trl": run_trl,
-               "async_oldest": lambda *a: run_async(*a, row_version="first_call")}
+               "async_oldest": lambda s, t, a: run_async(s, t, a, row_version="first_call"),
+               "async_no_end": lambda s, t, a: run_async(s, t, a, end_of_run=False)}
     modes = args.modes.split(",")
     results: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     limits: list[dict[str, float]] = []
     for repeat in range(args.repeats):
-        limit = measure_limit(server, tokenizer, args)
+        limit: dict[str, float] = measure_limit(server, tokenizer, args)
+        token_s = token_times_s(server, args)
+        limit.update(trained_set_bound(token_s, batch=args.batch, step_s=args.step_s, sync_s=args.sync_s))
+        limit.update(in_order_bound(token_s, group=args.group, batch=args.batch, step_s=args.step_s, sync_s=args.sync_s,
+                                    max_staleness=args.max_staleness))
         limits.append(limit)
         print(f"repeat {repeat} limit: {limit}", flush=True)
         for mode in modes if repeat % 2 == 0 else reversed(modes):  # A/B interleaved, order alternating
             result = runners[mode](server, tokenizer, args)
             result["wall_to_limit"] = round(result["wall_s"] / limit["limit_s"], 3)
+            result["wall_to_bound"] = round(result["wall_s"] / limit["wall_lower_bound_s"], 3)
+            result["wall_to_bound_in_order"] = round(result["wall_s"] / limit["wall_bound_in_order_s"], 3)
             results[mode].append(result)
             print(f"repeat {repeat} {mode}: {result}", flush=True)
     rows = make_rows(args)
@@ -449,7 +530,21 @@ def main() -> None:
     for mode, runs in results.items():
         report["modes"][mode] = spread(runs)
     report["limit"] = spread(limits)
+    print_table(report)
     print(json.dumps(report))
+
+
+def print_table(report: dict[str, Any]) -> None:
+    """Each mode's medians beside the limit and the bound for training exactly the started set."""
+    limit = report["limit"]
+    print(f"limit {limit['limit_s']['median']} s; training exactly the started set: bound {limit['wall_lower_bound_s']['median']} s "
+          f"(idle >= {limit['idle_lower_bound']['median']:.1%}), starting groups in task order under the window "
+          f"{limit['wall_bound_in_order_s']['median']} s (idle >= {limit['idle_bound_in_order']['median']:.1%})")
+    print("| mode | wall s | wall / limit | wall / bound | wall / bound in order | trainer idle | dropped stale | long rows trained |")
+    for mode, figures in report["modes"].items():
+        median = {key: value["median"] for key, value in figures.items()}
+        print(f"| {mode} | {median['wall_s']} | {median['wall_to_limit']} | {median['wall_to_bound']} | {median['wall_to_bound_in_order']} "
+              f"| {median['trainer_idle_share']:.0%} | {median['discarded_stale']} | {median['long_episodes_trained']} |")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """recipes/trl_async_grpo.py's checkpoint resume, run for real: its CPU config on a tiny model against the vLLM
-stand-in, journaling and saving a checkpoint each step; trained one step (the end of training cuts the groups in
-flight mid-episode), then started again with `resume_from_checkpoint=true` for a second. The restarted run goes on
+stand-in, journaling and saving a checkpoint each step; trained one step (the worker's end-of-run rule off, so the end
+of training cuts the groups in flight mid-episode, as a crash would), then started again with `resume_from_checkpoint=true` for a second. The restarted run goes on
 counting policy versions from the checkpoint's, and the groups the first run left continue from their last turn,
 their committed turns keeping their versions. The worker's bookkeeping of which groups a checkpoint covers is
 checked on its own below."""
@@ -52,7 +52,7 @@ def test_the_recipe_resumes_from_its_checkpoint_and_continues_the_groups_in_flig
             recipe.main()
             return capsys.readouterr().out
 
-        assert "trained 1 steps" in run("async_grpo.max_steps=1")
+        assert "trained 1 steps" in run("async_grpo.max_steps=1", "gym_bridge.end_of_run=false")
         saved = WorkerState.from_dict(json.loads((tmp_path / "checkpoint-1" / STATE_FILE).read_text()))
         assert saved.model_version == 2  # the first sync and one per step
         assert (tmp_path / "rollout_journal").is_dir()  # groups left in flight, or pushed and not covered

@@ -8,7 +8,9 @@ weights), so its tokens come from several versions. TRL drops a row whose `model
 - `"first_call"`: the version its first model call started under, i.e. its oldest token's.
 `CallClock` follows each rollout's calls: under `"last_call"` a group's floor, the lowest version its rows can still
 carry, rises with its calls, and `StalenessWindow` bounds the groups by their floors, so no admitted row is dropped.
-`Admission` holds the window, the clock and the groups in flight for the worker's loop, which alone touches it.
+`Admission` holds the window, the clock and the groups in flight for the worker's loop, which alone touches it; with a
+row budget (the rows the trainer will still take) it starts no group once the rows pushed and reserved cover it, so
+every episode started is trained and none is generated for nothing at the end of the run.
 """
 
 from __future__ import annotations
@@ -112,8 +114,10 @@ class Admission:
     nothing waiting for the trainer, anyway (`forced_admissions`: the trainer can only wait for rows, so never a deadlock)."""
 
     def __init__(self, window: StalenessWindow, *, group_size: int, row_version: RowVersion, version: Callable[[], int],
-                 counts: Counter[str]) -> None:
+                 counts: Counter[str], row_budget: int | None = None) -> None:
         self.window = window
+        self.row_budget = row_budget
+        """Rows the trainer will take from this worker in all (None: no end): see `within_budget`."""
         self.group_size = group_size
         self.row_version_rule: RowVersion = row_version
         self.version = version
@@ -137,11 +141,12 @@ class Admission:
         started = time.perf_counter()
         while not stopping():
             self._advance_floors()
-            if self.window.admits(self.group_size, self.version()):
-                break
-            if idle():
-                self.counts["forced_admissions"] += 1
-                break
+            if self.within_budget():
+                if self.window.admits(self.group_size, self.version()):
+                    break
+                if idle():
+                    self.counts["forced_admissions"] += 1
+                    break
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=WAKE_CHECK_S)
@@ -152,6 +157,11 @@ class Admission:
         self.window.admit(group_id, self.version(), self.group_size)
         self.admitted.add(group_id)
         return time.perf_counter() - started
+
+    def within_budget(self) -> bool:
+        """Whether the trainer still needs rows beyond those pushed and those reserved by the groups in flight; a group
+        that pushes fewer rows than it reserved (a failed rollout) reopens the budget when it finishes."""
+        return self.row_budget is None or self.window.pushed + self.window.in_flight_rows < self.row_budget
 
     def finish(self, group_id: int, rows_pushed: int) -> None:
         """Group `group_id` is done and pushed `rows_pushed` rows: its reservation goes, the next group may start."""

@@ -18,6 +18,7 @@ from typing import Any
 from gym_bridge.core.errors import ConfigError
 from gym_bridge.trl._async.worker import AsyncRolloutWorker
 from gym_bridge.trl._async.ledger import WorkerState
+from gym_bridge.trl._async.settings import row_budget_for
 from gym_bridge.trl._trainer_args import rows_per_step
 
 STATE_FILE = "gym_bridge_worker_state.json"
@@ -88,7 +89,8 @@ def restore_async_worker(trainer: Any, worker: AsyncRolloutWorker, resume_from_c
     (`True`: the latest complete one under `args.output_dir`, see `last_checkpoint`); returns the folder to pass to
     `trainer.train(resume_from_checkpoint=...)`, or None to start from scratch. The trainer's `model_version` and the
     worker's go on from the saved version; the worker skips the groups the checkpoint covers. A checkpoint without a
-    worker state (saved without the callback) starts the worker from its first group, with a warning.
+    worker state (saved without the callback) starts the worker from its first group, with a warning. A worker with a
+    row budget (`AsyncWorkerSettings.row_budget`) gets the budget of the steps left after the checkpoint's.
 
     Raises ConfigError when `True` finds no checkpoint."""
     if resume_from_checkpoint is None or resume_from_checkpoint is False:
@@ -96,6 +98,8 @@ def restore_async_worker(trainer: Any, worker: AsyncRolloutWorker, resume_from_c
     folder = str(resume_from_checkpoint)
     if resume_from_checkpoint is True:
         folder = str(last_checkpoint(trainer.args.output_dir))
+    if worker.settings.row_budget is not None:  # the checkpoint's steps are trained: their rows are not needed again
+        worker.set_row_budget(row_budget_for(trainer.args, steps_done=checkpoint_step(folder)))
     state = load_worker_state(folder)
     if state is None:
         logger.warning("gym_bridge: %s holds no %s; the rollout worker starts from its first group at version 0", folder, STATE_FILE)
@@ -103,6 +107,15 @@ def restore_async_worker(trainer: Any, worker: AsyncRolloutWorker, resume_from_c
     worker.restore_checkpoint_state(state)
     trainer.model_version = state.model_version
     return folder
+
+
+def checkpoint_step(folder: str | Path) -> int:
+    """The optimizer steps a checkpoint folder holds (`trainer_state.json`'s `global_step`; 0 without one)."""
+    path = Path(folder) / "trainer_state.json"
+    try:
+        return int(json.loads(path.read_text())["global_step"]) if path.exists() else 0
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f"{path}: cannot read global_step ({error})") from error
 
 
 def last_checkpoint(output_dir: str | Path) -> Path:

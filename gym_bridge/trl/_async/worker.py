@@ -15,6 +15,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,7 +36,7 @@ from gym_bridge.trl._async.ledger import WorkerState
 from gym_bridge.trl._async.progress import GroupProgress
 from gym_bridge.trl._async.rows import RowMaker
 from gym_bridge.trl._async.seams import async_seams
-from gym_bridge.trl._async.settings import AsyncWorkerSettings, journal_dir_for
+from gym_bridge.trl._async.settings import AsyncWorkerSettings, journal_dir_for, row_budget_for
 from gym_bridge.trl._trainer_args import limits_from_args, rows_per_version, sampling_from_args
 
 __all__ = ["AsyncRolloutWorker", "WorkerLink"]
@@ -136,7 +137,7 @@ class AsyncRolloutWorker:
         self.counts: Counter[str] = Counter()
         """Totals since start: `groups`, `rollouts`, `failed`, `failed/<kind>`, `rows`, `forced_admissions`, `group_errors`."""
         self.admission = Admission(self.window, group_size=settings.group_size, row_version=settings.row_version,
-                                   version=lambda: self.link.version, counts=self.counts)
+                                   version=lambda: self.link.version, counts=self.counts, row_budget=settings.row_budget)
         config = EngineConfig(sampling=settings.sampling, limits=settings.limits, max_concurrency=settings.max_concurrency,
                               deadline_s=settings.deadline_s, model_name=settings.model_name)
         self._engine = Engine(ClockedPolicy(self.policy, self.admission.clock), template, config)  # checks the template is append-only
@@ -216,6 +217,14 @@ class AsyncRolloutWorker:
         self.progress.restore(state)
         self.link.set_version(state.model_version)
 
+    def set_row_budget(self, row_budget: int | None) -> None:
+        """Before `start`: the rows the trainer will still take (`AsyncWorkerSettings.row_budget`), e.g. fewer on a
+        trainer restarted from a checkpoint whose steps are trained."""
+        if self._thread is not None:
+            raise ConfigError("set_row_budget() must be called before the worker starts")
+        self.settings = replace(self.settings, row_budget=row_budget)
+        self.admission.row_budget = row_budget
+
     def _open_journal(self) -> None:
         """With `journal_dir`: open the journal (resumed) and attach it to the engine; once."""
         if self.settings.journal_dir is None or self.progress.journal is not None:
@@ -227,13 +236,15 @@ class AsyncRolloutWorker:
     def for_trainer(cls, args: Any, *, tasks: Sequence[Task], tokenizer: Any, served_model: str, num_processes: int = 1,
                     max_turns: int = 8, max_completion_tokens: int | None = None, policy: Policy | None = None,
                     records_path: str | Path | None = None, max_concurrency: int = 64, deadline_s: float = 600.0,
-                    journal_dir: str | Path | Literal[False] | None = None) -> AsyncRolloutWorker:
+                    journal_dir: str | Path | Literal[False] | None = None, end_of_run: bool = True) -> AsyncRolloutWorker:
         """A worker set from an `AsyncGRPOConfig`: `num_generations`, `max_staleness`, the batch that fixes
         `rows_per_version`, sampling (`sampling_from_args`: `temperature`, `top_p`, `top_k`, `max_completion_length`
         per model call) and `vllm_server_base_url` (a `RemotePolicy` on `served_model`, unless `policy` is given).
         `max_completion_tokens` bounds all turns of a rollout (default: `max_turns` model calls' worth).
         `journal_dir` (`AsyncWorkerSettings.journal_dir`): None (the default) journals to `<output_dir>/rollout_journal`
-        when the worker generates on the trainer's vLLM server (no `policy` given), else not; False: never."""
+        when the worker generates on the trainer's vLLM server (no `policy` given), else not; False: never.
+        `end_of_run` (default on): stop starting groups once they cover the rows the trainer will take
+        (`AsyncWorkerSettings.row_budget`, from `max_steps`), so every episode started is trained."""
         from gym_bridge.policies.remote import RemotePolicy
 
         per_call, limits = limits_from_args(args, trainer="async", max_turns=max_turns, max_completion_tokens=max_completion_tokens)
@@ -245,6 +256,7 @@ class AsyncRolloutWorker:
             max_concurrency=max_concurrency, deadline_s=deadline_s, model_name=served_model,
             records_path=None if records_path is None else str(records_path),
             journal_dir=journal_dir_for(journal_dir, args, over_server=policy is None),
+            row_budget=row_budget_for(args) if end_of_run else None,
         )
         if policy is None:
             policy = RemotePolicy(f"{str(args.vllm_server_base_url).rstrip('/')}/v1", model=served_model,
