@@ -167,9 +167,8 @@ class Engine:
                                    generation_timeout_s=self.config.generation_timeout_s, parked=parks_calls(self.policy))
         try:
             session_id = f"{task.index}-{repeat_index}"
-            start = transcript_starter(seams.wrap_policy(self.policy), self.template)
-            transcript = start(task=task, tools=tools, trajectory=trajectory, session_id=session_id,
-                               max_tokens=limits.max_completion_tokens)
+            transcript = transcript_starter(seams.wrap_policy(self.policy), self.template)(
+                task=task, tools=tools, trajectory=trajectory, session_id=session_id, max_tokens=limits.max_completion_tokens)
             session = seams.wrap_session(EnvironmentSession(env_class, tools=tools, max_tool_output_chars=limits.max_tool_output_chars),
                                          trajectory)
             ctx = RolloutContext(
