@@ -144,7 +144,9 @@ class ToolCallingLoop:
                 return step
             if not step.calls:
                 return "answer"
-            outputs = [await ctx.call_tool(call) for call in step.calls]
+            outputs = []
+            for call in step.calls:
+                outputs.append(await ctx.call_tool(call))
             if ctx.env.episode_ended():
                 return "answer"
             if turn == ctx.limits.max_turns - 1:

@@ -16,7 +16,7 @@ import copy
 import gc
 import time
 import warnings
-from contextlib import nullcontext
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
@@ -37,6 +37,12 @@ from gym_bridge.core.template.check import TemplateCheck, check_append_only, tem
 from gym_bridge.core.trajectory import TokenView, Trajectory
 from gym_bridge.core.trust import DEFAULT_TRUST, TrustSettings
 from gym_bridge.core.transcript import Transcript, transcript_starter
+
+
+_TOOL_CALLING = ToolCallingLoop()
+"""The loop of an environment that names none (it keeps no state: one serves every rollout)."""
+_NO_BOUND: AbstractAsyncContextManager[object] = nullcontext()
+"""The per-environment bound of an engine without one (one shared no-op)."""
 
 
 @dataclass(frozen=True)
@@ -127,12 +133,13 @@ class Engine:
         elif self.config.template_check != "off":
             raise ValueError(f"template_check must be 'error', 'warn' or 'off', got {self.config.template_check!r}")
 
-    def _semaphores(self, env_name: str) -> tuple[asyncio.Semaphore, asyncio.Semaphore | None]:
+    def _semaphores(self, env_name: str) -> tuple[asyncio.Semaphore, AbstractAsyncContextManager[object]]:
+        """The global bound and the bound of `env_name`'s rollouts (`_NO_BOUND` without `per_env_concurrency`)."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             self._loop, self._per_env = loop, {}
             self._global = asyncio.Semaphore(self.config.max_concurrency)
-        per_env = None
+        per_env: AbstractAsyncContextManager[object] = _NO_BOUND
         if self.config.per_env_concurrency:
             per_env = self._per_env.setdefault(env_name, asyncio.Semaphore(self.config.per_env_concurrency))
         assert self._global is not None
@@ -147,7 +154,7 @@ class Engine:
         if env_class is None:
             env_class = resolve_tasks([task], self.trust)[task.env_name]
         global_slot, env_slot = self._semaphores(task.env_name)
-        async with global_slot, env_slot or nullcontext():
+        async with global_slot, env_slot:
             if self._journal is None or key is None:  # the fast path: nothing to journal
                 return await self._attempt(task, repeat_index, env_class, sampling, PLAIN)
             return await resume_rollout(self._journal, key, env_class,
@@ -169,9 +176,8 @@ class Engine:
                                    generation_timeout_s=self.config.generation_timeout_s, parked=parks_calls(self.policy))
         try:
             session_id = f"{task.index}-{repeat_index}"
-            start = transcript_starter(seams.wrap_policy(self.policy), self.template)
-            transcript = start(task=task, tools=tools, trajectory=trajectory, session_id=session_id,
-                               max_tokens=limits.max_completion_tokens)
+            transcript = transcript_starter(seams.wrap_policy(self.policy), self.template)(
+                task=task, tools=tools, trajectory=trajectory, session_id=session_id, max_tokens=limits.max_completion_tokens)
             session = seams.wrap_session(EnvironmentSession(env_class, tools=tools, max_tool_output_chars=limits.max_tool_output_chars),
                                          trajectory)
             ctx = RolloutContext(
@@ -179,7 +185,7 @@ class Engine:
                 trajectory=trajectory, session_id=session_id, tools=tools, transcript=transcript, session=session,
                 deadline=deadline, trust=self.trust,
             )
-            loop: AgentLoop = getattr(env_class, "agent_loop", None) or ToolCallingLoop()
+            loop: AgentLoop = getattr(env_class, "agent_loop", None) or _TOOL_CALLING
             async with deadline.running():
                 await session.setup(task)
                 finish = await loop.run(ctx)

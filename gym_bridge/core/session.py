@@ -108,8 +108,15 @@ class EnvironmentSession:
         self.env_class = env_class
         self.tools = tuple(spec.schema for spec in env_class.tool_specs().values()) if tools is None else tools
         self.max_tool_output_chars = max_tool_output_chars
-        self.offered = frozenset(schema["name"] for schema in self.tools)
+        self._offered: frozenset[str] | None = None
         self.env = env_class()
+
+    @property
+    def offered(self) -> frozenset[str]:
+        """The names of the tools the model may call (found at the first call: a rollout that calls none needs none)."""
+        if self._offered is None:
+            self._offered = frozenset(schema["name"] for schema in self.tools)
+        return self._offered
 
     async def setup(self, task: Task) -> None:
         """`setup(task)` (when the environment has one) under the tool timeout; raises FailRollout(`setup`)."""
@@ -119,7 +126,7 @@ class EnvironmentSession:
     def offer(self, tools: Sequence[dict[str, Any]]) -> None:
         """Accept calls of `tools` too from now on (functions an environment adds mid-episode)."""
         self.tools = (*self.tools, *tools)
-        self.offered = frozenset(schema["name"] for schema in self.tools)
+        self._offered = None
 
     async def restore(self, task: Task, state: Any) -> None:
         """`restore(task, state)` in place of `setup`, under the tool timeout; raises FailRollout(`setup`)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from itertools import chain, islice
-from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
+from typing import Any, Awaitable, Callable, Mapping, NamedTuple, Protocol, Sequence
 
 from gym_bridge.core.bounded.call import call_bounded
 from gym_bridge.core.conversation import AssistantMessage, Message, TemplateMessage, appended, assistant_message, tool_message
@@ -75,6 +75,19 @@ class ItemIds:
         return f"{prefix}_{self.label}_{self.count}"
 
 
+class TurnItemIds(NamedTuple):
+    """The ids of one model turn's items (`TrajectoryWriter.number`); '' for an item the turn does not have."""
+
+    reasoning: str
+    message: str
+    calls: list[str]
+
+
+def named_calls(calls: Sequence[ToolCall], item_ids: Sequence[str], call_id: Callable[[str, ToolCall], str]) -> tuple[ToolCall, ...]:
+    """`calls`, each with the id it has in the record: `call_id(item_id, call)`, `item_ids` their items' ids."""
+    return tuple(replace(call, id=call_id(item_id, call)) for item_id, call in zip(item_ids, calls))
+
+
 @dataclass(slots=True)
 class TrajectoryWriter:
     """What every transcript holds: the trajectory it writes, its token budget and item ids, and the items of
@@ -89,21 +102,23 @@ class TrajectoryWriter:
     def budget_left(self) -> int:
         return self.max_tokens - self.trajectory.tokens_spent
 
-    def add_turn(self, turn: Turn, call_id: Callable[[str, ToolCall], str], *, call_prefix: str = "call") -> Turn:
-        """Count the turn's parse errors and append its items (`gym_bridge.core.items.turn_items`); `call_id(item_id,
-        call)` names each call (its item's id starts with `call_prefix`). Returns the turn with each call's record id."""
-        trajectory, next_id = self.trajectory, self.item_ids
+    def number(self, turn: Turn, *, call_prefix: str = "call") -> TurnItemIds:
+        """The ids of `turn`'s items, drawn in item order: its reasoning (when it has some), its message (when it has
+        text or calls nothing), one per call (starting with `call_prefix`)."""
+        next_id = self.item_ids
+        return TurnItemIds(reasoning=next_id("rs") if turn.reasoning else "",
+                           message=next_id("msg") if turn.text or not turn.calls else "",
+                           calls=[next_id(call_prefix) for _ in turn.calls])
+
+    def add_turn(self, turn: Turn, ids: TurnItemIds) -> None:
+        """Count `turn`'s parse errors and append its items (`gym_bridge.core.items.turn_items`) with the ids `number`
+        drew for it."""
+        trajectory = self.trajectory
         if turn.calls:
             trajectory.parse_errors += turn.parse_errors
         elif turn.unparsed_tool_call:
             trajectory.unparsed_tool_calls += 1
-        reasoning_id = next_id("rs") if turn.reasoning else ""
-        message_id = next_id("msg") if turn.text or not turn.calls else ""
-        call_item_ids = [next_id(call_prefix) for _ in turn.calls]
-        if turn.calls:
-            turn = replace(turn, calls=tuple(replace(call, id=call_id(item_id, call)) for item_id, call in zip(call_item_ids, turn.calls)))
-        trajectory.output.extend(turn_items(turn, reasoning_id=reasoning_id, message_id=message_id, call_item_ids=call_item_ids))
-        return turn
+        trajectory.output.extend(turn_items(turn, reasoning_id=ids.reasoning, message_id=ids.message, call_item_ids=ids.calls))
 
     def add_user_item(self, content: str) -> None:
         self.trajectory.output.append(user_message_item(content, item_id=self.item_ids("msg")))
@@ -111,7 +126,7 @@ class TrajectoryWriter:
     def add_answer(self, turn: Turn) -> None:
         """The items of a turn a chat endpoint answered (the capture sessions), its calls named as answered:
         reasoning, message and one `fc` item per call, the last item carrying the call's token fields."""
-        self.add_turn(turn, _answered_id, call_prefix="fc")
+        self.add_turn(turn, self.number(turn, call_prefix="fc"))
 
     def add_inputs(self, messages: Sequence[Mapping[str, Any]]) -> None:
         """The items of messages a client added to the conversation: a tool message is a `function_call_output`,
@@ -161,7 +176,10 @@ class TokenTranscript:
                                                tools=self.tools)
         if generation.policy_version is not None:
             self.writer.trajectory.policy_versions.append(generation.policy_version)
-        return self.writer.add_turn(sampled_turn(parsed, generation, prompt_ids), self._call_id)
+        ids = self.writer.number(parsed)
+        turn = sampled_turn(parsed, generation, prompt_ids, calls=named_calls(parsed.calls, ids.calls, self._call_id))
+        self.writer.add_turn(turn, ids)
+        return turn
 
     def _call_id(self, item_id: str, call: ToolCall) -> str:
         # the id the template renders for the model (Mistral: nine letters and digits), so records and prompts agree
@@ -290,7 +308,10 @@ class MessageTranscript:
             self.trajectory.add_api_usage(dict(answer.usage))
         else:
             self._append_call_tokens(answer.tokens)
-        turn = self.writer.add_turn(_read_chat_turn(answer), lambda item_id, call: item_id)
+        parsed = _read_chat_turn(answer)
+        ids = self.writer.number(parsed)
+        turn = replace(parsed, calls=named_calls(parsed.calls, ids.calls, _item_id)) if parsed.calls else parsed
+        self.writer.add_turn(turn, ids)
         self.messages.append(assistant_message(turn))
         return turn
 
@@ -362,11 +383,13 @@ def answer_turn(parsed: Turn, text: str, *, tools_offered: bool, call_id: Callab
     return replace(parsed, calls=tuple(replace(call, id=call_id(n, call)) for n, call in enumerate(parsed.calls)))
 
 
-def sampled_turn(parsed: Turn, generation: Generation, prompt_ids: list[int]) -> Turn:
-    """A token policy's turn: what its parsers read (`parsed`) with the call's token ids, finish reason and policy
-    version (`generation`, sampled after `prompt_ids`)."""
+def sampled_turn(parsed: Turn, generation: Generation, prompt_ids: list[int], *, calls: tuple[ToolCall, ...] | None = None) -> Turn:
+    """A token policy's turn, made in one step: what its parsers read (`parsed`), its calls as named in the record
+    (`calls`; None: the parsed ones as they are), and the call's token ids, finish reason and policy version
+    (`generation`, sampled after `prompt_ids`)."""
     tokens = CallTokens(prompt_ids, list(generation.token_ids), list(generation.logprobs))
-    return replace(parsed, tokens=tokens, finish_reason=generation.finish_reason, policy_version=generation.policy_version)
+    return replace(parsed, calls=parsed.calls if calls is None else calls, tokens=tokens, finish_reason=generation.finish_reason,
+                   policy_version=generation.policy_version)
 
 
 class StartTranscript(Protocol):
@@ -400,8 +423,9 @@ def transcript_starter(policy: Policy | ChatPolicy, template: ChatTemplate | Non
     return by_policy_kind(policy, token=tokens, chat=messages)
 
 
-def _answered_id(item_id: str, call: ToolCall) -> str:
-    return call.id or ""
+def _item_id(item_id: str, call: ToolCall) -> str:
+    """A chat policy's call is named by its item (the API's own id is not kept)."""
+    return item_id
 
 
 async def _tokenized(render: Callable[[], list[int]], *rendered: Sequence[Mapping[str, Any]]) -> list[int]:

@@ -21,6 +21,10 @@ from gym_bridge.core.policy import Generation, GenerationRequest, Policy
 __all__ = ["HeldPolicy", "RolloutDeadline", "parks_calls"]
 
 
+_NOT_HELD: AbstractAsyncContextManager[object] = nullcontext()
+"""The model call of a policy whose calls are never parked: nothing to hold (one object, reentrant)."""
+
+
 def parks_calls(policy: object) -> bool:
     """Whether `policy` declares (`parks_calls = True`) that a trainer may park its calls mid-generation."""
     return getattr(policy, "parks_calls", False) is True
@@ -63,7 +67,7 @@ class RolloutDeadline:
 
     def model_call(self) -> AbstractAsyncContextManager[object]:
         """One model call. Raises FailRollout(`timeout`) when a parkable call runs past `generation_timeout_s`."""
-        return self._held_call() if self.parked else nullcontext()
+        return self._held_call() if self.parked else _NOT_HELD
 
     @asynccontextmanager
     async def _held_call(self) -> AsyncIterator[None]:
