@@ -53,15 +53,18 @@ def bfcl_side(ids: list[str], *, base_url: str, model: str, concurrency: int, ma
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         results = list(pool.map(lambda entry: multi_threaded_inference(handler, entry, False, True), entries))
     wall_s = time.perf_counter() - started
-    tokens = calls = errors = 0
+    tokens = errors = 0
+    calls_per_entry = []
     for result in results:
         if not isinstance(result.get("result"), list):
             errors += 1
+        calls_per_entry.append(0)
         for turn in result.get("output_token_count") or []:
             turn = turn if isinstance(turn, list) else [turn]
-            calls += len(turn)
+            calls_per_entry[-1] += len(turn)
             tokens += int(sum(turn))
-    return {"entries": len(entries), "wall_s": wall_s, "model_calls": calls, "completion_tokens": tokens, "errors": errors}
+    return {"entries": len(entries), "wall_s": wall_s, "model_calls": sum(calls_per_entry), "completion_tokens": tokens, "errors": errors,
+            "calls_per_entry": calls_per_entry}
 
 
 def start_server() -> tuple[subprocess.Popen[str], str]:
@@ -104,8 +107,10 @@ def run_gym_bridge(rows: list[dict[str, Any]], url: str, *, concurrency: int, ma
     metrics = json.loads(output.with_name(output.stem + ".metrics.json").read_text())
     records = [json.loads(line) for line in output.read_text().splitlines()]
     tokens = sum(sum(record["tokens"]["completion_mask"]) for record in records if record.get("tokens"))
-    return {"entries": len(records), "wall_s": metrics["wall_s"], "model_calls": sum(record["metrics"]["turns"] for record in records),
-            "completion_tokens": tokens, "errors": sum(record["failure_kind"] is not None for record in records)}
+    calls_per_entry = [record["metrics"]["turns"] for record in records]
+    return {"entries": len(records), "wall_s": metrics["wall_s"], "model_calls": sum(calls_per_entry), "completion_tokens": tokens,
+            "errors": sum(record["failure_kind"] is not None for record in records), "calls_per_entry": calls_per_entry,
+            "finish_reasons": [record["finish_reason"] for record in records]}
 
 
 def run_bfcl(ids: list[str], url: str, *, concurrency: int, max_tokens: int, model: str) -> dict[str, Any]:
@@ -165,7 +170,7 @@ def main() -> None:
                                        max_tokens=args.max_tokens, model=model)
                     runs[side].append(run)
                     print(f"{side} #{repeat + 1}: {run['entries']} entries in {run['wall_s']:.1f} s, {run['model_calls']} model calls, "
-                          f"{run['completion_tokens']} completion tokens, {run['errors']} failed", flush=True)
+                          f"{run['completion_tokens']} completion tokens, {run['errors']} failed, calls per entry {run['calls_per_entry']}", flush=True)
     finally:
         server.terminate()
         server.wait()
