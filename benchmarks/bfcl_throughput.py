@@ -8,9 +8,10 @@ backends in the BFCL worker). BFCL: its runner's own per-entry step (`multi_thre
 `OpenAICompletionsHandler` in function-calling mode, `OPENAI_BASE_URL` at the server; /v1/chat/completions) in
 `.venv-bfcl`, in a thread pool of `--concurrency` as its runner's `--num-threads`. Both greedy, at most `--max-tokens`
 per model call (BFCL's handler sends no limit: here its request gets `max_tokens`, its loop is unchanged). Runs
-alternate gym_bridge, BFCL, gym_bridge, BFCL..., every run on entries no run had before, timed from the first model
-call to the last (process start-up left out). Per run: entries/s, model calls/s and completion tokens/s; the ratios are
-of the medians over the repeats (with min and max). The last line printed is JSON.
+alternate gym_bridge, BFCL, gym_bridge, BFCL..., every run on entries no run had before (`--same-entries`: the two
+runs of a repeat on the same entries, so their calls per entry compare), timed from the first model call to the last
+(process start-up left out). Per run: entries/s, model calls/s, completion tokens/s and each entry's model calls; the
+ratios are of the medians over the repeats (with min and max). The last line printed is JSON.
 """
 
 from __future__ import annotations
@@ -135,6 +136,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per model call at most, both sides")
     parser.add_argument("--first", type=int, default=0, help="skip this many entries (another invocation, other entries)")
+    parser.add_argument("--same-entries", action="store_true", help="both sides of a repeat run the same entries (calls per entry compare)")
     parser.add_argument("--bfcl-side", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ids", default="", help=argparse.SUPPRESS)
     parser.add_argument("--base-url", default="", help=argparse.SUPPRESS)
@@ -150,10 +152,11 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from environments.bfcl import prepare_bfcl_rows
 
-    needed = 2 * args.repeats * args.entries
+    sides = 1 if args.same_entries else 2
+    needed = sides * args.repeats * args.entries
     rows = prepare_bfcl_rows(size=args.first + needed, task=CATEGORY)[args.first:]
     if len(rows) < needed:
-        raise SystemExit(f"{CATEGORY} has {len(rows)} entries; --first + --entries x --repeats x 2 must not exceed it")
+        raise SystemExit(f"{CATEGORY} has {len(rows)} entries; --first + --entries x --repeats x {sides} must not exceed it")
     server, url = start_server()
     runs: dict[str, list[dict[str, Any]]] = {"gym_bridge": [], "bfcl": []}
     try:
@@ -161,7 +164,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as work:
             for repeat in range(args.repeats):
                 for side_index, side in enumerate(runs):
-                    start = (2 * repeat + side_index) * args.entries
+                    start = (sides * repeat + (side_index if sides == 2 else 0)) * args.entries
                     chunk = rows[start:start + args.entries]
                     if side == "gym_bridge":
                         run = run_gym_bridge(chunk, url, concurrency=args.concurrency, max_tokens=args.max_tokens, work=Path(work))
@@ -175,7 +178,7 @@ def main() -> None:
         server.terminate()
         server.wait()
     summary: dict[str, Any] = {"category": CATEGORY, "entries_per_run": args.entries, "repeats": args.repeats,
-                               "concurrency": args.concurrency, "max_tokens": args.max_tokens}
+                               "concurrency": args.concurrency, "max_tokens": args.max_tokens, "same_entries": args.same_entries}
     for side, side_runs in runs.items():
         for rate in ("entries", "model_calls", "completion_tokens"):
             summary[f"{side}_{rate}_per_s"] = spread([run[rate] / run["wall_s"] for run in side_runs])
