@@ -111,7 +111,7 @@ def run_gym_bridge(rows: list[dict[str, Any]], url: str, *, concurrency: int, ma
     calls_per_entry = [record["metrics"]["turns"] for record in records]
     return {"entries": len(records), "wall_s": metrics["wall_s"], "model_calls": sum(calls_per_entry), "completion_tokens": tokens,
             "errors": sum(record["failure_kind"] is not None for record in records), "calls_per_entry": calls_per_entry,
-            "finish_reasons": [record["finish_reason"] for record in records]}
+            "finish_reasons": [record["metrics"]["finish_reason"] for record in records]}
 
 
 def run_bfcl(ids: list[str], url: str, *, concurrency: int, max_tokens: int, model: str) -> dict[str, Any]:
