@@ -101,7 +101,7 @@ def run_gym_bridge(rows: list[dict[str, Any]], url: str, *, concurrency: int, ma
         path.unlink(missing_ok=True)
     command = [sys.executable, "-m", "gym_bridge.cli", "eval", "--data", str(data), "--base-url", url, "--concurrency",
                str(concurrency), "--temperature", "0", "--max-new-tokens", str(max_tokens), "--max-turns", "1000",
-               "--max-completion-tokens", "7000", "--no-progress", "--no-journal", "--output", str(output)]
+               "--max-completion-tokens", "7000", "--deadline-s", "7200", "--no-progress", "--no-journal", "--output", str(output)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"gym-bridge eval exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
