@@ -8,9 +8,10 @@ backends in the BFCL worker). BFCL: its runner's own per-entry step (`multi_thre
 `OpenAICompletionsHandler` in function-calling mode, `OPENAI_BASE_URL` at the server; /v1/chat/completions) in
 `.venv-bfcl`, in a thread pool of `--concurrency` as its runner's `--num-threads`. Both greedy, at most `--max-tokens`
 per model call (BFCL's handler sends no limit: here its request gets `max_tokens`, its loop is unchanged). Runs
-alternate gym_bridge, BFCL, gym_bridge, BFCL..., every run on entries no run had before, timed from the first model
-call to the last (process start-up left out). Per run: entries/s, model calls/s and completion tokens/s; the ratios are
-of the medians over the repeats (with min and max). The last line printed is JSON.
+alternate gym_bridge, BFCL, gym_bridge, BFCL..., every run on entries no run had before (`--same-entries`: the two
+runs of a repeat on the same entries, so their calls per entry compare), timed from the first model call to the last
+(process start-up left out). Per run: entries/s, model calls/s, completion tokens/s and each entry's model calls; the
+ratios are of the medians over the repeats (with min and max). The last line printed is JSON.
 """
 
 from __future__ import annotations
@@ -53,15 +54,18 @@ def bfcl_side(ids: list[str], *, base_url: str, model: str, concurrency: int, ma
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         results = list(pool.map(lambda entry: multi_threaded_inference(handler, entry, False, True), entries))
     wall_s = time.perf_counter() - started
-    tokens = calls = errors = 0
+    tokens = errors = 0
+    calls_per_entry = []
     for result in results:
         if not isinstance(result.get("result"), list):
             errors += 1
+        calls_per_entry.append(0)
         for turn in result.get("output_token_count") or []:
             turn = turn if isinstance(turn, list) else [turn]
-            calls += len(turn)
+            calls_per_entry[-1] += len(turn)
             tokens += int(sum(turn))
-    return {"entries": len(entries), "wall_s": wall_s, "model_calls": calls, "completion_tokens": tokens, "errors": errors}
+    return {"entries": len(entries), "wall_s": wall_s, "model_calls": sum(calls_per_entry), "completion_tokens": tokens, "errors": errors,
+            "calls_per_entry": calls_per_entry}
 
 
 def start_server() -> tuple[subprocess.Popen[str], str]:
@@ -97,15 +101,17 @@ def run_gym_bridge(rows: list[dict[str, Any]], url: str, *, concurrency: int, ma
         path.unlink(missing_ok=True)
     command = [sys.executable, "-m", "gym_bridge.cli", "eval", "--data", str(data), "--base-url", url, "--concurrency",
                str(concurrency), "--temperature", "0", "--max-new-tokens", str(max_tokens), "--max-turns", "1000",
-               "--max-completion-tokens", "7000", "--no-progress", "--no-journal", "--output", str(output)]
+               "--max-completion-tokens", "7000", "--deadline-s", "7200", "--no-progress", "--no-journal", "--output", str(output)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"gym-bridge eval exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
     metrics = json.loads(output.with_name(output.stem + ".metrics.json").read_text())
     records = [json.loads(line) for line in output.read_text().splitlines()]
     tokens = sum(sum(record["tokens"]["completion_mask"]) for record in records if record.get("tokens"))
-    return {"entries": len(records), "wall_s": metrics["wall_s"], "model_calls": sum(record["metrics"]["turns"] for record in records),
-            "completion_tokens": tokens, "errors": sum(record["failure_kind"] is not None for record in records)}
+    calls_per_entry = [record["metrics"]["turns"] for record in records]
+    return {"entries": len(records), "wall_s": metrics["wall_s"], "model_calls": sum(calls_per_entry), "completion_tokens": tokens,
+            "errors": sum(record["failure_kind"] is not None for record in records), "calls_per_entry": calls_per_entry,
+            "finish_reasons": [record["metrics"]["finish_reason"] for record in records]}
 
 
 def run_bfcl(ids: list[str], url: str, *, concurrency: int, max_tokens: int, model: str) -> dict[str, Any]:
@@ -130,6 +136,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per model call at most, both sides")
     parser.add_argument("--first", type=int, default=0, help="skip this many entries (another invocation, other entries)")
+    parser.add_argument("--same-entries", action="store_true", help="both sides of a repeat run the same entries (calls per entry compare)")
     parser.add_argument("--bfcl-side", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ids", default="", help=argparse.SUPPRESS)
     parser.add_argument("--base-url", default="", help=argparse.SUPPRESS)
@@ -145,10 +152,11 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from environments.bfcl import prepare_bfcl_rows
 
-    needed = 2 * args.repeats * args.entries
+    sides = 1 if args.same_entries else 2
+    needed = sides * args.repeats * args.entries
     rows = prepare_bfcl_rows(size=args.first + needed, task=CATEGORY)[args.first:]
     if len(rows) < needed:
-        raise SystemExit(f"{CATEGORY} has {len(rows)} entries; --first + --entries x --repeats x 2 must not exceed it")
+        raise SystemExit(f"{CATEGORY} has {len(rows)} entries; --first + --entries x --repeats x {sides} must not exceed it")
     server, url = start_server()
     runs: dict[str, list[dict[str, Any]]] = {"gym_bridge": [], "bfcl": []}
     try:
@@ -156,7 +164,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as work:
             for repeat in range(args.repeats):
                 for side_index, side in enumerate(runs):
-                    start = (2 * repeat + side_index) * args.entries
+                    start = (sides * repeat + (side_index if sides == 2 else 0)) * args.entries
                     chunk = rows[start:start + args.entries]
                     if side == "gym_bridge":
                         run = run_gym_bridge(chunk, url, concurrency=args.concurrency, max_tokens=args.max_tokens, work=Path(work))
@@ -165,12 +173,12 @@ def main() -> None:
                                        max_tokens=args.max_tokens, model=model)
                     runs[side].append(run)
                     print(f"{side} #{repeat + 1}: {run['entries']} entries in {run['wall_s']:.1f} s, {run['model_calls']} model calls, "
-                          f"{run['completion_tokens']} completion tokens, {run['errors']} failed", flush=True)
+                          f"{run['completion_tokens']} completion tokens, {run['errors']} failed, calls per entry {run['calls_per_entry']}", flush=True)
     finally:
         server.terminate()
         server.wait()
     summary: dict[str, Any] = {"category": CATEGORY, "entries_per_run": args.entries, "repeats": args.repeats,
-                               "concurrency": args.concurrency, "max_tokens": args.max_tokens}
+                               "concurrency": args.concurrency, "max_tokens": args.max_tokens, "same_entries": args.same_entries}
     for side, side_runs in runs.items():
         for rate in ("entries", "model_calls", "completion_tokens"):
             summary[f"{side}_{rate}_per_s"] = spread([run[rate] / run["wall_s"] for run in side_runs])

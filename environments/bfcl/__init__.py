@@ -146,13 +146,20 @@ class BfclEnvironment(_BfclBase):
 
 
 class BfclTurnsLoop:
-    """BFCL's multi-turn inference loop: per user turn, model calls with tools run on the backends until the model
-    answers without a call (at most `MAX_STEPS_PER_TURN`, then BFCL force-quits); the next turn's user message follows."""
+    """BFCL's multi-turn inference loop (`BaseHandler.inference_multi_turn_FC` in bfcl_eval's base handler): per
+    user turn, model calls whose calls run on the backends until a model call gives none to run (an answer, a cut
+    answer, calls that do not all parse), at most `MAX_STEPS_PER_TURN` + 1 calls that run calls (then BFCL
+    force-quits); the next turn's user message follows. BFCL's runner reads the server's answer, never its finish
+    reason: a server answers a turn whose calls do not all parse as text (serve-model's and vLLM's tool parsers), and
+    BFCL's decoder then fails or finds no call, which ends the turn; a cut call whose calls parse runs like any other.
+    A cut call is closed by the next message's rendering (the end-of-turn token it did not sample is an environment
+    token). Finishes `answer`, or `length` when the episode's last model call was cut."""
 
     async def run(self, ctx: RolloutContext) -> str:
         env = ctx.env
         assert isinstance(env, BfclMultiTurnEnvironment)
         calls_left = ctx.limits.max_turns
+        cut = False
         for index in range(len(env.turns)):
             if index > 0:
                 ctx = env.begin_turn(ctx, index)
@@ -162,10 +169,11 @@ class BfclTurnsLoop:
                 if calls_left == 0:
                     return "max_turns"
                 calls_left -= 1
-                step = await generate_turn(ctx)
-                if isinstance(step, str):
-                    return step
-                calls = step.calls
+                step = await ctx.generate()
+                if step is None:
+                    return "budget"
+                cut = step.finish_reason == "length"
+                calls = () if any(call.error is not None for call in step.calls) else step.calls
                 if not calls:
                     break
                 outputs = [await ctx.call_tool(call) for call in calls]
@@ -173,7 +181,7 @@ class BfclTurnsLoop:
                     return "budget"
             else:
                 return "max_turns"  # BFCL's force quit: the entry fails its turn count
-        return "answer"
+        return "length" if cut else "answer"
 
 
 class BfclMultiTurnEnvironment(_BfclBase):

@@ -280,8 +280,8 @@ def prompt_mismatches(record: Any, template: Any, tokenizer: Any) -> list[int]:
     structured conversation before them."""
     messages, tools, start, call, bad = list(record.task.messages), list(record.task.tools or ()), 0, 0, []
     for position, item in enumerate(record.output):
-        if item["type"] == "function_call_output":
-            start = position + 1
+        if item["type"] == "function_call_output" or (item["type"] == "message" and item.get("role") == "user"):
+            start = position + 1  # what the environment added: the next model call's items start after it
         elif "generation_token_ids" in item:  # the last item of a model call, whose items began at `start`
             expected = template.render(messages + template.conversation(record.output[:start]), tools=tools, add_generation_prompt=True)
             if tokenizer.decode(item["prompt_token_ids"], skip_special_tokens=False) != expected:

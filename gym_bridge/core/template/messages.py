@@ -44,7 +44,7 @@ def tool_messages(outputs: Sequence[ToolOutput]) -> list[TemplateMessage]:
 def conversation(template: TurnTemplate, output: Sequence[Mapping[str, Any]]) -> list[TemplateMessage]:
     """A trajectory's items (a record's `response.output`) as the chat messages `template` is given: one
     assistant message per model call (from its items and, for templates given raw turns, its sampled ids),
-    one tool message per tool output."""
+    one tool message per tool output, one user message per user message the environment added."""
     messages: list[TemplateMessage] = []
     names: dict[str, str] = {}
     reasoning: list[str] = []
@@ -54,6 +54,8 @@ def conversation(template: TurnTemplate, output: Sequence[Mapping[str, Any]]) ->
         kind = item.get("type")
         if kind == "reasoning":
             reasoning.append(item_text(item))
+        elif kind == "message" and item.get("role") == "user":
+            messages.append({"role": "user", "content": item_text(item)})
         elif kind == "message":
             content.append(item_text(item))
         elif kind == "function_call":
