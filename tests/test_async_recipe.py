@@ -3,7 +3,6 @@ vLLM stand-in, and both shipped configs building a valid AsyncGRPOConfig."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ pytest.importorskip("trl.experimental.async_grpo", reason="needs TRL >= 1.16")
 from gym_bridge.trl import load_recipe_config  # noqa: E402
 from tests.support.vllm_async_stand_in import AsyncVLLMStandIn  # noqa: E402
 from tests.support.http_server import app_in_thread  # noqa: E402
+from tests.support.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "recipes" / "configs"
@@ -22,10 +22,7 @@ CONFIGS = REPO / "recipes" / "configs"
 
 @pytest.fixture(scope="module")
 def recipe():
-    spec = importlib.util.spec_from_file_location("trl_async_grpo_recipe", REPO / "recipes" / "trl_async_grpo.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPO / "recipes" / "trl_async_grpo.py", "trl_async_grpo_recipe")
 
 
 @pytest.mark.parametrize("name", ["trl_async_grpo_cpu.yaml", "trl_async_grpo_gpu.yaml"])

@@ -5,7 +5,6 @@ Python examples on its pages run (each one that cannot run on a CPU says why, in
 from __future__ import annotations
 
 import ast
-import importlib.util
 import os
 import re
 import subprocess
@@ -13,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.support.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -22,10 +22,7 @@ FENCE = re.compile(r"^```python\n(.*?)^```$", re.S | re.M)
 
 
 def generated_pages():
-    spec = importlib.util.spec_from_file_location("generated_pages", DOCS / "hooks" / "generated_pages.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(DOCS / "hooks" / "generated_pages.py")
 
 
 def python_blocks(page: Path) -> list[tuple[str, str | None]]:

@@ -6,9 +6,9 @@ generated from the module docstrings when the site is built (docs/hooks/generate
 from __future__ import annotations
 
 import ast
-import importlib.util
 import re
 from pathlib import Path
+from tests.support.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "gym_bridge"
@@ -16,10 +16,7 @@ LAYOUT_PAGE = ROOT / "docs" / "development" / "layout.md"
 
 
 def generated_pages():
-    spec = importlib.util.spec_from_file_location("generated_pages", ROOT / "docs" / "hooks" / "generated_pages.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "docs" / "hooks" / "generated_pages.py")
 
 
 def built_layout_page() -> str:

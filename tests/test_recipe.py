@@ -3,7 +3,6 @@ records folder per run."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -11,15 +10,14 @@ import pytest
 
 from gym_bridge.trl import compact_log_line, load_recipe_config, quiet_vllm_version_warning
 
+from tests.support.scripts import load_script
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def recipe():
-    spec = importlib.util.spec_from_file_location("trl_grpo_recipe", REPO / "recipes" / "trl_grpo.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPO / "recipes" / "trl_grpo.py", "trl_grpo_recipe")
 
 
 def test_overrides_reach_nested_keys_and_list_items(recipe, tmp_path):

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.support.scripts import load_script
 
 ROOT = Path(__file__).parents[1]
 SCRIPTS = sorted((ROOT / "slurm").glob("*.sbatch"))
@@ -233,12 +234,7 @@ def test_verl_recipe_keeps_zero_gpus_and_refuses_them(tmp_path):
 
 
 def load_recipe():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("trl_grpo_recipe", ROOT / "recipes" / "trl_grpo.py")
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
-    return recipe
+    return load_script(ROOT / "recipes" / "trl_grpo.py", "trl_grpo_recipe")
 
 
 def test_generation_from_a_frozen_server_excludes_trls_own_vllm(capsys):

@@ -2,13 +2,13 @@
 the summary JSON on the last line, gym_bridge's worker discarding nothing, no mode under the bound for training
 exactly the started set; and that bound on small cases computed by hand."""
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tests.support.scripts import load_script
 
 pytest.importorskip("trl.experimental.async_grpo", reason="needs TRL >= 1.16")
 
@@ -16,10 +16,7 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "async_pipeline.py"
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("async_pipeline", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH)
 
 
 def test_the_bound_for_training_exactly_the_started_set_on_hand_computed_cases():

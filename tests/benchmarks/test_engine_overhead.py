@@ -1,16 +1,13 @@
 """benchmarks/engine_overhead.py's headline mode gives every rollout its own prompt."""
 
-import importlib.util
 from pathlib import Path
+from tests.support.scripts import load_script
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "engine_overhead.py"
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("engine_overhead", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH)
 
 
 def test_distinct_mode_yields_one_prompt_per_rollout_and_cached_mode_reuses_them():

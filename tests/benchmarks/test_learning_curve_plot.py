@@ -3,20 +3,18 @@ with made-up curves (the 50-minute benchmark is not run)."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
 from pathlib import Path
 
 import pytest
+from tests.support.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_legend_lies_outside_the_axes(tmp_path):
     pytest.importorskip("matplotlib")
-    spec = importlib.util.spec_from_file_location("learning_curve", ROOT / "benchmarks" / "learning_curve.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(ROOT / "benchmarks" / "learning_curve.py")
     rng = random.Random(0)
     curves = {seed: [min(1.0, 0.1 + step / 60 + rng.uniform(-0.1, 0.1)) for step in range(50)] for seed in (0, 1, 2)}
     grpo = {"per_device_train_batch_size": 16, "gradient_accumulation_steps": 1, "num_generations": 8}

@@ -5,27 +5,24 @@ first user message of the prompt) every request belongs to, and stoppable mid-ru
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 import orjson
 from aiohttp import web
+from tests.support.scripts import load_script
 
 _USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.DOTALL)
 _STUB_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "stub_server.py"
 
 
-def _stub_module():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("gym_bridge_stub_server", _STUB_PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _stub_module() -> ModuleType:
+    return load_script(_STUB_PATH, "gym_bridge_stub_server")
 
 
 @dataclass
