@@ -51,18 +51,22 @@ def encode_capped(value: Any, max_chars: int) -> str:
 
 def few_values(value: Any, budget: int) -> bool:
     """True when `value` holds at most `budget` containers and scalars and no string over `budget` characters."""
-    stack, seen = [value], 0
-    while stack:
-        item = stack.pop()
-        seen += 1
+    containers, seen = [value], 1
+    while containers:
+        item = containers.pop()
+        if isinstance(item, str):
+            if len(item) > budget:
+                return False
+            continue
+        if not isinstance(item, (dict, list, tuple)):
+            continue
+        children = (*item.keys(), *item.values()) if isinstance(item, dict) else item
+        seen += len(children)
         if seen > budget:
             return False
-        if isinstance(item, (dict, list, tuple)):
-            if seen + len(stack) + 2 * len(item) > budget:
-                return False
-            stack.extend((*item.keys(), *item.values()) if isinstance(item, dict) else item)
-        elif isinstance(item, str) and len(item) > budget:
-            return False
+        for child in children:  # only what may hold more (containers) or be long (strings) is looked at again
+            if not isinstance(child, _SCALARS):
+                containers.append(child)
     return True
 
 

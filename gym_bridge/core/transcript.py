@@ -85,7 +85,8 @@ class TurnItemIds(NamedTuple):
 
 def named_calls(calls: Sequence[ToolCall], item_ids: Sequence[str], call_id: Callable[[str, ToolCall], str]) -> tuple[ToolCall, ...]:
     """`calls`, each with the id it has in the record: `call_id(item_id, call)`, `item_ids` their items' ids."""
-    return tuple(replace(call, id=call_id(item_id, call)) for item_id, call in zip(item_ids, calls))
+    return tuple(ToolCall(id=call_id(item_id, call), name=call.name, arguments=call.arguments, error=call.error)
+                 for item_id, call in zip(item_ids, calls))
 
 
 @dataclass(slots=True)
@@ -387,9 +388,10 @@ def sampled_turn(parsed: Turn, generation: Generation, prompt_ids: list[int], *,
     """A token policy's turn, made in one step: what its parsers read (`parsed`), its calls as named in the record
     (`calls`; None: the parsed ones as they are), and the call's token ids, finish reason and policy version
     (`generation`, sampled after `prompt_ids`)."""
-    tokens = CallTokens(prompt_ids, list(generation.token_ids), list(generation.logprobs))
-    return replace(parsed, calls=parsed.calls if calls is None else calls, tokens=tokens, finish_reason=generation.finish_reason,
-                   policy_version=generation.policy_version)
+    return Turn(reasoning=parsed.reasoning, text=parsed.text, calls=parsed.calls if calls is None else calls,
+                tokens=CallTokens(prompt_ids, list(generation.token_ids), list(generation.logprobs)),
+                finish_reason=generation.finish_reason, policy_version=generation.policy_version,
+                unparsed_tool_call=parsed.unparsed_tool_call, usage=parsed.usage)
 
 
 class StartTranscript(Protocol):

@@ -7,7 +7,7 @@ import asyncio
 import json
 
 from gym_bridge.core.environment import Environment, VerifyResult, tool
-from gym_bridge.core.session import EnvironmentSession
+from gym_bridge.core.session import EnvironmentSession, few_values
 from gym_bridge.core.task import parse_task
 from gym_bridge.core.turn import ToolCall
 
@@ -67,3 +67,14 @@ def test_a_session_runs_the_offered_tools_and_a_tool_offered_later_once_it_is_of
     assert outputs[2] == "reset"
     assert outputs[3] == json.dumps({"error": "malformed tool call: not JSON"})
     assert closed == ["closed"]
+
+
+def test_few_values_counts_every_container_and_scalar_and_refuses_a_long_string():
+    """A tool result is encoded on the event loop only when `few_values` says it is small: each container, key and
+    value counts once, and one string over the budget is enough to send it to a worker thread."""
+    value = {"a": [1, 2, {"b": None}], "c": "xyz"}  # dict, 2 keys, the list, 1, 2, the inner dict, its key and value, "xyz"
+    assert few_values(value, 10) and not few_values(value, 9)
+    assert few_values("x" * 5, 5) and not few_values("x" * 6, 5)
+    assert not few_values({"k": ["x" * 6]}, 5)  # a long string deep inside
+    assert not few_values([[0] * 3] * 3, 12) and few_values([[0] * 3] * 3, 13)  # shared lists count each time they appear
+    assert few_values(7, 1) and few_values((), 1) and not few_values([1], 1)

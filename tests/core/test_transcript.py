@@ -4,6 +4,7 @@ over a token policy and a chat policy, and both write the same Responses items."
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import pytest
@@ -16,8 +17,8 @@ from gym_bridge.core.policy import Generation, ScriptedChatPolicy, ScriptedPolic
 from gym_bridge.core.registry import register
 from gym_bridge.core.task import parse_task
 from gym_bridge.core.template.chat_template import ChatTemplate
-from gym_bridge.core.transcript import MessageTranscript, TokenTranscript, transcript_starter
-from gym_bridge.core.turn import Turn
+from gym_bridge.core.transcript import MessageTranscript, TokenTranscript, named_calls, sampled_turn, transcript_starter
+from gym_bridge.core.turn import CallTokens, ToolCall, Turn
 from gym_bridge.policies.embedded import load_embedded_tokenizer
 
 CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "a"}}\n</tool_call>'
@@ -210,3 +211,26 @@ def test_a_served_transcript_extends_only_with_tool_or_user_messages_and_copies(
     assert "more" in template.decode(added) and "42" in template.decode(added) and extended.messages == [*first, user, tool]
     assert [(item["type"], item.get("id")) for item in output] == [("message", "msg_s_1"), ("function_call_output", None)]
     assert extended.tokens.writer.item_ids is start.tokens.writer.item_ids is numbering
+
+
+def test_a_sampled_turn_keeps_every_field_the_parsers_read_and_takes_the_rest_from_the_call():
+    """`sampled_turn` writes the turn out field by field (no `dataclasses.replace` per turn on the hot path): a field
+    added to `Turn` and not carried over fails here."""
+    parsed = Turn(reasoning="think", text="said", calls=(ToolCall(name="lookup", arguments="{}", error="bad"),),
+                  unparsed_tool_call=True, usage={"input_tokens": 3})
+    generation = Generation(token_ids=[5, 6], logprobs=[-0.1, -0.2], finish_reason="length", policy_version=4)
+    named = (ToolCall(id="call_1", name="lookup", arguments="{}", error="bad"),)
+    turn = sampled_turn(parsed, generation, [1, 2], calls=named)
+    set_here = {"calls": named, "tokens": CallTokens([1, 2], [5, 6], [-0.1, -0.2]), "finish_reason": "length", "policy_version": 4}
+    for field in dataclasses.fields(Turn):
+        expected = set_here.get(field.name, getattr(parsed, field.name))
+        assert getattr(turn, field.name) == expected, field.name
+    assert all(getattr(parsed, name) != value for name, value in set_here.items())  # each set field differs from the parsed one
+    assert sampled_turn(parsed, generation, [1, 2]).calls == parsed.calls
+
+
+def test_named_calls_keep_each_calls_fields_but_its_id():
+    call = ToolCall(id="written", name="lookup", arguments='{"key": "a"}', error="why")
+    (named,) = named_calls([call], ["call_7"], lambda item_id, c: f"{item_id}:{c.id}")
+    assert named == dataclasses.replace(call, id="call_7:written")
+    assert {field.name for field in dataclasses.fields(ToolCall)} == {"id", "name", "arguments", "error"}  # a new field: carry it in named_calls
