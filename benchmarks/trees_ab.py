@@ -3,7 +3,7 @@
 Each tree gets one long-lived worker process (its own `.venv/bin/python`, its own `gym_bridge` and its own copy of
 `benchmarks/engine_overhead.py`), which loads the embedded tokenizer, warms up (200 rollouts of each case) and freezes
 the objects alive out of garbage collection, as that benchmark does; every run starts with the template's prompt and
-piece caches empty. The controller then asks the workers for one run
+piece caches empty and after a full garbage collection. The controller then asks the workers for one run
 each, by turns: pair k runs A then B when k is even and B then A when it is odd (so a drift in the machine's speed
 does not favour either side), both workers pinned to the same core and never running at once. A pair's two runs are a
 second or two apart, where separate benchmark processes are minutes apart; on a virtual machine whose speed drifts
@@ -22,6 +22,7 @@ Run: `.venv/bin/python benchmarks/trees_ab.py --a /path/to/old/tree --b . --pair
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -56,6 +57,8 @@ def worker(tree: Path, concurrency: int) -> None:
             pieces = getattr(bench.template.codec, "pieces", None)
             if pieces is not None:  # the tokenizer's piece caches start empty too: an older tree's could overflow in
                 pieces._refresh()   # the middle of an encode after tens of thousands of distinct prompts (fixed since)
+            gc.collect()  # every run starts with the collector in the same state (else a run that happens to hold
+            # the one full collection of several runs is 5-10 % slower than its neighbours, whatever the tree)
             journal_dir = Path(temp) / f"run{number}" if case == "multi-journal" else None
             wall_s, cpu_s, records = bench.run("single" if case == "single" else "multi", int(rollouts), journal_dir=journal_dir)
             module.check(records, "single" if case == "single" else "multi")

@@ -25,7 +25,7 @@ class ModelEvent:
     """The prompt's length in tokens."""
     token_ids: list[int]
     logprobs: list[float]
-    finish_reason: str
+    finish_reason: FinishReason
     text: str | None = None
     metrics: Mapping[str, Any] = field(default_factory=dict)
     policy_version: int | None = None

@@ -33,7 +33,6 @@ from gym_bridge.core.turn import CallTokens, ToolCall, Turn
 
 EventT = TypeVar("EventT", ModelEvent, ChatEvent, ToolEvent, UserEvent)
 
-_GENERATION_FIELDS = frozenset(f.name for f in dataclasses.fields(Generation))
 _SNAPSHOT_JSON = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 """What a journal frame accepts (`encode_frame`), keys sorted so an unchanged state encodes the same."""
 
@@ -329,15 +328,12 @@ class JournaledSession:
 def _model_event(generation: Generation, *, prompt_delta: list[int], prompt_length: int) -> ModelEvent:
     return ModelEvent(prompt_delta=prompt_delta, prompt_length=prompt_length, token_ids=generation.token_ids,
                       logprobs=generation.logprobs, finish_reason=generation.finish_reason, text=generation.text,
-                      metrics=generation.metrics, policy_version=getattr(generation, "policy_version", None))
+                      metrics=generation.metrics, policy_version=generation.policy_version)
 
 
 def _generation(event: ModelEvent) -> Generation:
-    values: dict[str, Any] = {"token_ids": list(event.token_ids), "logprobs": list(event.logprobs),
-                              "finish_reason": event.finish_reason, "text": event.text, "metrics": dict(event.metrics)}
-    if "policy_version" in _GENERATION_FIELDS:
-        values["policy_version"] = event.policy_version
-    return Generation(**values)
+    return Generation(token_ids=list(event.token_ids), logprobs=list(event.logprobs), finish_reason=event.finish_reason,
+                      text=event.text, metrics=dict(event.metrics), policy_version=event.policy_version)
 
 
 def _chat_event(turn: Turn, *, message_count: int, digest: str) -> ChatEvent:

@@ -46,7 +46,7 @@ class Turn:
     reasoning: str = ""
     text: str = ""
     """The turn's text outside reasoning and tool-call markup."""
-    calls: tuple[ToolCall, ...] = field(default_factory=tuple)
+    calls: tuple[ToolCall, ...] = ()
     tokens: CallTokens | None = None
     """This call's token ids and log-probs (None from a parser, and from hosted chat APIs, which do not return them)."""
     finish_reason: FinishReason = "stop"

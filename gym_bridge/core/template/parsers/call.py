@@ -80,7 +80,7 @@ def call_from_arguments(name: str, arguments: Any, *, call_id: str | None = None
             return ToolCall(name=name, arguments=arguments, error=f"'arguments' is not valid JSON ({error.msg})", id=call_id)
     if not isinstance(arguments, dict):
         return ToolCall(name=name, arguments=json.dumps(arguments), error="'arguments' must be a JSON object", id=call_id)
-    return ToolCall(name=name, arguments=json.dumps(arguments, ensure_ascii=False), id=call_id)
+    return ToolCall(name=name, arguments=to_json(arguments), id=call_id)
 
 
 def parse_json_call(text: str, *, call_id: str | None = None) -> ToolCall:
@@ -100,6 +100,11 @@ def arguments_object(call: ToolCall) -> Any:
         return call.arguments
 
 
+_TEMPLATE_JSON = json.JSONEncoder(ensure_ascii=False)
+"""One encoder for every call (`json.dumps` with an option builds a new one each time)."""
+
+
 def to_json(value: Any) -> str:
-    """JSON as chat templates' `tojson` writes it (", " and ": " separators, non-ASCII kept)."""
-    return json.dumps(value, ensure_ascii=False)
+    """JSON as chat templates' `tojson` writes it (", " and ": " separators, non-ASCII kept); the text of
+    `json.dumps(value, ensure_ascii=False)`."""
+    return _TEMPLATE_JSON.encode(value)
