@@ -17,7 +17,9 @@ The YAML config:
                records (true: every rollout's record, with its per-call policy versions and the trainer's
                version when it was consumed, to `<output_dir>/rollouts.jsonl`), journal (true, the default: each
                finished turn of the rollouts in flight to `<output_dir>/rollout_journal/`, so a restarted run
-               continues them from their last turn, keeping their turns' policy versions; false: off)
+               continues them from their last turn, keeping their turns' policy versions; false: off),
+               end_of_run (true, the default: stop starting groups once they cover the rows the trainer will take
+               by max_steps, so every episode started is trained; false: keep generating to the last step)
   resume_from_checkpoint  a checkpoint folder, or true for the latest whole one under output_dir (one a kill
                cut off while it was being saved is skipped): passed to `trainer.train`. Each checkpoint also holds the worker's progress (which groups the trainer took,
                the policy version), so the restarted run goes on counting versions and groups from there; with

@@ -245,7 +245,8 @@ def _ray_rollouts(args: argparse.Namespace, engine: Any, tasks: Any) -> Any:
     options = _ray_options(args)
     limits = {"engine": None, "per_env": engine.config.per_env_concurrency,
               "replica_connections": getattr(engine.policy, "max_connections", None)}
-    rollouts = RayRollouts(EvalEngineFactory(worker_args, engine.trust), options, max_concurrency=args.concurrency, engine_limits=limits)
+    rollouts = RayRollouts(EvalEngineFactory(worker_args, engine.trust), options, max_concurrency=args.concurrency,
+                           engine_limits=limits, trust=engine.trust)
     rollouts.start(tasks, group_size=args.num_repeats)
     return rollouts
 

@@ -31,6 +31,7 @@ from gym_bridge.core.errors import ConfigError, SetupError
 from gym_bridge.core.journal import RolloutKey, RunFingerprint, RunJournal
 from gym_bridge.core.record import RolloutRecord
 from gym_bridge.core.registry import TaskSet, resolve_tasks
+from gym_bridge.core.trust import DEFAULT_TRUST, TrustSettings
 from gym_bridge.core.task import Task
 from gym_bridge.core.trajectory import Trajectory
 from gym_bridge.policies.router import merge_stats
@@ -103,8 +104,12 @@ class RayRollouts:
     """
 
     def __init__(self, build_engine: Callable[[], Engine], options: RayOptions | None = None, *, max_concurrency: int = 64,
-                 report: Callable[[str], None] | None = None, engine_limits: Mapping[str, int | None] | None = None) -> None:
+                 report: Callable[[str], None] | None = None, engine_limits: Mapping[str, int | None] | None = None,
+                 trust: TrustSettings = DEFAULT_TRUST) -> None:
         self.build_engine = build_engine
+        self.trust = trust
+        """What rows may route to (`gym_bridge.core.trust`), for tasks given as a list (a `TaskSet` was routed by its run);
+        the workers' engines hold their own (`build_engine`)."""
         self.options = options or RayOptions()
         if self.options.num_workers < 1 or self.options.max_retries < 0:
             raise ConfigError("Ray options: num_workers must be at least 1 and max_retries non-negative")
@@ -133,7 +138,7 @@ class RayRollouts:
         Raises a UserError (nothing has run yet) when Ray is missing, the cluster cannot be reached,
         no node has the resources an environment asks for, or an environment refuses to run there.
         """
-        env_classes = tasks.env_classes if isinstance(tasks, TaskSet) else resolve_tasks(tasks)
+        env_classes = tasks.env_classes if isinstance(tasks, TaskSet) else resolve_tasks(tasks, self.trust)
         tasks = list(tasks.tasks) if isinstance(tasks, TaskSet) else tasks
         samples = {task.env_name: task for task in tasks}
         self._ray = ray = connect(self.options)
@@ -232,7 +237,7 @@ class RayRollouts:
                      skip: Iterable[tuple[int, int]] = ()) -> AsyncIterator[RolloutRecord]:
         """Yield a record for each (task, repeat) not in `skip`, a group's records together as its group
         finishes (a `TaskSet` is not routed again)."""
-        env_classes = tasks.env_classes if isinstance(tasks, TaskSet) else resolve_tasks(tasks)
+        env_classes = tasks.env_classes if isinstance(tasks, TaskSet) else resolve_tasks(tasks, self.trust)
         tasks = list(tasks.tasks) if isinstance(tasks, TaskSet) else tasks
         done = set(skip)
         groups = [_Group(task, [r for r in range(repeats) if (task.index, r) not in done]) for task in tasks]
@@ -260,7 +265,7 @@ class RayRollouts:
         for task, repeat in pairs:
             groups.setdefault(task.index, _Group(task, [])).repeats.append(repeat)
         by_pair: dict[tuple[int, int], RolloutRecord] = {}
-        async for records in self._run(list(groups.values()), resolve_tasks(tasks.values())):
+        async for records in self._run(list(groups.values()), resolve_tasks(tasks.values(), self.trust)):
             by_pair.update(((record.task.index, record.repeat_index), record) for record in records)
         return [by_pair[(task.index, repeat)] for task, repeat in pairs]
 
