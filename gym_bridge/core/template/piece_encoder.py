@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import threading
-from itertools import islice
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -114,8 +113,13 @@ class PieceEncoder:
             if len(cache) + len(fresh) > max_entries:
                 cache.clear()
                 cache.update(refill)
-            kept = ((text, ids) for text, ids in fresh.items() if len(text) <= max_chars)
-            cache.update(islice(kept, max(0, max_entries - len(cache))))  # never past the cap, however many a call brings
+            room = max_entries - len(cache)  # never past the cap, however many a call brings
+            for text, ids in fresh.items():
+                if room <= 0:
+                    break
+                if len(text) <= max_chars:
+                    cache[text] = ids
+                    room -= 1
 
 
 @dataclass(frozen=True)
