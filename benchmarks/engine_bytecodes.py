@@ -53,16 +53,10 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=100)
     parser.add_argument("--top", type=int, default=0, help="also the N functions that executed the most bytecodes")
     args = parser.parse_args()
-    sys.path.insert(0, os.getcwd())
-    import importlib.util
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # this script's folder: trees_ab beside it
+    from trees_ab import tree_bench
 
-    spec = importlib.util.spec_from_file_location("engine_overhead_here", Path("benchmarks") / "engine_overhead.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    bench = module.Bench(256)
-    for case in ("single", "multi"):
-        bench.run(case, 200, prompts="distinct")
+    _, bench = tree_bench(Path.cwd(), 256)  # the tree run from: its engine_overhead.py and gym_bridge
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="engine-bytecodes-") as temp:
         for number, case in enumerate(CASES):

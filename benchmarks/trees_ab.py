@@ -35,8 +35,9 @@ from typing import Any
 CASES = ("single", "multi", "multi-journal")
 
 
-def worker(tree: Path, concurrency: int) -> None:
-    """Serve runs for the controller: a line `CASE ROLLOUTS` in, a JSON line `{"wall_s", "cpu_s"}` out."""
+def tree_bench(tree: Path, concurrency: int) -> tuple[Any, Any]:
+    """`tree`'s own `benchmarks/engine_overhead.py` (run from `tree`, importing its `gym_bridge`) and its `Bench`,
+    warmed up as that script warms up (200 rollouts of each case)."""
     import importlib.util
 
     os.chdir(tree)
@@ -48,6 +49,12 @@ def worker(tree: Path, concurrency: int) -> None:
     bench = module.Bench(concurrency)
     for case in ("single", "multi"):
         bench.run(case, 200, prompts="distinct")
+    return module, bench
+
+
+def worker(tree: Path, concurrency: int) -> None:
+    """Serve runs for the controller: a line `CASE ROLLOUTS` in, a JSON line `{"wall_s", "cpu_s"}` out."""
+    module, bench = tree_bench(tree, concurrency)
     module.freeze_startup_objects()
     print(json.dumps({"ready": str(tree)}), flush=True)
     with tempfile.TemporaryDirectory(prefix="trees-ab-") as temp:

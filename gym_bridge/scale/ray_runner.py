@@ -130,6 +130,13 @@ class RayRollouts:
         self.journal: RunJournal | None = None
         """The run's journal (`with_journal`): workers commit to it, and a group sent again continues from it."""
 
+    def _routed(self, tasks: Iterable[Task] | TaskSet) -> TaskSet:
+        """`tasks` with their environment classes: a `TaskSet` as its run routed it, a list routed here with `trust`."""
+        if isinstance(tasks, TaskSet):
+            return tasks
+        listed = tuple(tasks)
+        return TaskSet(listed, resolve_tasks(listed, self.trust))
+
     # -- start-up -----------------------------------------------------------------------------------
 
     def start(self, tasks: Sequence[Task] | TaskSet, *, group_size: int = 1) -> None:
@@ -138,8 +145,8 @@ class RayRollouts:
         Raises a UserError (nothing has run yet) when Ray is missing, the cluster cannot be reached,
         no node has the resources an environment asks for, or an environment refuses to run there.
         """
-        env_classes = tasks.env_classes if isinstance(tasks, TaskSet) else resolve_tasks(tasks, self.trust)
-        tasks = list(tasks.tasks) if isinstance(tasks, TaskSet) else tasks
+        routed = self._routed(tasks)
+        env_classes, tasks = routed.env_classes, list(routed.tasks)
         samples = {task.env_name: task for task in tasks}
         self._ray = ray = connect(self.options)
         if self._worker_class is None:
@@ -237,8 +244,8 @@ class RayRollouts:
                      skip: Iterable[tuple[int, int]] = ()) -> AsyncIterator[RolloutRecord]:
         """Yield a record for each (task, repeat) not in `skip`, a group's records together as its group
         finishes (a `TaskSet` is not routed again)."""
-        env_classes = tasks.env_classes if isinstance(tasks, TaskSet) else resolve_tasks(tasks, self.trust)
-        tasks = list(tasks.tasks) if isinstance(tasks, TaskSet) else tasks
+        routed = self._routed(tasks)
+        env_classes, tasks = routed.env_classes, list(routed.tasks)
         done = set(skip)
         groups = [_Group(task, [r for r in range(repeats) if (task.index, r) not in done]) for task in tasks]
         groups = [group for group in groups if group.repeats]
@@ -265,7 +272,7 @@ class RayRollouts:
         for task, repeat in pairs:
             groups.setdefault(task.index, _Group(task, [])).repeats.append(repeat)
         by_pair: dict[tuple[int, int], RolloutRecord] = {}
-        async for records in self._run(list(groups.values()), resolve_tasks(tasks.values(), self.trust)):
+        async for records in self._run(list(groups.values()), self._routed(tasks.values()).env_classes):
             by_pair.update(((record.task.index, record.repeat_index), record) for record in records)
         return [by_pair[(task.index, repeat)] for task, repeat in pairs]
 

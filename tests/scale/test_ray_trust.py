@@ -24,4 +24,5 @@ def test_a_module_path_row_is_refused_under_limited_trust_before_any_worker_star
     task = parse_task({"prompt": "x", "agent_ref": {"name": MODULE_PATH}}, index=0)
     with pytest.raises(UnknownEnvironmentError, match="module paths"):
         _rollouts(TrustSettings.limited_to([])).start([task])
-    assert _rollouts(DEFAULT_TRUST).trust is DEFAULT_TRUST  # the default: as `resolve_tasks`'s own
+    unset = RayRollouts(lambda: None, RayOptions(num_workers=1))
+    assert unset.trust is DEFAULT_TRUST  # not given: the library default, as `resolve_tasks`'s own
